@@ -1,0 +1,1 @@
+"""The KVPolicy API (v1alpha1)."""

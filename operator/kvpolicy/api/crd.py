@@ -1,0 +1,162 @@
+"""Generate the KVPolicy CustomResourceDefinition from the pydantic models.
+
+`kvpolicy crd` prints it; `crds/kvpolicy.yaml` is this output, and a test fails when the file is stale.
+The pydantic JSON schema is turned into a structural OpenAPI v3 schema: `$ref`s inlined, `anyOf [T, null]` collapsed
+to `T`, titles dropped, nested objects defaulted to `{}` so the API server applies their defaults, and each model's
+`Rule`s attached as `x-kubernetes-validations`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from kvpolicy.api import v1alpha1 as api
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "KV", "type": "string", "jsonPath": ".status.plan.kvCacheDtype", "description": "Planned KV dtype"},
+    {"name": "GPU", "type": "string", "jsonPath": ".status.gpu.product"},
+    {"name": "Decision", "type": "string", "jsonPath": ".status.decision.result"},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.decision.reason"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+_DROP_KEYS = {"title"}
+
+
+def _model_rules() -> dict[str, list[dict[str, str]]]:
+    """Rules per JSON-schema definition name (pydantic names definitions after the class)."""
+    found: dict[str, list[dict[str, str]]] = {}
+    for value in vars(api).values():
+        rules: tuple[api.Rule, ...] = getattr(value, "rules", ())
+        if isinstance(value, type) and issubclass(value, BaseModel) and rules:
+            found[value.__name__] = [{"rule": r.cel, "message": r.message} for r in rules]
+    return found
+
+
+class _Structuralizer:
+    def __init__(self, definitions: dict[str, Any]) -> None:
+        self.definitions = definitions
+        self.rules = _model_rules()
+
+    def convert(self, node: Any) -> Any:
+        if isinstance(node, list):
+            return [self.convert(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            name = node["$ref"].rsplit("/", 1)[-1]
+            merged = {**self.definitions[name], **{k: v for k, v in node.items() if k != "$ref"}}
+            converted = self.convert(merged)
+            if name in self.rules:
+                converted["x-kubernetes-validations"] = self.rules[name]
+            return converted
+        if "anyOf" in node:
+            options = [o for o in node["anyOf"] if o != {"type": "null"}]
+            if len(options) != 1:
+                raise ValueError(f"cannot express anyOf {node['anyOf']} structurally")
+            rest = {k: v for k, v in node.items() if k != "anyOf"}
+            if rest.get("default", "absent") is None:
+                del rest["default"]
+            return self.convert({**options[0], **rest})
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in _DROP_KEYS:
+                continue
+            if key == "properties":
+                out[key] = {prop: self.convert(sub) for prop, sub in value.items()}
+            elif key == "additionalProperties" and value is False:
+                continue  # extra="forbid": structural schemas prune unknown fields instead
+            else:
+                out[key] = self.convert(value)
+        if out.get("type") == "object" and "properties" in out:
+            required = set(out.get("required", []))
+            for prop, sub in out["properties"].items():
+                defaultable = sub.get("type") == "object" and "properties" in sub and not sub.get("required")
+                if prop not in required and defaultable and "default" not in sub:
+                    sub["default"] = {}
+        return out
+
+
+def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema(by_alias=True, mode="validation")
+    definitions = schema.pop("$defs", {})
+    structuralizer = _Structuralizer(definitions)
+    converted: dict[str, Any] = structuralizer.convert(schema)
+    if model.__name__ in structuralizer.rules:
+        converted["x-kubernetes-validations"] = structuralizer.rules[model.__name__]
+    return converted
+
+
+def crd_object() -> dict[str, Any]:
+    spec_schema = openapi_schema(api.KVPolicySpec)
+    status_schema = openapi_schema(api.KVPolicyStatus)
+    status_schema.pop("required", None)
+    # kopf may keep its own progress under status.kopf; nothing else is free-form.
+    conditions = status_schema["properties"]["conditions"]
+    conditions.update({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    status_schema["properties"]["kopf"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    spec_schema.pop("default", None)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}"},
+        "spec": {
+            "group": api.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": api.KIND,
+                "listKind": f"{api.KIND}List",
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": list(api.SHORT_NAMES),
+                "categories": ["all"],
+            },
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "KVPolicy rolls a vLLM Deployment out to an FP8 KV cache where it is safe.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render() -> str:
+    header = "# Generated by `kvpolicy crd` from operator/kvpolicy/api/v1alpha1.py. Do not edit.\n"
+    return header + yaml.safe_dump(crd_object(), sort_keys=False, width=120)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kvpolicy crd", description="Print the KVPolicy CRD (YAML).")
+    parser.add_argument("-o", "--output", help="write to this file instead of stdout")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,549 @@
+"""KVPolicy v1alpha1: the pydantic models are the single source of truth for the CRD (see `kvpolicy.api.crd`).
+
+Conventions (Kubernetes API): camelCase fields, spec/status split, no floats in spec (ratios are decimal strings),
+durations as integer `...Seconds`, `metav1.Condition`s in status. Each cross-field rule is declared once as a `Rule`:
+the CRD carries it as a CEL `x-kubernetes-validations` entry and pydantic enforces the same check offline, with the
+same message, so `kvpolicy plan -f` rejects exactly what the API server would.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "kvpolicy.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "KVPolicy"
+PLURAL = "kvpolicies"
+SINGULAR = "kvpolicy"
+SHORT_NAMES = ("kvp",)
+
+DECIMAL_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
+_DECIMAL_RE = re.compile(DECIMAL_PATTERN)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field validation rule: `cel` for the API server, `check` for offline validation, one `message`."""
+
+    cel: str
+    message: str
+    check: Callable[[Any], bool]
+    field_path: str = ""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=False,
+        validate_assignment=False,
+    )
+    # Rules declared by subclasses; collected into the CRD by kvpolicy.api.crd.
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Self:
+        for rule in type(self).rules:
+            if not rule.check(self):
+                raise ValueError(rule.message)
+        return self
+
+    def to_k8s(self) -> dict[str, Any]:
+        """The object as the API stores it: camelCase keys, enums as strings, unset optionals left out."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def decimal_string(description: str, default: str) -> Any:
+    return Field(default=default, pattern=DECIMAL_PATTERN, description=description)
+
+
+def parse_decimal(value: str) -> float:
+    """Parse a spec ratio string ("0.95"); the schema's pattern has already rejected anything else."""
+    if not _DECIMAL_RE.match(value):
+        raise ValueError(f"{value!r} is not a decimal number such as 0.95")
+    try:
+        return float(Decimal(value))
+    except InvalidOperation as err:  # pragma: no cover - the regex admits only valid decimals
+        raise ValueError(f"{value!r} is not a decimal number such as 0.95") from err
+
+
+def _positive(value: str) -> bool:
+    return _DECIMAL_RE.match(value) is not None and Decimal(value) > 0
+
+
+# ---------------------------------------------------------------------------------------------------------- enums
+
+
+class KVCacheDtype(StrEnum):
+    AUTO = "Auto"
+    FP8 = "FP8"
+    BF16 = "BF16"
+
+
+class SkipSlidingWindowLayers(StrEnum):
+    AUTO = "Auto"
+    ALWAYS = "Always"
+    NEVER = "Never"
+
+
+class KVScales(StrEnum):
+    UNCALIBRATED = "Uncalibrated"
+    CALIBRATED = "Calibrated"
+
+
+class AttentionKind(StrEnum):
+    MHA = "MHA"
+    GQA = "GQA"
+    MLA = "MLA"
+
+
+class ImageFeature(StrEnum):
+    TWO_LEVEL_ACCUMULATION = "TwoLevelAccumulation"
+    FAST_HEAD_DIM_256 = "FastHeadDim256"
+
+
+class LatencyProvider(StrEnum):
+    PROMETHEUS = "Prometheus"
+    SCRAPE = "Scrape"
+
+
+class OnInconclusive(StrEnum):
+    HOLD = "Hold"
+    ROLLBACK = "Rollback"
+
+
+class Traffic(StrEnum):
+    REPLICA_RATIO = "ReplicaRatio"
+    SYNTHETIC = "Synthetic"
+
+
+class Approval(StrEnum):
+    AUTOMATIC = "Automatic"
+    MANUAL = "Manual"
+
+
+# ----------------------------------------------------------------------------------------------------------- spec
+
+
+class TargetRef(_Model):
+    """The existing vLLM Deployment the policy governs (like Flagger's targetRef)."""
+
+    api_version: str = Field(default="apps/v1", pattern=r"^apps/v1$", description="Only apps/v1 is supported.")
+    kind: str = Field(default="Deployment", pattern=r"^Deployment$", description="Only Deployment is supported.")
+    name: str = Field(min_length=1, max_length=253, description="Name of the Deployment in the policy's namespace.")
+    container: str | None = Field(
+        default=None, description="The vLLM container in the pod template; defaults to the first container."
+    )
+
+
+class SlidingWindow(_Model):
+    """Sliding-window attention layers: give their indices, or their count."""
+
+    rules = (
+        Rule(
+            cel="has(self.layers) != has(self.count)",
+            message="set exactly one of slidingWindow.layers (indices) or slidingWindow.count",
+            check=lambda m: (m.layers is None) != (m.count is None),
+        ),
+    )
+
+    layers: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, max_length=1024, description="Indices of the sliding-window layers."
+    )
+    count: int | None = Field(default=None, ge=1, description="Number of sliding-window layers.")
+    window_tokens: int = Field(ge=1, description="Window size in tokens.")
+
+    @property
+    def layer_count(self) -> int:
+        return len(self.layers) if self.layers is not None else (self.count or 0)
+
+
+class ModelSpec(_Model):
+    """Facts about the served model that the planner needs."""
+
+    served_model_name: str = Field(min_length=1, description="Name the server answers to (--served-model-name).")
+    head_dim: int = Field(ge=16, le=1024, description="Attention head dimension (64, 128, 256, ...).")
+    num_layers: int = Field(ge=1, le=1024, description="Number of attention layers.")
+    attention: AttentionKind = Field(default=AttentionKind.GQA, description="MHA, GQA or MLA.")
+    max_model_len: int = Field(ge=1, description="Maximum model length in tokens (--max-model-len).")
+    sliding_window: SlidingWindow | None = Field(default=None, description="Sliding-window layers, if any.")
+
+
+class WorkloadSpec(_Model):
+    """What the workload sends; the accuracy gate runs at maxContextTokens."""
+
+    rules = (
+        Rule(
+            cel="!has(self.typicalContextTokens) || self.typicalContextTokens <= self.maxContextTokens",
+            message="workload.typicalContextTokens must not exceed workload.maxContextTokens",
+            check=lambda m: m.typical_context_tokens is None or m.typical_context_tokens <= m.max_context_tokens,
+        ),
+    )
+
+    max_context_tokens: int = Field(ge=1, description="Longest prompt the workload sends, in tokens.")
+    typical_context_tokens: int | None = Field(
+        default=None, ge=1, description="Typical prompt length; defaults to maxContextTokens."
+    )
+    prefill_latency_critical: bool = Field(
+        default=False, description="Time to first token matters more than decode speed (e.g. a TTFT objective)."
+    )
+    decode_break_even_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Context length above which FP8 decodes faster on your setup; defaults to the published figure "
+        "for the GPU generation.",
+    )
+
+    @property
+    def typical_tokens(self) -> int:
+        return self.typical_context_tokens or self.max_context_tokens
+
+
+class KVCacheSpec(_Model):
+    rules = (
+        Rule(
+            cel="self.scales != 'Calibrated' || has(self.scalesSource)",
+            message="kvCache.scalesSource is required when kvCache.scales is Calibrated",
+            check=lambda m: m.scales != KVScales.CALIBRATED or m.scales_source is not None,
+        ),
+    )
+
+    dtype: KVCacheDtype = Field(
+        default=KVCacheDtype.AUTO, description="Auto lets the planner decide; FP8 or BF16 force."
+    )
+    skip_sliding_window_layers: SkipSlidingWindowLayers = Field(
+        default=SkipSlidingWindowLayers.AUTO,
+        description="Keep sliding-window layers in BF16 (--kv-cache-dtype-skip-layers sliding_window).",
+    )
+    scales: KVScales = Field(default=KVScales.UNCALIBRATED, description="Uncalibrated uses scale 1.0.")
+    scales_source: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Where calibrated per-head KV scales come from (an LLM-Compressor checkpoint reference).",
+    )
+
+
+class ImagesSpec(_Model):
+    baseline: str | None = Field(
+        default=None, min_length=1, description="BF16 serving image; defaults to the target's current image."
+    )
+    fp8_patched: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Serving image whose FP8 attention uses two-level accumulation (needed on Hopper).",
+    )
+    fp8_patched_features: list[ImageFeature] = Field(
+        default=[ImageFeature.TWO_LEVEL_ACCUMULATION],
+        max_length=8,
+        description="What the patched image declares: TwoLevelAccumulation, FastHeadDim256.",
+    )
+
+
+class AccuracyGate(_Model):
+    rules = (
+        Rule(
+            cel="double(self.minRecovery) > 0.0 && double(self.minRecovery) <= 1.0",
+            message='gates.accuracy.minRecovery must be a number in (0, 1], such as "0.95"',
+            check=lambda m: _positive(m.min_recovery) and Decimal(m.min_recovery) <= 1,
+        ),
+        Rule(
+            cel="double(self.confidence) > 0.0 && double(self.confidence) < 1.0",
+            message='gates.accuracy.confidence must be a number in (0, 1), such as "0.95"',
+            check=lambda m: _positive(m.confidence) and Decimal(m.confidence) < 1,
+        ),
+    )
+
+    enabled: bool = Field(default=True, description="Run the long-context accuracy gate before any traffic.")
+    length_tokens: int | None = Field(
+        default=None, ge=1, description="Prompt length for the gate; defaults to workload.maxContextTokens."
+    )
+    min_recovery: str = decimal_string('Minimum canary/baseline NIAH score ratio, e.g. "0.95".', "0.95")
+    max_samples: int = Field(default=100, ge=1, le=10000, description="Hard cap on prompts per side.")
+    confidence: str = decimal_string("Confidence of the recovery interval used to stop early.", "0.95")
+    timeout_seconds: int = Field(default=3600, ge=1, description="Deadline for the gate Job.")
+
+
+class LatencyGate(_Model):
+    rules = (
+        Rule(
+            cel="double(self.ttftMaxRatio) > 0.0 && double(self.itlMaxRatio) > 0.0",
+            message='gates.latency.ttftMaxRatio and itlMaxRatio must be numbers > 0, such as "1.10"',
+            check=lambda m: _positive(m.ttft_max_ratio) and _positive(m.itl_max_ratio),
+        ),
+        Rule(
+            cel="self.provider != 'Prometheus' || has(self.prometheusURL)",
+            message="gates.latency.prometheusURL is required when provider is Prometheus",
+            check=lambda m: m.provider != LatencyProvider.PROMETHEUS or m.prometheus_url is not None,
+        ),
+        Rule(
+            cel="self.quantiles.all(q, double(q) > 0.0 && double(q) < 1.0)",
+            message='gates.latency.quantiles must be numbers in (0, 1), such as "0.95"',
+            check=lambda m: all(_positive(q) and Decimal(q) < 1 for q in m.quantiles),
+        ),
+    )
+
+    enabled: bool = Field(default=True, description="Compare canary and baseline TTFT/ITL before promoting.")
+    provider: LatencyProvider = Field(
+        default=LatencyProvider.SCRAPE,
+        description="Prometheus (PromQL over prometheusURL) or Scrape (the pods' /metrics directly).",
+    )
+    prometheus_url: str | None = Field(
+        default=None, alias="prometheusURL", pattern=r"^https?://", description="Prometheus base URL."
+    )
+    ttft_max_ratio: str = decimal_string("Largest allowed canary/baseline TTFT ratio per quantile.", "1.10")
+    itl_max_ratio: str = decimal_string("Largest allowed canary/baseline ITL ratio per quantile.", "1.05")
+    quantiles: list[Annotated[str, Field(pattern=DECIMAL_PATTERN)]] = Field(
+        default=["0.5", "0.95"], min_length=1, max_length=8, description="Quantiles compared."
+    )
+    window_seconds: int = Field(default=300, ge=10, description="Window each check looks back over.")
+    min_requests: int = Field(default=50, ge=0, description="Fewer requests per side in the window = NoData.")
+    interval_seconds: int = Field(default=60, ge=1, description="Time between checks.")
+    consecutive_failure_limit: int = Field(default=3, ge=1, description="Breaches in a row that roll back.")
+    on_inconclusive: OnInconclusive = Field(
+        default=OnInconclusive.HOLD, description="What NoData/ProviderUnavailable do after the stall deadline."
+    )
+    inconclusive_deadline_seconds: int = Field(
+        default=1800, ge=1, description="How long checks may stay inconclusive before onInconclusive applies."
+    )
+
+
+class GpuPreflightGate(_Model):
+    enabled: bool = Field(default=False, description="Run the accumulation-cliff probe Job on the target GPU pool.")
+    image: str | None = Field(default=None, min_length=1, description="Probe image; defaults to the operator's.")
+
+
+class GatesSpec(_Model):
+    accuracy: AccuracyGate = Field(default_factory=AccuracyGate)
+    latency: LatencyGate = Field(default_factory=LatencyGate)
+    gpu_preflight: GpuPreflightGate = Field(default_factory=GpuPreflightGate)
+
+
+class RolloutSpec(_Model):
+    canary_replicas: int = Field(default=1, ge=1, description="Replicas of the canary Deployment.")
+    progress_deadline_seconds: int = Field(
+        default=1800, ge=1, description="A canary not ready by then (e.g. Pending for GPUs) is rolled back."
+    )
+    bake_seconds: int = Field(default=600, ge=0, description="Latency analysis window before promotion.")
+    traffic: Traffic = Field(
+        default=Traffic.REPLICA_RATIO,
+        description="ReplicaRatio: after the accuracy gate, the canary joins the target's Service. Synthetic: it "
+        "never takes user traffic; the latency probe drives it.",
+    )
+    paused: bool = Field(default=False, description="Hold the rollout where it is.")
+    abort: bool = Field(default=False, description="Abort and roll back to BF16.")
+    approval: Approval = Field(default=Approval.AUTOMATIC, description="Manual holds before promotion.")
+    approved: bool = Field(default=False, description="With Manual approval: set true to promote.")
+
+
+class KVPolicySpec(_Model):
+    rules = (
+        Rule(
+            cel="self.workload.maxContextTokens <= self.model.maxModelLen",
+            message="workload.maxContextTokens must not exceed model.maxModelLen",
+            check=lambda m: m.workload.max_context_tokens <= m.model.max_model_len,
+        ),
+        Rule(
+            cel="!has(self.gates) || !has(self.gates.accuracy) || !has(self.gates.accuracy.lengthTokens) "
+            "|| self.gates.accuracy.lengthTokens <= self.model.maxModelLen",
+            message="gates.accuracy.lengthTokens must not exceed model.maxModelLen",
+            check=lambda m: (
+                m.gates.accuracy.length_tokens is None or m.gates.accuracy.length_tokens <= m.model.max_model_len
+            ),
+        ),
+        Rule(
+            cel="!has(self.model.slidingWindow) || !has(self.model.slidingWindow.layers) "
+            "|| self.model.slidingWindow.layers.all(i, i < self.model.numLayers)",
+            message="model.slidingWindow.layers must be layer indices below model.numLayers",
+            check=lambda m: (
+                m.model.sliding_window is None
+                or m.model.sliding_window.layers is None
+                or all(i < m.model.num_layers for i in m.model.sliding_window.layers)
+            ),
+        ),
+    )
+
+    target_ref: TargetRef
+    model: ModelSpec
+    workload: WorkloadSpec
+    kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec)
+    images: ImagesSpec = Field(default_factory=ImagesSpec)
+    gates: GatesSpec = Field(default_factory=GatesSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    gpu_node_selector: dict[str, str] | None = Field(
+        default=None,
+        description="Labels of the nodes the target runs on; defaults to the target's pod nodeSelector, "
+        "then to nvidia.com/gpu.present=true.",
+    )
+
+    @property
+    def accuracy_length(self) -> int:
+        return self.gates.accuracy.length_tokens or self.workload.max_context_tokens
+
+
+# --------------------------------------------------------------------------------------------------------- status
+
+
+class Severity(StrEnum):
+    INFO = "Info"
+    WARNING = "Warning"
+
+
+class PlanReason(_Model):
+    code: str = Field(description="Machine-readable CamelCase code.")
+    message: str = Field(description="A human sentence.")
+    severity: Severity = Severity.INFO
+
+
+class Plan(_Model):
+    kv_cache_dtype: KVCacheDtype = Field(description="FP8 or BF16: what the canary (or the target) runs.")
+    vllm_kv_cache_dtype: str = Field(description="The value passed to --kv-cache-dtype (fp8 or auto).")
+    skip_layers: list[str] = Field(default_factory=list, description="--kv-cache-dtype-skip-layers values.")
+    image: str | None = Field(default=None, description="Image for the canary; unset = the target's current image.")
+    attention_backend: str | None = Field(default=None, description="--attention-backend value, if any.")
+    extra_args: list[str] = Field(default_factory=list, description="All vLLM arguments the plan adds.")
+    gates: list[str] = Field(default_factory=list, description="Gates to run: GpuPreflight, Accuracy, Latency.")
+    reasons: list[PlanReason] = Field(default_factory=list)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.kv_cache_dtype == KVCacheDtype.FP8
+
+
+class GpuGeneration(StrEnum):
+    AMPERE = "Ampere"
+    ADA = "Ada"
+    HOPPER = "Hopper"
+    BLACKWELL = "Blackwell"
+    UNKNOWN = "Unknown"
+
+
+class GpuFacts(_Model):
+    generation: GpuGeneration
+    compute_capability: str | None = Field(default=None, description='e.g. "9.0".')
+    product: str | None = None
+    nodes: int = Field(default=0, ge=0, description="GPU nodes considered.")
+    mixed: bool = Field(default=False, description="The nodes span several generations.")
+    source: str = Field(description="Which labels decided: ComputeCapability, Family, Product or None.")
+    message: str = ""
+
+    @property
+    def sim_name(self) -> str | None:
+        """Lower-case short product name (h100, h200, b200, a100, l40s) when recognisable."""
+        if not self.product:
+            return None
+        for short in ("H100", "H200", "B200", "GB200", "A100", "L40S"):
+            if short in self.product.upper():
+                return short.lower()
+        return None
+
+
+class Condition(_Model):
+    """metav1.Condition."""
+
+    type: str
+    status: str = Field(pattern=r"^(True|False|Unknown)$")
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class GateResult(_Model):
+    """A finished (or running) gate: accuracy, GPU preflight or latency probe."""
+
+    verdict: str = Field(description="Pass, Fail, Inconclusive (or Running).")
+    reason: str = ""
+    message: str = ""
+    job: str | None = None
+    length_tokens: int | None = None
+    samples: int | None = None
+    canary_score: float | None = None
+    baseline_score: float | None = None
+    recovery: float | None = None
+    recovery_low: float | None = None
+    recovery_high: float | None = None
+    finished_at: str | None = None
+
+
+class LatencyCheck(_Model):
+    verdict: str = Field(description="Pass, Breach, NoData or ProviderUnavailable.")
+    reason: str = ""
+    message: str = ""
+    ratios: dict[str, float] = Field(default_factory=dict, description="e.g. ttft_p95: canary/baseline.")
+    canary_requests: int | None = None
+    baseline_requests: int | None = None
+    at: str | None = None
+
+
+class LatencyAnalysis(_Model):
+    started_at: str | None = None
+    checks: int = 0
+    passes: int = 0
+    consecutive_failures: int = 0
+    inconclusive_since: str | None = None
+    last: LatencyCheck | None = None
+
+
+class PodTemplateRecord(_Model):
+    """The target container's configuration before a promotion, restored exactly on rollback."""
+
+    image: str
+    command: list[str] | None = None
+    args: list[str] | None = None
+    env: list[dict[str, Any]] | None = None
+
+
+class Decision(_Model):
+    result: str = Field(description="Promoted, RolledBack or HeldBF16.")
+    reason: str
+    message: str = ""
+    generation: int | None = None
+    kv_cache_dtype: str | None = None
+    time: str
+
+
+class CanaryRef(_Model):
+    deployment: str
+    service: str
+    generation: int
+
+
+class KVPolicyStatus(_Model):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    phase: str | None = None
+    phase_entered_at: str | None = None
+    observed_generation: int | None = None
+    message: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    plan: Plan | None = None
+    gpu: GpuFacts | None = None
+    canary: CanaryRef | None = None
+    preflight: GateResult | None = None
+    accuracy: GateResult | None = None
+    latency: LatencyAnalysis | None = None
+    decision: Decision | None = None
+    history: list[Decision] = Field(default_factory=list, max_length=10)
+    previous_template: PodTemplateRecord | None = None
+
+
+class KVPolicy(BaseModel):
+    """A whole KVPolicy object (metadata kept as the API gives it)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    api_version: str = Field(default=API_VERSION, alias="apiVersion")
+    kind: str = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: KVPolicySpec
+    status: KVPolicyStatus = Field(default_factory=KVPolicyStatus)
