@@ -1,0 +1,85 @@
+{{/* Full name of the release's objects, at most 63 characters (a DNS label). */}}
+{{- define "kvpolicy-operator.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kvpolicy-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "kvpolicy-operator.labels" -}}
+{{ include "kvpolicy-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: kvpolicy
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "kvpolicy-operator.serviceAccountName" -}}
+{{- default (include "kvpolicy-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "kvpolicy-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* The gate Jobs run `kvpolicy gate ...`, which the operator image contains: it is the default. */}}
+{{- define "kvpolicy-operator.gateImage" -}}
+{{- $repository := default .Values.image.repository .Values.gateImage.repository -}}
+{{- $tag := default (default .Chart.AppVersion .Values.image.tag) .Values.gateImage.tag -}}
+{{- printf "%s:%s" $repository $tag -}}
+{{- end -}}
+
+{{- define "kvpolicy-operator.probeImage" -}}
+{{- printf "%s:%s" .Values.probeImage.repository (default .Chart.AppVersion .Values.probeImage.tag) -}}
+{{- end -}}
+
+{{/*
+RBAC rules for the namespaced resources the operator reads and writes; the chart README justifies each verb.
+Granted cluster-wide (ClusterRole) without watchNamespaces, or per namespace (Role) with it.
+*/}}
+{{- define "kvpolicy-operator.namespacedRules" -}}
+- apiGroups: ["kvpolicy.dev"]
+  resources: ["kvpolicies"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+- apiGroups: ["kvpolicy.dev"]
+  resources: ["kvpolicies/status"]
+  verbs: ["get", "patch", "update"]
+- apiGroups: ["kvpolicy.dev"]
+  resources: ["kvpolicies/finalizers"]
+  verbs: ["update"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}
+
+{{/* Cluster-scoped reads, needed in both modes. */}}
+{{- define "kvpolicy-operator.clusterRules" -}}
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- end -}}
