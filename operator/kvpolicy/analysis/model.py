@@ -1,0 +1,341 @@
+"""Inputs and results of the latency analysis, independent of the KVPolicy CRD (the operator maps its spec into these).
+
+Everything here is plain data: frozen dataclasses with `to_dict()` so the operator can put verdicts in events and
+status, and `AnalysisState.from_dict()` so it can resume an analysis after a restart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.95)
+
+
+class VerdictKind(StrEnum):
+    PASS = "Pass"
+    BREACH = "Breach"
+    NO_DATA = "NoData"
+    PROVIDER_UNAVAILABLE = "ProviderUnavailable"
+
+    @property
+    def conclusive(self) -> bool:
+        return self in (VerdictKind.PASS, VerdictKind.BREACH)
+
+
+class OnInconclusive(StrEnum):
+    HOLD = "Hold"
+    ROLLBACK = "Rollback"
+
+
+class Action(StrEnum):
+    CONTINUE = "Continue"
+    PROMOTE = "Promote"
+    ROLLBACK = "Rollback"
+    HOLD = "Hold"
+
+
+class ProviderUnavailableError(Exception):
+    """The metrics source could not answer (unreachable, 5xx, timeout, rejected query): the check is inconclusive."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def parse_ratio(text: str | float, field_name: str) -> float:
+    """Parse a ratio threshold written as a string in the spec (the CRD has no floats), e.g. "1.2"."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f'{field_name}: {text!r} is not a number; write a ratio such as "1.2"') from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f'{field_name}: {text!r} must be a finite ratio above 0, such as "1.2"')
+    return value
+
+
+def quantile_label(quantile: float) -> str:
+    """0.5 -> "p50", 0.95 -> "p95", 0.999 -> "p99.9"."""
+    return "p" + f"{quantile * 100:.4f}".rstrip("0").rstrip(".")
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class LatencyGateConfig:
+    """The latency gate of one rollout. A ratio threshold of None switches that metric's comparison off."""
+
+    ttft_max_ratio: float | None = 1.2
+    itl_max_ratio: float | None = 1.2
+    quantiles: tuple[float, ...] = DEFAULT_QUANTILES
+    window_seconds: float = 300.0
+    min_requests: int = 50
+    interval_seconds: float = 60.0
+    consecutive_failure_limit: int = 3
+    on_inconclusive: OnInconclusive = OnInconclusive.HOLD
+    inconclusive_deadline_seconds: float = 1800.0
+    bake_seconds: float = 600.0
+    # Absolute ceiling on the canary's error ratio; None reports the ratio without gating on it.
+    max_error_ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_max_ratio", "itl_max_ratio"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}: must be a ratio above 0 (or None to skip it), got {value!r}")
+        if self.ttft_max_ratio is None and self.itl_max_ratio is None:
+            raise ValueError("ttft_max_ratio and itl_max_ratio are both None: the gate would compare nothing")
+        if not self.quantiles or any(not 0 < q < 1 for q in self.quantiles):
+            raise ValueError(f"quantiles: each must lie strictly between 0 and 1, got {self.quantiles!r}")
+        if self.max_error_ratio is not None and not 0 <= self.max_error_ratio <= 1:
+            raise ValueError(f"max_error_ratio: must lie in [0, 1], got {self.max_error_ratio!r}")
+        positive = ("window_seconds", "interval_seconds", "inconclusive_deadline_seconds")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be above 0, got {getattr(self, name)!r}")
+        if self.bake_seconds < 0:
+            raise ValueError(f"bake_seconds: must be 0 or more, got {self.bake_seconds!r}")
+        if self.min_requests < 1:
+            raise ValueError(f"min_requests: must be at least 1, got {self.min_requests!r}")
+        if self.consecutive_failure_limit < 1:
+            raise ValueError(f"consecutive_failure_limit: must be at least 1, got {self.consecutive_failure_limit!r}")
+        object.__setattr__(self, "on_inconclusive", OnInconclusive(self.on_inconclusive))
+        object.__setattr__(self, "quantiles", tuple(sorted(set(self.quantiles))))
+
+    @property
+    def required_passes(self) -> int:
+        """Passing checks needed to promote: enough check windows to span the bake period end to end."""
+        return max(1, math.ceil(self.bake_seconds / self.window_seconds))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ttftMaxRatio": self.ttft_max_ratio,
+            "itlMaxRatio": self.itl_max_ratio,
+            "quantiles": list(self.quantiles),
+            "windowSeconds": self.window_seconds,
+            "minRequests": self.min_requests,
+            "intervalSeconds": self.interval_seconds,
+            "consecutiveFailureLimit": self.consecutive_failure_limit,
+            "onInconclusive": self.on_inconclusive.value,
+            "inconclusiveDeadlineSeconds": self.inconclusive_deadline_seconds,
+            "bakeSeconds": self.bake_seconds,
+            "maxErrorRatio": self.max_error_ratio,
+        }
+
+
+@dataclass(frozen=True)
+class SideSelector:
+    """Which pods form one side of the comparison.
+
+    `pods` are the side's current pod names (the Prometheus provider matches them on the `pod` label), `labels` the pod
+    labels that select them (available to selector templates), `endpoints` their base URLs (the scrape provider reads
+    `<endpoint>/metrics`).
+    """
+
+    role: str
+    namespace: str
+    pods: tuple[str, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    endpoints: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SideMetrics:
+    """What one side served during the window. Latency values are seconds; None where there was nothing to measure."""
+
+    role: str
+    series_found: bool
+    requests: float
+    window_seconds: float
+    ttft_seconds: Mapping[float, float | None]
+    itl_seconds: Mapping[float, float | None]
+    itl_metric: str | None = None
+    error_ratio: float | None = None
+    http_error_ratio: float | None = None
+    kv_cache_usage: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "seriesFound": self.series_found,
+            "requests": round(self.requests, 3),
+            "windowSeconds": round(self.window_seconds, 3),
+            "ttftSeconds": {quantile_label(q): _finite_or_none(v) for q, v in sorted(self.ttft_seconds.items())},
+            "itlSeconds": {quantile_label(q): _finite_or_none(v) for q, v in sorted(self.itl_seconds.items())},
+            "itlMetric": self.itl_metric,
+            "errorRatio": _finite_or_none(self.error_ratio),
+            "httpErrorRatio": _finite_or_none(self.http_error_ratio),
+            "kvCacheUsage": _finite_or_none(self.kv_cache_usage),
+        }
+
+
+@dataclass(frozen=True)
+class RatioCheck:
+    """One canary/baseline comparison, e.g. TTFT p95."""
+
+    metric: str  # "ttft" or "itl"
+    quantile: float
+    canary_seconds: float
+    baseline_seconds: float
+    max_ratio: float
+
+    @property
+    def ratio(self) -> float:
+        return self.canary_seconds / self.baseline_seconds
+
+    @property
+    def breached(self) -> bool:
+        return self.ratio > self.max_ratio
+
+    def describe(self) -> str:
+        return (
+            f"canary {self.metric.upper()} {quantile_label(self.quantile)} {self.canary_seconds * 1000:.1f} ms is "
+            f"{self.ratio:.2f}x baseline {self.baseline_seconds * 1000:.1f} ms (max {self.max_ratio:.2f}x)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "quantile": self.quantile,
+            "canarySeconds": self.canary_seconds,
+            "baselineSeconds": self.baseline_seconds,
+            "ratio": round(self.ratio, 4),
+            "maxRatio": self.max_ratio,
+            "breached": self.breached,
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The result of one analysis check. `reason` is CamelCase (for conditions and events), `message` for humans."""
+
+    kind: VerdictKind
+    reason: str
+    message: str
+    checks: tuple[RatioCheck, ...] = ()
+    canary: SideMetrics | None = None
+    baseline: SideMetrics | None = None
+
+    @classmethod
+    def provider_unavailable(cls, error: ProviderUnavailableError) -> Verdict:
+        return cls(VerdictKind.PROVIDER_UNAVAILABLE, error.reason, error.message)
+
+    def ratio(self, metric: str, quantile: float) -> float | None:
+        for check in self.checks:
+            if check.metric == metric and check.quantile == quantile:
+                return check.ratio
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "reason": self.reason,
+            "message": self.message,
+            "checks": [check.to_dict() for check in self.checks],
+            "canary": self.canary.to_dict() if self.canary else None,
+            "baseline": self.baseline.to_dict() if self.baseline else None,
+        }
+
+
+def _timestamp(value: datetime | None) -> str | None:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
+
+
+def _parse_timestamp(value: Any, key: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"analysis state: {key}={value!r} is not an RFC 3339 timestamp") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class AnalysisState:
+    """Progress of one analysis, kept in the KVPolicy status between checks (timestamps are timezone-aware)."""
+
+    started_at: datetime
+    checks: int = 0
+    passes: int = 0
+    breaches: int = 0
+    inconclusive: int = 0
+    consecutive_breaches: int = 0
+    inconclusive_since: datetime | None = None
+    last_check_at: datetime | None = None
+    last_verdict: VerdictKind | None = None
+    last_reason: str | None = None
+
+    @classmethod
+    def start(cls, now: datetime) -> AnalysisState:
+        if now.tzinfo is None:
+            raise ValueError("analysis state: timestamps must be timezone-aware (use datetime.now(UTC))")
+        return cls(started_at=now)
+
+    def next_check_at(self, config: LatencyGateConfig) -> datetime:
+        if self.last_check_at is None:
+            return self.started_at
+        return self.last_check_at + timedelta(seconds=config.interval_seconds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "startedAt": _timestamp(self.started_at),
+            "checks": self.checks,
+            "passes": self.passes,
+            "breaches": self.breaches,
+            "inconclusive": self.inconclusive,
+            "consecutiveBreaches": self.consecutive_breaches,
+            "inconclusiveSince": _timestamp(self.inconclusive_since),
+            "lastCheckAt": _timestamp(self.last_check_at),
+            "lastVerdict": self.last_verdict.value if self.last_verdict else None,
+            "lastReason": self.last_reason,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AnalysisState:
+        started_at = _parse_timestamp(data.get("startedAt"), "startedAt")
+        if started_at is None:
+            raise ValueError("analysis state: startedAt is missing")
+        counts: dict[str, int] = {}
+        for key in ("checks", "passes", "breaches", "inconclusive", "consecutiveBreaches"):
+            value = data.get(key, 0)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"analysis state: {key}={value!r} must be a non-negative integer")
+            counts[key] = value
+        last_verdict = data.get("lastVerdict")
+        try:
+            verdict = VerdictKind(last_verdict) if last_verdict is not None else None
+        except ValueError:
+            known = [kind.value for kind in VerdictKind]
+            raise ValueError(f"analysis state: lastVerdict={last_verdict!r} is not one of {known}") from None
+        return cls(
+            started_at=started_at,
+            checks=counts["checks"],
+            passes=counts["passes"],
+            breaches=counts["breaches"],
+            inconclusive=counts["inconclusive"],
+            consecutive_breaches=counts["consecutiveBreaches"],
+            inconclusive_since=_parse_timestamp(data.get("inconclusiveSince"), "inconclusiveSince"),
+            last_check_at=_parse_timestamp(data.get("lastCheckAt"), "lastCheckAt"),
+            last_verdict=verdict,
+            last_reason=data.get("lastReason"),
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the operator should do after a check. `reason` is CamelCase, `message` for humans."""
+
+    action: Action
+    reason: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"action": self.action.value, "reason": self.reason, "message": self.message}

@@ -1,0 +1,209 @@
+"""Metrics provider backed by the Prometheus HTTP API (instant PromQL queries)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from collections.abc import Sequence
+from string import Template
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from kvpolicy.analysis import names
+from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
+
+# Matches any relabeling that keeps the `namespace` and `pod` target labels (the kubernetes_sd defaults in most setups).
+DEFAULT_SELECTOR_TEMPLATE = 'namespace="$namespace", pod=~"$pod_regex"'
+TEMPLATE_FIELDS = frozenset({"namespace", "pod_regex", "labels", "role"})
+
+
+def _string_literal(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _label_name(key: str) -> str:
+    """A pod label as Prometheus' labelmap of `__meta_kubernetes_pod_label_(.+)` names it (`app.kubernetes.io/x`
+    becomes `app_kubernetes_io_x`)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+def render_selector(template: str, side: SideSelector) -> str:
+    """The label matchers (without braces) selecting one side's series."""
+    pod_regex = "|".join(re.escape(pod) for pod in side.pods)
+    labels = ", ".join(f'{_label_name(key)}="{_string_literal(value)}"' for key, value in sorted(side.labels.items()))
+    return Template(template).substitute(
+        namespace=_string_literal(side.namespace),
+        pod_regex=_string_literal(pod_regex),
+        labels=labels,
+        role=_string_literal(side.role),
+    )
+
+
+def _duration(seconds: float) -> str:
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def _vllm(name: str, matchers: str, extra: str = "") -> str:
+    """A selector for a vLLM series under either spelling of its prefix."""
+    return f'{{__name__=~"vllm[:_]{name}", {matchers}{extra}}}'
+
+
+def quantile_query(metric: str, quantile: float, matchers: str, window_seconds: float) -> str:
+    bucket = _vllm(f"{metric}_bucket", matchers)
+    return f"histogram_quantile({quantile!r}, sum by (le) (rate({bucket}[{_duration(window_seconds)}])))"
+
+
+def requests_query(matchers: str, window_seconds: float) -> str:
+    return f"sum(increase({_vllm(f'{names.TTFT}_count', matchers)}[{_duration(window_seconds)}]))"
+
+
+def error_ratio_query(matchers: str, window_seconds: float) -> str:
+    window = _duration(window_seconds)
+    reasons = "|".join(names.ERROR_FINISHED_REASONS)
+    errors = _vllm(names.REQUEST_SUCCESS, matchers, f', finished_reason=~"{reasons}"')
+    finished = _vllm(names.REQUEST_SUCCESS, matchers)
+    # `or vector(0)`: a server that never failed may not export the error series at all.
+    return f"(sum(increase({errors}[{window}])) or vector(0)) / sum(increase({finished}[{window}]))"
+
+
+def http_error_ratio_query(matchers: str, window_seconds: float) -> str:
+    window = _duration(window_seconds)
+    errors = f'{names.HTTP_REQUESTS}{{{matchers}, status=~"5.."}}'
+    total = f"{names.HTTP_REQUESTS}{{{matchers}}}"
+    return f"(sum(increase({errors}[{window}])) or vector(0)) / sum(increase({total}[{window}]))"
+
+
+def kv_cache_usage_query(matchers: str, window_seconds: float) -> str:
+    gauge = _vllm(f"({'|'.join(names.KV_CACHE_USAGE)})", matchers)
+    return f"avg(avg_over_time({gauge}[{_duration(window_seconds)}]))"
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+class PrometheusProvider:
+    """Reads both sides' latency over the window from Prometheus. Errors raise ProviderUnavailableError."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout_seconds: float = 10.0,
+        selector_template: str = DEFAULT_SELECTOR_TEMPLATE,
+    ) -> None:
+        if not re.match(r"^https?://[^/]+", base_url):
+            raise ValueError(f"Prometheus URL {base_url!r} must start with http:// or https:// and name a host")
+        if not timeout_seconds > 0:
+            raise ValueError(f"Prometheus timeout must be above 0 seconds, got {timeout_seconds!r}")
+        template = Template(selector_template)
+        unknown = set(template.get_identifiers()) - TEMPLATE_FIELDS
+        if unknown or not template.is_valid():
+            raise ValueError(
+                f"selector template {selector_template!r}: use only ${', $'.join(sorted(TEMPLATE_FIELDS))} "
+                f"(unknown: {sorted(unknown)})"
+            )
+        self.base_url = base_url.rstrip("/")
+        self.timeout_seconds = timeout_seconds
+        self.selector_template = selector_template
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> PrometheusProvider:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_seconds))
+        return self._session
+
+    async def query(self, promql: str) -> list[float]:
+        """Evaluate an instant query; one value per series of the resulting vector (NaN stays NaN)."""
+        url = f"{self.base_url}/api/v1/query"
+        form = {"query": promql, "timeout": f"{self.timeout_seconds}s"}
+        try:
+            async with self._client().post(url, data=form) as response:
+                body = await response.text()
+                status = response.status
+        except TimeoutError:
+            raise ProviderUnavailableError(
+                "PrometheusTimeout", f"Prometheus at {self.base_url} did not answer within {self.timeout_seconds} s"
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise ProviderUnavailableError(
+                "PrometheusUnreachable", f"cannot reach Prometheus at {self.base_url}: {exc}"
+            ) from None
+        if status >= 500:
+            raise ProviderUnavailableError(
+                "PrometheusServerError", f"Prometheus at {self.base_url} answered HTTP {status}: {body[:300]}"
+            )
+        try:
+            payload: dict[str, Any] = json.loads(body)
+        except json.JSONDecodeError:
+            payload = {}
+        if status >= 400 or payload.get("status") != "success":
+            error = payload.get("error", body[:300])
+            raise ProviderUnavailableError(
+                "QueryRejected", f"Prometheus rejected {promql!r} (HTTP {status}): {error}; check the selector template"
+            )
+        data = payload.get("data", {})
+        if data.get("resultType") != "vector":
+            raise ProviderUnavailableError(
+                "QueryRejected", f"Prometheus answered {promql!r} with a {data.get('resultType')!r}, not a vector"
+            )
+        return [float(sample["value"][1]) for sample in data.get("result", [])]
+
+    async def _single(self, promql: str) -> float | None:
+        """The value of a query that aggregates to one series; None for an empty vector."""
+        values = await self.query(promql)
+        return values[0] if values else None
+
+    async def _quantiles(
+        self, metric: str, quantiles: Sequence[float], matchers: str, window_seconds: float
+    ) -> list[float | None]:
+        queries = [quantile_query(metric, q, matchers, window_seconds) for q in quantiles]
+        return list(await asyncio.gather(*(self._single(query) for query in queries)))
+
+    async def latency_snapshot(
+        self, side: SideSelector, window_seconds: float, quantiles: Sequence[float]
+    ) -> SideMetrics:
+        if not side.pods:
+            empty = dict.fromkeys(quantiles)
+            return SideMetrics(side.role, False, 0.0, window_seconds, empty, empty)
+        matchers = render_selector(self.selector_template, side)
+        requests, ttft, itl, error_ratio, http_error_ratio, kv_cache_usage = await asyncio.gather(
+            self._single(requests_query(matchers, window_seconds)),
+            self._quantiles(names.TTFT, quantiles, matchers, window_seconds),
+            self._quantiles(names.ITL, quantiles, matchers, window_seconds),
+            self._single(error_ratio_query(matchers, window_seconds)),
+            self._single(http_error_ratio_query(matchers, window_seconds)),
+            self._single(kv_cache_usage_query(matchers, window_seconds)),
+        )
+        itl_metric: str | None = names.ITL
+        if all(value is None for value in itl):  # no ITL series at all: an older vLLM
+            itl = await self._quantiles(names.ITL_DEPRECATED, quantiles, matchers, window_seconds)
+            itl_metric = None if all(value is None for value in itl) else names.ITL_DEPRECATED
+        return SideMetrics(
+            role=side.role,
+            series_found=requests is not None,
+            requests=_finite(requests) or 0.0,
+            window_seconds=window_seconds,
+            ttft_seconds={q: _finite(v) for q, v in zip(quantiles, ttft, strict=True)},
+            itl_seconds={q: _finite(v) for q, v in zip(quantiles, itl, strict=True)},
+            itl_metric=itl_metric,
+            error_ratio=_finite(error_ratio),
+            http_error_ratio=_finite(http_error_ratio),
+            kv_cache_usage=_finite(kv_cache_usage),
+        )
