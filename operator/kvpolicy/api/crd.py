@@ -9,6 +9,7 @@ to `T`, titles dropped, nested objects defaulted to `{}` so the API server appli
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -152,11 +153,44 @@ def render() -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvpolicy crd", description="Print the KVPolicy CRD (YAML).")
     parser.add_argument("-o", "--output", help="write to this file instead of stdout")
+    parser.add_argument("--reference", action="store_true", help="print the spec reference (Markdown) instead")
     args = parser.parse_args(argv)
-    text = render()
+    text = reference_markdown() + "\n" if args.reference else render()
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
             handle.write(text)
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _type_of(node: dict[str, Any]) -> str:
+    if "enum" in node:
+        return " \\| ".join(f"`{value}`" for value in node["enum"])
+    if node.get("type") == "array":
+        return f"list of {_type_of(node.get('items', {}))}"
+    if node.get("type") == "object" and isinstance(node.get("additionalProperties"), dict):
+        return "map of string"
+    if node.get("pattern") == api.DECIMAL_PATTERN:
+        return "decimal string"
+    return str(node.get("type", "object"))
+
+
+def reference_markdown() -> str:
+    """The KVPolicy spec as a Markdown table (the README embeds it; a test keeps it in step with the models)."""
+    spec_schema = openapi_schema(api.KVPolicySpec)
+    rows = ["| field | type | default | description |", "|---|---|---|---|"]
+
+    def visit(node: dict[str, Any], prefix: str, required: set[str]) -> None:
+        for name, sub in node.get("properties", {}).items():
+            path = f"{prefix}{name}"
+            default = sub.get("default")
+            shown = "required" if name in required else ("" if default in (None, {}) else f"`{json.dumps(default)}`")
+            description = str(sub.get("description", "")).replace("|", "\\|")
+            rows.append(f"| `{path}` | {_type_of(sub)} | {shown} | {description} |")
+            if sub.get("type") == "object" and "properties" in sub:
+                visit(sub, f"{path}.", set(sub.get("required", [])))
+
+    visit(spec_schema, "spec.", set(spec_schema.get("required", [])))
+    rules = [f"- {rule['message']} (`{rule['rule']}`)" for rules in _model_rules().values() for rule in rules]
+    return "\n".join([*rows, "", "Validation rules (CEL in the CRD, the same checks in `kvpolicy plan`):", "", *rules])

@@ -210,6 +210,8 @@ class WorkloadSpec(_Model):
 
 
 class KVCacheSpec(_Model):
+    """KV cache dtype policy and FP8 scales."""
+
     rules = (
         Rule(
             cel="self.scales != 'Calibrated' || has(self.scalesSource)",
@@ -234,6 +236,8 @@ class KVCacheSpec(_Model):
 
 
 class ImagesSpec(_Model):
+    """Serving images: the BF16 baseline and the patched FP8-attention image."""
+
     baseline: str | None = Field(
         default=None, min_length=1, description="BF16 serving image; defaults to the target's current image."
     )
@@ -250,6 +254,8 @@ class ImagesSpec(_Model):
 
 
 class AccuracyGate(_Model):
+    """Long-context needle-in-a-haystack gate, run as a Job before the canary takes any traffic."""
+
     rules = (
         Rule(
             cel="double(self.minRecovery) > 0.0 && double(self.minRecovery) <= 1.0",
@@ -274,6 +280,8 @@ class AccuracyGate(_Model):
 
 
 class LatencyGate(_Model):
+    """Canary vs baseline TTFT/ITL analysis over the bake window."""
+
     rules = (
         Rule(
             cel="double(self.ttftMaxRatio) > 0.0 && double(self.itlMaxRatio) > 0.0",
@@ -318,17 +326,23 @@ class LatencyGate(_Model):
 
 
 class GpuPreflightGate(_Model):
+    """Accumulation-cliff probe Job on the target GPU pool (Hopper and Ada)."""
+
     enabled: bool = Field(default=False, description="Run the accumulation-cliff probe Job on the target GPU pool.")
     image: str | None = Field(default=None, min_length=1, description="Probe image; defaults to the operator's.")
 
 
 class GatesSpec(_Model):
+    """Checks a canary must pass before promotion."""
+
     accuracy: AccuracyGate = Field(default_factory=AccuracyGate)
     latency: LatencyGate = Field(default_factory=LatencyGate)
     gpu_preflight: GpuPreflightGate = Field(default_factory=GpuPreflightGate)
 
 
 class RolloutSpec(_Model):
+    """How the canary is run, held, approved or aborted."""
+
     canary_replicas: int = Field(default=1, ge=1, description="Replicas of the canary Deployment.")
     progress_deadline_seconds: int = Field(
         default=1800, ge=1, description="A canary not ready by then (e.g. Pending for GPUs) is rolled back."

@@ -1,0 +1,24 @@
+"""The README's generated parts stay in step with the code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvpolicy.api.crd import reference_markdown
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+
+
+def test_readme_embeds_the_current_kvpolicy_reference() -> None:
+    start, end = "<!-- reference:start -->\n", "<!-- reference:end -->"
+    embedded = README.split(start, 1)[1].split(end, 1)[0]
+    assert embedded.strip() == reference_markdown().strip(), "README reference is stale: `kvpolicy crd --reference`"
+
+
+def test_readme_example_table_matches_the_planner() -> None:
+    from test_planner import EXPECTED
+
+    for example, by_gpu in EXPECTED.items():
+        row = next(line for line in README.splitlines() if line.startswith(f"| `{example}`"))
+        cells = [cell.strip() for cell in row.strip("|").split("|")][1:]
+        assert cells == [by_gpu[g] for g in ("H100", "H200", "B200", "A100", "L40S")], example
