@@ -37,7 +37,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{- define "kvpolicy-operator.probeImage" -}}
-{{- printf "%s:%s" .Values.probeImage.repository (default .Chart.AppVersion .Values.probeImage.tag) -}}
+{{- printf "%s:%s" .Values.probeImage.repository .Values.probeImage.tag -}}
 {{- end -}}
 
 {{/*

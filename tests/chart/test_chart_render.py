@@ -1,0 +1,273 @@
+"""The chart lints, renders with default and non-default values, and renders what the operator needs to run safely."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import (
+    CHART_DIR,
+    CUSTOM_VALUES,
+    RELEASE_NAMESPACE,
+    Manifest,
+    Renderer,
+    RenderError,
+    of_kind,
+    only,
+    run_tool,
+)
+
+Triple = tuple[str, str, str]
+
+
+@pytest.mark.parametrize("values", [[], ["--values", CUSTOM_VALUES]], ids=["default", "custom"])
+def test_helm_lint_strict_passes(helm: Path, values: list[str | Path]) -> None:
+    result = run_tool([helm, "lint", "--strict", CHART_DIR, *values])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("set_value", "error"),
+    [
+        ("imagePullPolicy=Always", "Additional property imagePullPolicy is not allowed"),
+        ("image.pullPolicy=Sometimes", "image.pullPolicy must be one of the following"),
+        ("watchNamespaces=llm-serving", "watchNamespaces: Invalid type. Expected: array"),
+        ("watchNamespaces={LLM_Serving}", "watchNamespaces.0: Does not match pattern"),
+        ("ports.metrics=70000", "ports.metrics: Must be less than or equal to 65535"),
+        ("serviceMonitor.interval=30", "serviceMonitor.interval: Invalid type"),
+        ("extraArgs={verbose}", "extraArgs.0: Does not match pattern"),
+    ],
+)
+def test_values_schema_rejects_bad_values(render: Renderer, set_value: str, error: str) -> None:
+    with pytest.raises(RenderError, match=re.escape(error)):
+        render("--set", set_value)
+
+
+@pytest.mark.parametrize(
+    ("enable", "missing", "error"),
+    [
+        ("prometheusRule.enabled=true", "files/alerts.yaml", "copy monitoring/alerts.yaml into the chart"),
+        ("grafanaDashboard.enabled=true", "files/dashboard.json", "copy monitoring/dashboard.json into the chart"),
+    ],
+)
+def test_enabled_monitoring_object_without_its_file_fails_clearly(
+    render: Renderer, tmp_path: Path, enable: str, missing: str, error: str
+) -> None:
+    chart = tmp_path / CHART_DIR.name
+    shutil.copytree(CHART_DIR, chart)
+    (chart / missing).unlink()
+    with pytest.raises(RenderError, match=re.escape(error)):
+        render("--set", enable, chart=chart)
+
+
+def test_defaults_render_only_the_core_objects(default_manifests: list[Manifest]) -> None:
+    kinds = sorted(manifest["kind"] for manifest in default_manifests)
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+    ]
+
+
+def test_custom_values_render_every_optional_object(custom_manifests: list[Manifest]) -> None:
+    kinds = {manifest["kind"] for manifest in custom_manifests}
+    assert {"ServiceMonitor", "PrometheusRule", "ConfigMap", "Role", "RoleBinding"} <= kinds
+
+
+def operator_container(manifests: list[Manifest]) -> dict[str, Any]:
+    containers = only(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [container["name"] for container in containers] == ["operator"]
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def flag_value(args: list[str], flag: str) -> str:
+    values = [arg.split("=", 1)[1] for arg in args if arg.startswith(f"{flag}=")]
+    assert len(values) == 1, f"{flag} given {len(values)} times in {args}"
+    return values[0]
+
+
+def env_value(container: dict[str, Any], name: str) -> str:
+    values = [entry["value"] for entry in container["env"] if entry["name"] == name]
+    assert len(values) == 1, f"{name} set {len(values)} times"
+    return str(values[0])
+
+
+@pytest.mark.parametrize("manifests_fixture", ["default_manifests", "custom_manifests"])
+def test_deployment_is_one_recreated_replica_locked_down(
+    manifests_fixture: str, request: pytest.FixtureRequest
+) -> None:
+    manifests: list[Manifest] = request.getfixturevalue(manifests_fixture)
+    deployment = only(manifests, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    container = operator_container(manifests)
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    for bound in ("requests", "limits"):
+        assert "memory" in container["resources"][bound], f"no memory {bound}"
+    assert "cpu" in container["resources"]["requests"]
+    mounted = {mount["mountPath"] for mount in container["volumeMounts"]}
+    assert "/tmp" in mounted, "a read-only root filesystem needs a writable /tmp"
+
+
+@pytest.mark.parametrize("manifests_fixture", ["default_manifests", "custom_manifests"])
+def test_probes_and_metrics_service_reach_the_ports_the_operator_listens_on(
+    manifests_fixture: str, request: pytest.FixtureRequest
+) -> None:
+    manifests: list[Manifest] = request.getfixturevalue(manifests_fixture)
+    container = operator_container(manifests)
+    port_numbers = {port["name"]: port["containerPort"] for port in container["ports"]}
+    liveness_port = int(flag_value(container["args"], "--liveness-port"))
+    metrics_port = int(flag_value(container["args"], "--metrics-port"))
+    for probe_name in ("livenessProbe", "readinessProbe"):
+        probe = container[probe_name]["httpGet"]
+        assert probe["path"] == "/healthz"
+        assert port_numbers[probe["port"]] == liveness_port, probe_name
+    service = only(manifests, "Service")
+    [service_port] = service["spec"]["ports"]
+    assert port_numbers[service_port["targetPort"]] == metrics_port
+    pod_labels = only(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+def test_default_mode_watches_all_namespaces(default_manifests: list[Manifest]) -> None:
+    args = operator_container(default_manifests)["args"]
+    assert "--all-namespaces" in args
+    assert not [arg for arg in args if arg.startswith("--namespace")]
+
+
+def test_watch_namespaces_become_namespace_flags(
+    custom_manifests: list[Manifest], custom_values: dict[str, Any]
+) -> None:
+    args = operator_container(custom_manifests)["args"]
+    assert "--all-namespaces" not in args
+    namespaces = [arg.removeprefix("--namespace=") for arg in args if arg.startswith("--namespace=")]
+    assert namespaces == custom_values["watchNamespaces"]
+    assert args[-len(custom_values["extraArgs"]) :] == custom_values["extraArgs"]
+
+
+def test_gate_image_defaults_to_the_operator_image(default_manifests: list[Manifest]) -> None:
+    container = operator_container(default_manifests)
+    assert env_value(container, "KVPOLICY_GATE_IMAGE") == container["image"]
+    assert env_value(container, "KVPOLICY_PROBE_IMAGE").startswith("ghcr.io/kvpolicy/vllm-fp8-twolevel:")
+
+
+def test_custom_images_reach_the_operator(custom_manifests: list[Manifest], custom_values: dict[str, Any]) -> None:
+    container = operator_container(custom_manifests)
+    image, gate, probe = custom_values["image"], custom_values["gateImage"], custom_values["probeImage"]
+    assert container["image"] == f"{image['repository']}:{image['tag']}"
+    assert env_value(container, "KVPOLICY_GATE_IMAGE") == f"{gate['repository']}:{gate['tag']}"
+    assert env_value(container, "KVPOLICY_PROBE_IMAGE") == f"{probe['repository']}:{probe['tag']}"
+    assert env_value(container, "TZ") == "UTC"
+
+
+# --- RBAC -------------------------------------------------------------------------------------------------------
+
+README_ROW = re.compile(
+    r"^\| `(?P<group>[^`]*)`[^|]*\| `(?P<resource>[^`]+)` \| (?P<verbs>[a-z, ]+) \| (?P<scope>[^|]+) \|"
+)
+
+
+def documented_rbac() -> dict[str, set[Triple]]:
+    """(group, resource, verb) triples of the chart README's RBAC table, by scope column."""
+    by_scope: dict[str, set[Triple]] = {}
+    for line in (CHART_DIR / "README.md").read_text().splitlines():
+        row = README_ROW.match(line)
+        if row:
+            group = row["group"].strip('"')  # the core group is written `""`
+            triples = {(group, row["resource"], verb.strip()) for verb in row["verbs"].split(",")}
+            by_scope.setdefault(row["scope"].strip(), set()).update(triples)
+    assert set(by_scope) == {"namespaced", "cluster", "cluster, with watchNamespaces"}, by_scope.keys()
+    return by_scope
+
+
+def granted(role: Manifest) -> set[Triple]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_readme_rbac_table_parses_into_every_scope() -> None:
+    documented = documented_rbac()
+    assert ("kvpolicy.dev", "kvpolicies/status", "patch") in documented["namespaced"]
+    assert ("", "nodes", "list") in documented["cluster"]
+
+
+def test_all_namespaces_cluster_role_grants_exactly_the_documented_rules(default_manifests: list[Manifest]) -> None:
+    documented = documented_rbac()
+    assert granted(only(default_manifests, "ClusterRole")) == documented["namespaced"] | documented["cluster"]
+    assert not of_kind(default_manifests, "Role")
+
+
+def test_watch_namespaces_get_a_role_each_and_a_cluster_role_for_cluster_reads(
+    custom_manifests: list[Manifest], custom_values: dict[str, Any]
+) -> None:
+    documented = documented_rbac()
+    cluster_role = only(custom_manifests, "ClusterRole")
+    assert granted(cluster_role) == documented["cluster"] | documented["cluster, with watchNamespaces"]
+    roles = of_kind(custom_manifests, "Role")
+    assert sorted(role["metadata"]["namespace"] for role in roles) == sorted(custom_values["watchNamespaces"])
+    for role in roles:
+        assert granted(role) == documented["namespaced"]
+    bindings = of_kind(custom_manifests, "RoleBinding")
+    role_names = {(role["metadata"]["namespace"], role["metadata"]["name"]) for role in roles}
+    assert {(binding["metadata"]["namespace"], binding["roleRef"]["name"]) for binding in bindings} == role_names
+    assert only(custom_manifests, "ClusterRoleBinding")["roleRef"]["name"] == cluster_role["metadata"]["name"]
+
+
+@pytest.mark.parametrize("manifests_fixture", ["default_manifests", "custom_manifests"])
+def test_rbac_has_no_wildcards_and_no_secrets(manifests_fixture: str, request: pytest.FixtureRequest) -> None:
+    manifests: list[Manifest] = request.getfixturevalue(manifests_fixture)
+    roles = of_kind(manifests, "ClusterRole") + of_kind(manifests, "Role")
+    for group, resource, verb in set().union(*(granted(role) for role in roles)):
+        assert "*" not in (group, resource, verb)
+        assert resource not in ("secrets", "configmaps")
+
+
+@pytest.mark.parametrize("manifests_fixture", ["default_manifests", "custom_manifests"])
+def test_bindings_name_the_operator_service_account(manifests_fixture: str, request: pytest.FixtureRequest) -> None:
+    manifests: list[Manifest] = request.getfixturevalue(manifests_fixture)
+    account = only(manifests, "ServiceAccount")["metadata"]
+    pod = only(manifests, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["name"]
+    for binding in of_kind(manifests, "ClusterRoleBinding") + of_kind(manifests, "RoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["name"], "namespace": RELEASE_NAMESPACE}
+        ]
+
+
+# --- monitoring ---------------------------------------------------------------------------------------------------
+
+
+def test_service_monitor_selects_the_metrics_service(custom_manifests: list[Manifest]) -> None:
+    monitor = only(custom_manifests, "ServiceMonitor")
+    service = only(custom_manifests, "Service")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [service["metadata"]["namespace"]]}
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_other_services_would_not_be_scraped(custom_manifests: list[Manifest]) -> None:
+    """The selector is specific to this release: another release's operator Service does not match it."""
+    selector = only(custom_manifests, "ServiceMonitor")["spec"]["selector"]["matchLabels"]
+    other_release = dict(only(custom_manifests, "Service")["metadata"]["labels"], **{"app.kubernetes.io/instance": "x"})
+    assert not selector.items() <= other_release.items()
