@@ -63,6 +63,12 @@ def test_enabled_monitoring_object_without_its_file_fails_clearly(
         render("--set", enable, chart=chart)
 
 
+def test_clusters_older_than_1_29_are_refused(render: Renderer) -> None:
+    """The CRD's CEL validation rules need Kubernetes 1.29."""
+    with pytest.raises(RenderError, match=re.escape("incompatible with Kubernetes v1.28.9")):
+        render("--kube-version", "1.28.9")
+
+
 def test_defaults_render_only_the_core_objects(default_manifests: list[Manifest]) -> None:
     kinds = sorted(manifest["kind"] for manifest in default_manifests)
     assert kinds == [
