@@ -18,8 +18,6 @@ from kvpolicy.analysis import (
     run_check,
 )
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
-
 
 class FakeClock:
     def __init__(self) -> None:

@@ -1,0 +1,17 @@
+"""Shared set-up of the analysis tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pytest_asyncio import is_async_test
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Async fixtures here are session-loop fixtures (in-process servers); tests must run on that same loop.
+    for item in items:
+        if is_async_test(item) and item.path.parent == HERE:
+            item.add_marker(pytest.mark.asyncio(loop_scope="session"), append=False)

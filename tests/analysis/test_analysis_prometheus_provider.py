@@ -1,0 +1,178 @@
+"""The Prometheus provider's queries and its failure handling, against a fake Prometheus HTTP API.
+
+Its answers from a real Prometheus are tested in test_analysis_real_prometheus.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from kvpolicy.analysis import (
+    LatencyGateConfig,
+    PrometheusProvider,
+    ProviderUnavailableError,
+    SideSelector,
+    VerdictKind,
+    run_check,
+)
+from kvpolicy.analysis.prometheus import render_selector
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@pytest.fixture
+async def fake_prometheus() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(handler: Handler) -> str:
+        app = web.Application()
+        app.router.add_post("/api/v1/query", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+CANARY = SideSelector("canary", "llm", pods=("m-canary-7d9f.1", "m-canary-x2"))
+
+
+def test_default_selector_matches_namespace_and_exact_pods() -> None:
+    matchers = render_selector('namespace="$namespace", pod=~"$pod_regex"', CANARY)
+    assert matchers == 'namespace="llm", pod=~"m\\\\-canary\\\\-7d9f\\\\.1|m\\\\-canary\\\\-x2"'
+
+
+def test_selector_template_with_pod_labels() -> None:
+    side = SideSelector("baseline", 'odd"ns', pods=("p",), labels={"app.kubernetes.io/name": "m", "tier": "serve"})
+    matchers = render_selector('kubernetes_namespace="$namespace", $labels, role="$role"', side)
+    assert matchers == 'kubernetes_namespace="odd\\"ns", app_kubernetes_io_name="m", tier="serve", role="baseline"'
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"base_url": "prometheus:9090"}, "must start with http"),
+        ({"base_url": "http://p", "timeout_seconds": 0}, "timeout must be above 0"),
+        ({"base_url": "http://p", "selector_template": 'ns="$ns"'}, r"unknown: \['ns'\]"),
+        ({"base_url": "http://p", "selector_template": 'pod="$"'}, "selector template"),
+    ],
+)
+def test_bad_configuration(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PrometheusProvider(**kwargs)
+
+
+async def test_queries_and_answers(fake_prometheus: Callable[[Handler], Awaitable[str]]) -> None:
+    queries: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        query = (await request.post())["query"]
+        assert isinstance(query, str)
+        queries.append(query)
+        if "inter_token_latency_seconds" in query:
+            result: list[dict[str, Any]] = []  # an old vLLM: no ITL series
+        elif "time_per_output_token_seconds" in query:
+            result = [{"metric": {}, "value": [1, "0.02"]}]
+        elif query.startswith("histogram_quantile"):
+            result = [{"metric": {}, "value": [1, "0.5" if "(0.5," in query else "NaN"]}]
+        elif "request_success_total" in query:
+            result = [{"metric": {}, "value": [1, "0.01"]}]
+        elif "http_requests_total" in query:
+            result = [{"metric": {}, "value": [1, "NaN"]}]  # nothing served over HTTP: 0/0
+        elif "kv_cache_usage_perc" in query:
+            result = [{"metric": {}, "value": [1, "0.3"]}]
+        else:
+            result = [{"metric": {}, "value": [1, "120.4"]}]
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    url = await fake_prometheus(answer)
+    async with PrometheusProvider(url) as provider:
+        metrics = await provider.latency_snapshot(CANARY, 300, (0.5, 0.95))
+    assert metrics.series_found and metrics.requests == pytest.approx(120.4)
+    assert metrics.ttft_seconds == {0.5: 0.5, 0.95: None}
+    assert metrics.itl_seconds == {0.5: 0.02, 0.95: 0.02}
+    assert metrics.itl_metric == "time_per_output_token_seconds"
+    assert (metrics.error_ratio, metrics.http_error_ratio, metrics.kv_cache_usage) == (0.01, None, 0.3)
+    selector = 'namespace="llm", pod=~"m\\\\-canary\\\\-7d9f\\\\.1|m\\\\-canary\\\\-x2"'
+    ttft = (
+        f'histogram_quantile(0.95, sum by (le) (rate({{__name__=~"vllm[:_]time_to_first_token_seconds_bucket", '
+        f"{selector}}}[300000ms])))"
+    )
+    assert ttft in queries
+    assert f'sum(increase({{__name__=~"vllm[:_]time_to_first_token_seconds_count", {selector}}}[300000ms]))' in queries
+    assert len(queries) == 10
+
+
+async def test_a_side_without_pods_asks_nothing() -> None:
+    async with PrometheusProvider(f"http://127.0.0.1:{closed_port()}") as provider:
+        metrics = await provider.latency_snapshot(SideSelector("canary", "llm"), 60, (0.5,))
+    assert not metrics.series_found and metrics.requests == 0
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def slow(request: web.Request) -> web.Response:
+    await asyncio.sleep(1.5)
+    return web.json_response({})
+
+
+def respond(status: int, body: Any) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        if isinstance(body, str):
+            return web.Response(status=status, text=body)
+        return web.json_response(body, status=status)
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("handler", "reason", "message"),
+    [
+        (respond(503, {"status": "error", "errorType": "unavailable"}), "PrometheusServerError", "HTTP 503"),
+        (respond(500, "oops"), "PrometheusServerError", "HTTP 500: oops"),
+        (
+            respond(400, {"status": "error", "errorType": "bad_data", "error": "parse error at char 7"}),
+            "QueryRejected",
+            "parse error at char 7",
+        ),
+        (respond(422, {"status": "error", "errorType": "execution", "error": "many-to-many"}), "QueryRejected", "many"),
+        (respond(200, "<html>login</html>"), "QueryRejected", "login"),
+        (
+            respond(200, {"status": "success", "data": {"resultType": "matrix", "result": []}}),
+            "QueryRejected",
+            "'matrix', not a vector",
+        ),
+        (slow, "PrometheusTimeout", "did not answer within 0.5 s"),
+    ],
+)
+async def test_failures(
+    fake_prometheus: Callable[[Handler], Awaitable[str]], handler: Handler, reason: str, message: str
+) -> None:
+    url = await fake_prometheus(handler)
+    async with PrometheusProvider(url, timeout_seconds=0.5) as provider:
+        with pytest.raises(ProviderUnavailableError, match=message) as raised:
+            await provider.query("up")
+    assert raised.value.reason == reason
+
+
+async def test_unreachable_prometheus_is_a_provider_unavailable_verdict() -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    baseline = SideSelector("baseline", "llm", pods=("m-0",))
+    async with PrometheusProvider(url) as provider:
+        verdict = await run_check(provider, LatencyGateConfig(), CANARY, baseline)
+    assert (verdict.kind, verdict.reason) == (VerdictKind.PROVIDER_UNAVAILABLE, "PrometheusUnreachable")
+    assert url in verdict.message
