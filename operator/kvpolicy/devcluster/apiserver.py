@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp.web
 import attrs
 import kmock
+
 from kvpolicy.devcluster.resources import ResourceType
 from kvpolicy.devcluster.selectors import Selector, SelectorError, parse_field_selector, parse_label_selector
 from kvpolicy.devcluster.store import ApiError, Store, WatchEvent
@@ -38,6 +39,8 @@ SERVER_VERSION = {
     "compiler": "gc",
     "platform": "linux/amd64",
 }
+# An empty protobuf message is an empty OpenAPI v2 document: kubectl then validates nothing client-side.
+OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
 _REASONS = {
     400: "BadRequest",
     403: "Forbidden",
@@ -179,6 +182,9 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
         # kmock's own request parsing fails on some valid URLs (e.g. /api/v1/namespaces), so requests are parsed here.
         body = await raw_request.read()
         path = ApiPath.parse(raw_request.path)
+        if "protobuf" in raw_request.headers.get("Content-Type", ""):
+            message = "the dev cluster reads JSON bodies only (kubectl create GENERATOR sends protobuf; use apply -f)"
+            return _json(ApiError(415, "UnsupportedMediaType", message).status(), 415)
         try:
             data = json.loads(body) if body else None
         except ValueError:
@@ -203,11 +209,11 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
         if len(self._requests) > REQUEST_HISTORY_LIMIT:
             del self._requests[: len(self._requests) - REQUEST_HISTORY_LIMIT]
         try:
-            return await self._handle(request, path)
+            return await self._serve(request, path)
         except ApiError as exc:
             return _json(exc.status(), exc.code)
 
-    async def _handle(self, request: kmock.Request, path: ApiPath | None) -> aiohttp.web.StreamResponse:
+    async def _serve(self, request: kmock.Request, path: ApiPath | None) -> aiohttp.web.StreamResponse:
         method = request.method.value
         fault = self._take_fault(method, path)
         if fault is not None:
@@ -220,6 +226,8 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
 
     async def _route(self, request: kmock.Request, method: str, path: ApiPath | None) -> aiohttp.web.StreamResponse:
         url_path = request.url.path.rstrip("/") or "/"
+        if method == "GET" and url_path == "/openapi/v2":
+            return aiohttp.web.Response(body=b"", content_type=OPENAPI_V2_PROTOBUF)
         if method == "GET" and path is None:
             return _json(self._discovery(url_path))
         if path is None:
@@ -372,6 +380,8 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
         groups = self._groups()
         if url_path == "/version":
             return SERVER_VERSION
+        if url_path == "/openapi/v3":
+            return {"paths": {}}
         if url_path == "/api":
             return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
         if url_path == "/apis":

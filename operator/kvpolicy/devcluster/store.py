@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jsonpatch
+
 from kvpolicy.devcluster.resources import BUILTIN_TYPES, CRD_GROUP, CRD_PLURAL, CRDError, ResourceType, types_from_crd
 from kvpolicy.devcluster.selectors import Selector
 
@@ -223,16 +224,29 @@ class Store:
             obj["status"] = {"phase": "Active"}
         return self._write(rt, obj, "ADDED")
 
-    def replace(self, rt: ResourceType, namespace: str | None, name: str, body: Mapping[str, Any],
-                subresource: str | None = None) -> Obj:  # fmt: skip
+    def replace(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        body: Mapping[str, Any],
+        subresource: str | None = None,
+    ) -> Obj:
         old = self.get(rt, namespace, name)
         new: Obj = copy.deepcopy(dict(body))
         if new.get("metadata", {}).get("name", name) != name:
             raise ApiError(400, "BadRequest", "the name of the object does not match the name in the URL")
         return self._update(rt, old, new, subresource)
 
-    def patch(self, rt: ResourceType, namespace: str | None, name: str, content_type: str, patch: Any,
-              subresource: str | None = None) -> Obj:  # fmt: skip
+    def patch(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        content_type: str,
+        patch: Any,
+        subresource: str | None = None,
+    ) -> Obj:
         old = self.get(rt, namespace, name)
         media_type = content_type.split(";")[0].strip()
         if media_type == JSON_PATCH:
