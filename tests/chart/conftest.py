@@ -1,46 +1,23 @@
-"""Fixtures for the Helm chart and Dockerfile tests: the tools they run, and the chart rendered once per value set."""
+"""Fixtures for the Helm chart and Dockerfile tests: helm, and the chart rendered once per value set."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CHART_DIR = REPO_ROOT / "charts" / "kvpolicy-operator"
-CUSTOM_VALUES = Path(__file__).resolve().parent / "values-custom.yaml"
-RELEASE = "kvp"
-RELEASE_NAMESPACE = "kvpolicy-system"
-
-Manifest = dict[str, Any]
-
-
-def find_tool(name: str) -> Path:
-    """The executable from the virtual environment (where `make test` installs it) or PATH.
-
-    Missing on CI is a failure: `make test` must have installed it. Missing locally skips.
-    """
-    beside_python = Path(sys.executable).parent / name
-    if beside_python.is_file() and os.access(beside_python, os.X_OK):
-        return beside_python
-    on_path = shutil.which(name)
-    if on_path:
-        return Path(on_path)
-    message = f"{name} not found in {beside_python.parent} or PATH (make tools / make test installs it)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-def run_tool(args: Sequence[str | Path], cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(arg) for arg in args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+from chart_helpers import (
+    CHART_DIR,
+    CUSTOM_VALUES,
+    RELEASE,
+    RELEASE_NAMESPACE,
+    Manifest,
+    Renderer,
+    RenderError,
+    find_tool,
+    run_tool,
+)
 
 
 @pytest.fixture(scope="session")
@@ -48,26 +25,18 @@ def helm() -> Path:
     return find_tool("helm")
 
 
-Renderer = Callable[..., list[Manifest]]
-
-
 @pytest.fixture(scope="session")
 def render(helm: Path) -> Renderer:
     """`helm template` the chart (CRDs included) and parse the manifests; raises with helm's message on failure."""
 
     def _render(*extra_args: str | Path, chart: Path = CHART_DIR) -> list[Manifest]:
-        result = run_tool(
-            [helm, "template", RELEASE, chart, "--namespace", RELEASE_NAMESPACE, "--include-crds", *extra_args]
-        )
+        template = [helm, "template", RELEASE, chart, "--namespace", RELEASE_NAMESPACE, "--include-crds"]
+        result = run_tool([*template, *extra_args])
         if result.returncode != 0:
             raise RenderError(result.stderr)
         return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
     return _render
-
-
-class RenderError(Exception):
-    pass
 
 
 @pytest.fixture(scope="session")
@@ -84,14 +53,3 @@ def custom_manifests(render: Renderer) -> list[Manifest]:
 def custom_values() -> dict[str, Any]:
     values: dict[str, Any] = yaml.safe_load(CUSTOM_VALUES.read_text())
     return values
-
-
-def only(manifests: list[Manifest], kind: str) -> Manifest:
-    """The single manifest of a kind (fails when there are none or several)."""
-    matching = of_kind(manifests, kind)
-    assert len(matching) == 1, f"expected one {kind}, rendered {len(matching)}"
-    return matching[0]
-
-
-def of_kind(manifests: list[Manifest], kind: str) -> list[Manifest]:
-    return [manifest for manifest in manifests if manifest["kind"] == kind]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
+from chart_helpers import (
     CHART_DIR,
     CUSTOM_VALUES,
     RELEASE_NAMESPACE,

@@ -7,7 +7,7 @@ import tomllib
 import kvpolicy
 import pytest
 import yaml
-from conftest import CHART_DIR, REPO_ROOT
+from chart_helpers import CHART_DIR, REPO_ROOT
 from dockerfile_parse import DockerfileParser
 
 # chart copy -> source (Helm reads only files inside the chart).

@@ -10,7 +10,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import REPO_ROOT, Manifest, find_tool, only, run_tool
+from chart_helpers import REPO_ROOT, Manifest, find_tool, only, run_tool
 
 # Chart.yaml's kubeVersion starts at 1.29 (CEL validation rules in the CRD are GA there).
 KUBERNETES_VERSIONS = ["1.29", "1.30", "1.31", "1.32", "1.33"]

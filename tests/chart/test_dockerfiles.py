@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import CHART_DIR, REPO_ROOT, find_tool, run_tool
+from chart_helpers import CHART_DIR, REPO_ROOT, find_tool, run_tool
 from docker.utils.build import exclude_paths
 from dockerfile_parse import DockerfileParser
 from kvpolicy.cli import SUBCOMMANDS
