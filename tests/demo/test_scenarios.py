@@ -12,7 +12,7 @@ from kvpolicy.planner import plan
 def _plan_for(scenario: scenarios.Scenario) -> tuple[KVPolicySpec, Plan]:
     spec = KVPolicySpec.model_validate(scenarios.kvpolicy(scenario, scenarios.DEMO_TIMING, prometheus_url=None)["spec"])
     pool = scenarios.pool(scenario.pool)
-    return spec, plan(spec, gpu_facts([scenarios.node_labels(pool)] * pool.nodes))
+    return spec, plan(spec, gpu_facts([node["metadata"]["labels"] for node in pool.node_objects()]))
 
 
 def _scenario(name: str) -> scenarios.Scenario:
@@ -76,8 +76,9 @@ def test_deployments_select_their_pool_and_serve_the_policy_model() -> None:
 def test_names_are_unique_and_every_pool_has_nodes() -> None:
     names = [s.name for s in scenarios.SCENARIOS]
     assert len(set(names)) == len(names)
-    node_pools = {node["metadata"]["labels"][scenarios.POOL_LABEL] for node in scenarios.nodes()}
-    assert {s.pool for s in scenarios.SCENARIOS} <= node_pools
+    pools = {pool.name: pool for pool in scenarios.node_pools()}
+    for scenario in scenarios.SCENARIOS:
+        assert pools[scenario.pool].nodes >= 1 and pools[scenario.pool].gpu_product is not None
 
 
 def test_unknown_pool_is_named_in_the_error() -> None:

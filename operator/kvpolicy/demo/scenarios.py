@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpolicy.api.v1alpha1 import API_VERSION, KIND, KVPolicySpec
-from kvpolicy.gpu import KNOWN_PRODUCTS, PRESENT_LABEL
+from kvpolicy.devcluster.nodes import CPU_POOL, POOL_LABEL, NodePool
+from kvpolicy.devcluster.runners import GPU_RESOURCE
 
 NAMESPACE = "default"
-POOL_LABEL = "kvpolicy.dev/pool"
-GPU_RESOURCE = "nvidia.com/gpu"
 SERVER_PORT = 8000
 
 BASELINE_IMAGE = "vllm/vllm-openai:v0.12.0"
@@ -27,18 +26,14 @@ FIXED_IMAGE = "ghcr.io/kvpolicy/vllm-fp8-twolevel:v0.12.0-kv0.1.0"
 MISLABELLED_IMAGE = "registry.example.com/team-a/vllm-fp8-custom:v0.12.0"
 
 
-@dataclass(frozen=True)
-class NodePool:
-    name: str
-    product: str  # a key of kvpolicy.gpu.KNOWN_PRODUCTS
-    nodes: int
-    gpus_per_node: int = 8
-
-
-POOLS = (
-    NodePool("hopper", "H200", nodes=2),
-    NodePool("blackwell", "B200", nodes=1),
-)
+def node_pools() -> list[NodePool]:
+    """Fresh pools (the dev cluster may change their capacity): Hopper hosts five Deployments and their canaries,
+    Blackwell one; gate Jobs run on the CPU pool."""
+    return [
+        NodePool("hopper", "NVIDIA-H200", nodes=2),
+        NodePool("blackwell", "NVIDIA-B200", nodes=1),
+        NodePool(CPU_POOL, None),
+    ]
 
 
 @dataclass(frozen=True)
@@ -194,35 +189,11 @@ def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, An
 
 
 def pool(name: str) -> NodePool:
-    for candidate in POOLS:
+    pools = node_pools()
+    for candidate in pools:
         if candidate.name == name:
             return candidate
-    raise ValueError(f"no node pool named {name!r}; pools: {', '.join(p.name for p in POOLS)}")
-
-
-def node_labels(node_pool: NodePool) -> dict[str, str]:
-    """GPU Feature Discovery's labels for the pool's product, plus the pool label the Deployments select."""
-    return {**KNOWN_PRODUCTS[node_pool.product], PRESENT_LABEL: "true", POOL_LABEL: node_pool.name}
-
-
-def nodes() -> list[dict[str, Any]]:
-    result = []
-    for node_pool in POOLS:
-        for index in range(node_pool.nodes):
-            capacity = {GPU_RESOURCE: str(node_pool.gpus_per_node), "cpu": "64", "memory": "512Gi", "pods": "110"}
-            result.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {"name": f"{node_pool.name}-{index}", "labels": node_labels(node_pool)},
-                    "status": {
-                        "capacity": capacity,
-                        "allocatable": capacity,
-                        "conditions": [{"type": "Ready", "status": "True"}],
-                    },
-                }
-            )
-    return result
+    raise ValueError(f"no node pool named {name!r}; pools: {', '.join(p.name for p in pools)}")
 
 
 def _app_labels(scenario: Scenario) -> dict[str, str]:
