@@ -259,7 +259,7 @@ class Store:
         elif media_type in (MERGE_PATCH, STRATEGIC_MERGE_PATCH, APPLY_PATCH):
             if not isinstance(patch, Mapping):
                 raise ApiError(400, "BadRequest", f"a {media_type} body must be a JSON object")
-            new = merge_patch(old, patch)
+            new = merge_patch(copy.deepcopy(old), patch)
         else:
             raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {media_type!r}")
         return self._update(rt, old, new, subresource)

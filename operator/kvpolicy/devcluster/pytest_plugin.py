@@ -1,0 +1,40 @@
+"""pytest fixtures exposing the dev cluster: load with `pytest_plugins = ["kvpolicy.devcluster.pytest_plugin"]`.
+
+- `devcluster`: one `ThreadedDevCluster` for the whole session; KUBECONFIG points at it, so kubectl, helm, kopf and
+  the kubernetes library all talk to it.
+- `devcluster_namespace`: a fresh namespace per test. On teardown it is deleted (with everything in it, pod processes
+  included), and injected faults, pool capacities and the container runner are reset.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+from kvpolicy.devcluster.cluster import ThreadedDevCluster
+from kvpolicy.devcluster.runners import SimulatorRunner
+
+
+@pytest.fixture(scope="session")
+def devcluster() -> Iterator[ThreadedDevCluster]:
+    with ThreadedDevCluster(runner=SimulatorRunner(time_scale=0.001)) as cluster, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KUBECONFIG", str(cluster.kubeconfig))
+        yield cluster
+
+
+@pytest.fixture
+def devcluster_namespace(devcluster: ThreadedDevCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"t-{slug}-{secrets.token_hex(3)}"
+    devcluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    runner = devcluster.call(lambda: devcluster.cluster.kubelet.runner)
+    try:
+        yield name
+    finally:
+        devcluster.delete("v1", "Namespace", name)
+        devcluster.clear_faults()
+        devcluster.call(devcluster.cluster.reset_pool_capacities)
+        devcluster.set_runner(runner)
