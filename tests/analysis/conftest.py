@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from live_fleet import PROMETHEUS, Fleet
 from pytest_asyncio import is_async_test
 
 HERE = Path(__file__).parent
@@ -15,3 +17,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if is_async_test(item) and item.path.parent == HERE:
             item.add_marker(pytest.mark.asyncio(loop_scope="session"), append=False)
+
+
+@pytest.fixture(scope="session")
+def fleet() -> Iterator[Fleet]:
+    """Fake vLLM pods with traffic already served, and a Prometheus that has scraped it all (started once)."""
+    if PROMETHEUS is None:
+        pytest.skip("prometheus is not installed: `make prometheus` installs Debian's package")
+    fleet = Fleet.start()
+    try:
+        yield fleet
+    finally:
+        fleet.stop()

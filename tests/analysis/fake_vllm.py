@@ -34,6 +34,9 @@ class VLLMMetrics:
         )
         self.kv_cache_usage = Gauge(f"{prefix}kv_cache_usage_perc", "KV cache usage", labels, registry=self.registry)
         self.http = Counter("http_requests", "HTTP requests", ["handler", "method", "status"], registry=self.registry)
+        # vLLM creates its series at start-up, at 0: Prometheus' increase() cannot see a series' first value.
+        self.ttft.labels("m", "0")
+        self.itl.labels("m", "0")
         for reason in ("stop", "length", "abort", "error"):
             self.finished.labels("m", "0", reason)
         self.kv_cache_usage.labels("m", "0").set(0.25)

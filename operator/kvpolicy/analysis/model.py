@@ -106,6 +106,9 @@ class LatencyGateConfig:
             raise ValueError(f"min_requests: must be at least 1, got {self.min_requests!r}")
         if self.consecutive_failure_limit < 1:
             raise ValueError(f"consecutive_failure_limit: must be at least 1, got {self.consecutive_failure_limit!r}")
+        if self.on_inconclusive not in list(OnInconclusive):
+            choices = " or ".join(choice.value for choice in OnInconclusive)
+            raise ValueError(f"on_inconclusive: must be {choices}, got {self.on_inconclusive!r}")
         object.__setattr__(self, "on_inconclusive", OnInconclusive(self.on_inconclusive))
         object.__setattr__(self, "quantiles", tuple(sorted(set(self.quantiles))))
 

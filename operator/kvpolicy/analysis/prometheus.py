@@ -132,7 +132,7 @@ class PrometheusProvider:
     async def query(self, promql: str) -> list[float]:
         """Evaluate an instant query; one value per series of the resulting vector (NaN stays NaN)."""
         url = f"{self.base_url}/api/v1/query"
-        form = {"query": promql, "timeout": f"{self.timeout_seconds}s"}
+        form = {"query": promql, "timeout": _duration(self.timeout_seconds)}
         try:
             async with self._client().post(url, data=form) as response:
                 body = await response.text()
@@ -155,9 +155,7 @@ class PrometheusProvider:
             payload = {}
         if status >= 400 or payload.get("status") != "success":
             error = payload.get("error", body[:300])
-            raise ProviderUnavailableError(
-                "QueryRejected", f"Prometheus rejected {promql!r} (HTTP {status}): {error}; check the selector template"
-            )
+            raise ProviderUnavailableError("QueryRejected", f"Prometheus rejected {promql!r} (HTTP {status}): {error}")
         data = payload.get("data", {})
         if data.get("resultType") != "vector":
             raise ProviderUnavailableError(

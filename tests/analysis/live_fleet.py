@@ -1,0 +1,213 @@
+"""Processes for the real-Prometheus tests: vLLM-like servers, a Prometheus scraping them, and a load driver.
+
+Everything listens on 127.0.0.1. Processes are started by the tests and stopped by them (by their own handle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.error import URLError
+from urllib.parse import urlencode
+from urllib.request import urlopen
+
+import aiohttp
+
+HERE = Path(__file__).parent
+PROMETHEUS = shutil.which("prometheus")
+SCRAPE_INTERVAL = "200ms"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except (URLError, OSError):
+        return False
+
+
+@dataclass
+class VLLMProcess:
+    """A vLLM-like server process standing for one pod."""
+
+    pod: str
+    port: int
+    process: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self) -> VLLMProcess:
+        wait_until(lambda: _answers(f"{self.url}/metrics"), 30, f"{self.pod} to serve /metrics")
+        return self
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+def launch_fake_vllm(pod: str, *args: str) -> VLLMProcess:
+    """Start tests/analysis/fake_vllm.py (fixed latencies, configurable metric spellings); `wait_ready()` it."""
+    port = free_port()
+    command = [sys.executable, str(HERE / "fake_vllm.py"), "--port", str(port), *args]
+    return VLLMProcess(pod, port, subprocess.Popen(command))
+
+
+class PrometheusServer:
+    """A Prometheus on a loopback port with a temporary data dir, scraping static targets every 200 ms."""
+
+    def __init__(self, targets: Sequence[VLLMProcess], namespace: str = "llm") -> None:
+        if PROMETHEUS is None:
+            raise FileNotFoundError("prometheus is not installed")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._dir = tempfile.TemporaryDirectory(prefix="kvpolicy-prometheus-")
+        config = Path(self._dir.name) / "prometheus.yml"
+        scrape_configs = [
+            {
+                "job_name": target.pod,
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{target.port}"], "labels": {"namespace": namespace, "pod": target.pod}}
+                ],
+            }
+            for target in targets
+        ]
+        global_config = {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL}
+        config.write_text(json.dumps({"global": global_config, "scrape_configs": scrape_configs}))  # JSON is YAML
+        self.log_path = Path(self._dir.name) / "prometheus.log"
+        with self.log_path.open("wb") as log:
+            self.process = self._launch(config, log)
+        ready = f"{self.url}/-/ready"
+        wait_until(lambda: _answers(ready), 30, f"Prometheus to be ready (log: {self.log_tail()})")
+        # Prometheus applies new targets a few seconds after start: wait until it scraped all of them.
+        scraped = len(targets)
+        wait_until(lambda: self.query_value("count(up == 1)") == scraped, 30, "Prometheus' first scrape of every pod")
+
+    def _launch(self, config: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self._dir.name}/data",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-2000:]
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        with urlopen(f"{self.url}/api/v1/query?{urlencode({'query': promql})}", timeout=5) as response:
+            result: list[dict[str, Any]] = json.load(response)["data"]["result"]
+        return result
+
+    def query_value(self, promql: str) -> float | None:
+        result = self.query(promql)
+        return float(result[0]["value"][1]) if result else None
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+        self._dir.cleanup()
+
+
+async def drive_load(url: str, requests: int, concurrency: int = 8, max_tokens: int = 6, prompt: str = "x") -> None:
+    """Send `requests` streaming completions, at most `concurrency` at once, and read every stream to its end."""
+    semaphore = asyncio.Semaphore(concurrency)
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        async with semaphore, session.post(f"{url}/v1/completions", json=body) as response:
+            response.raise_for_status()
+            async for line in response.content:
+                if line.strip() == b"data: [DONE]":
+                    return
+            raise AssertionError(f"{url}: stream ended without [DONE]")
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await asyncio.gather(*(one(session) for _ in range(requests)))
+
+
+# Simulated latencies (seconds) of the fake pods: the slow canary is 1.5x the others in both TTFT and ITL.
+NORMAL = ("--ttft", "0.05", "--itl", "0.02")
+SLOW = ("--ttft", "0.075", "--itl", "0.03")
+# An exporter that writes `vllm_` and a vLLM older than 0.11 (ITL under its deprecated name).
+OLD_SPELLINGS = ("--prefix", "vllm_", "--itl-name", "time_per_output_token_seconds")
+LOADED_REQUESTS = 60
+
+
+@dataclass
+class Fleet:
+    """Pods of one namespace, each a process, and the Prometheus scraping them."""
+
+    pods: dict[str, VLLMProcess]
+    prometheus: PrometheusServer
+
+    @classmethod
+    def start(cls) -> Fleet:
+        launched = [
+            launch_fake_vllm("m-canary-0", *NORMAL),
+            launch_fake_vllm("m-baseline-0", *NORMAL),
+            launch_fake_vllm("m-slow-0", *SLOW),
+            launch_fake_vllm("m-idle-0", *NORMAL),
+            launch_fake_vllm(
+                "m-underscore-0", *NORMAL, "--prefix", "vllm_", "--itl-name", "time_per_output_token_seconds"
+            ),
+        ]
+        pods = {pod.pod: pod.wait_ready() for pod in launched}
+        try:
+            prometheus = PrometheusServer(list(pods.values()))
+        except BaseException:
+            for pod in pods.values():
+                pod.stop()
+            raise
+        fleet = cls(pods, prometheus)
+        loaded = [name for name in pods if name != "m-idle-0"]
+
+        async def load() -> None:
+            await asyncio.gather(*(drive_load(pods[name].url, LOADED_REQUESTS) for name in loaded))
+
+        asyncio.run(load())
+        for name in loaded:
+            fleet.wait_ingested(prometheus, name, LOADED_REQUESTS)
+        return fleet
+
+    def wait_ingested(self, prometheus: PrometheusServer, pod: str, requests: int) -> None:
+        query = f'sum({{__name__=~"vllm[:_]time_to_first_token_seconds_count", pod="{pod}"}})'
+        wait_until(lambda: (prometheus.query_value(query) or 0) >= requests, 30, f"Prometheus to see {pod}'s load")
+
+    def stop(self) -> None:
+        self.prometheus.stop()
+        for pod in self.pods.values():
+            pod.stop()

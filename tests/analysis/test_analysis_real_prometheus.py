@@ -1,0 +1,123 @@
+"""The analysis against a real Prometheus (Debian's binary) scraping vLLM-like server processes every 200 ms.
+
+Each verdict is produced for real: Pass (equal pods), Breach (a canary 1.5x slower), NoData (a canary without traffic,
+and a canary Prometheus has never seen), ProviderUnavailable (Prometheus stopped in the middle of an analysis).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from kvpolicy.analysis import (
+    Action,
+    AnalysisState,
+    LatencyGateConfig,
+    PrometheusProvider,
+    ScrapeProvider,
+    SideSelector,
+    VerdictKind,
+    next_analysis_state,
+    run_check,
+)
+from live_fleet import LOADED_REQUESTS, Fleet, PrometheusServer, drive_load
+
+pytestmark = pytest.mark.prometheus
+
+# A window long enough to hold everything the session's Prometheus has seen.
+CONFIG = LatencyGateConfig(
+    ttft_max_ratio=1.2, itl_max_ratio=1.2, window_seconds=600, min_requests=20, bake_seconds=0, interval_seconds=1
+)
+
+
+def pods(role: str, *names: str) -> SideSelector:
+    return SideSelector(role, "llm", pods=names)
+
+
+BASELINE = pods("baseline", "m-baseline-0")
+
+
+async def check(fleet: Fleet, canary: str) -> tuple[VerdictKind, str, object]:
+    async with PrometheusProvider(fleet.prometheus.url) as provider:
+        verdict = await run_check(provider, CONFIG, pods("canary", canary), BASELINE)
+    return verdict.kind, verdict.reason, verdict
+
+
+async def test_pass(fleet: Fleet) -> None:
+    kind, reason, verdict = await check(fleet, "m-canary-0")
+    assert (kind, reason) == (VerdictKind.PASS, "WithinThresholds"), verdict
+    assert verdict.canary is not None and verdict.canary.requests == pytest.approx(LOADED_REQUESTS, rel=0.1)  # type: ignore[attr-defined]
+    for metric, quantile in [("ttft", 0.5), ("ttft", 0.95), ("itl", 0.5), ("itl", 0.95)]:
+        assert verdict.ratio(metric, quantile) == pytest.approx(1.0)  # type: ignore[attr-defined]
+
+
+async def test_breach(fleet: Fleet) -> None:
+    kind, reason, verdict = await check(fleet, "m-slow-0")
+    assert (kind, reason) == (VerdictKind.BREACH, "LatencyRatioExceeded"), verdict
+    # 75 ms vs 50 ms TTFT land in the (60, 80] and (40, 60] ms buckets: the medians interpolate to 70 and 50 ms.
+    assert verdict.ratio("ttft", 0.5) == pytest.approx(0.07 / 0.05)  # type: ignore[attr-defined]
+    assert verdict.ratio("itl", 0.5) > 1.2  # type: ignore[attr-defined]
+
+
+async def test_no_data_without_traffic(fleet: Fleet) -> None:
+    kind, reason, verdict = await check(fleet, "m-idle-0")
+    assert (kind, reason) == (VerdictKind.NO_DATA, "TooFewCanaryRequests"), verdict
+    assert verdict.canary is not None and verdict.canary.series_found  # type: ignore[attr-defined]
+
+
+async def test_no_data_for_pods_prometheus_does_not_scrape(fleet: Fleet) -> None:
+    kind, reason, verdict = await check(fleet, "m-canary-that-never-started")
+    assert (kind, reason) == (VerdictKind.NO_DATA, "NoCanarySeries"), verdict
+
+
+async def test_vllm_underscore_prefix_and_deprecated_itl(fleet: Fleet) -> None:
+    kind, _, verdict = await check(fleet, "m-underscore-0")
+    assert kind is VerdictKind.PASS, verdict
+    assert verdict.canary.itl_metric == "time_per_output_token_seconds"  # type: ignore[attr-defined]
+    assert verdict.baseline.itl_metric == "inter_token_latency_seconds"  # type: ignore[attr-defined]
+    assert verdict.ratio("itl", 0.95) == pytest.approx(1.0)  # type: ignore[attr-defined]
+
+
+async def test_error_ratio_and_kv_cache_usage(fleet: Fleet) -> None:
+    async with PrometheusProvider(fleet.prometheus.url) as provider:
+        metrics = await provider.latency_snapshot(BASELINE, 600, (0.5,))
+    assert metrics.error_ratio == 0.0 and metrics.http_error_ratio == 0.0
+    assert metrics.kv_cache_usage == pytest.approx(0.25)
+
+
+async def test_scrape_provider_agrees_with_prometheus(fleet: Fleet) -> None:
+    pod = fleet.pods["m-slow-0"]
+    scraped_side = SideSelector("canary", "llm", endpoints=(pod.url,))
+    async with ScrapeProvider() as scrape, PrometheusProvider(fleet.prometheus.url) as prometheus:
+        await scrape.latency_snapshot(scraped_side, 600, CONFIG.quantiles)
+        await drive_load(pod.url, 30)
+        scraped = await scrape.latency_snapshot(scraped_side, 600, CONFIG.quantiles)
+        queried = await prometheus.latency_snapshot(pods("canary", "m-slow-0"), 600, CONFIG.quantiles)
+    assert scraped.requests == 30
+    assert scraped.ttft_seconds == pytest.approx(queried.ttft_seconds)
+    assert scraped.itl_seconds == pytest.approx(queried.itl_seconds)
+
+
+async def test_prometheus_stopped_mid_analysis(fleet: Fleet) -> None:
+    canary, baseline = fleet.pods["m-canary-0"], fleet.pods["m-baseline-0"]
+    prometheus = PrometheusServer([canary, baseline])
+    try:
+        for pod in (canary, baseline):
+            await drive_load(pod.url, 30)
+        for pod in (canary, baseline):
+            fleet.wait_ingested(prometheus, pod.pod, LOADED_REQUESTS + 30)
+        config = LatencyGateConfig(window_seconds=600, min_requests=20, bake_seconds=60, interval_seconds=1)
+        now = datetime.now(UTC)
+        state = AnalysisState.start(now)
+        async with PrometheusProvider(prometheus.url, timeout_seconds=2) as provider:
+            first = await run_check(provider, config, pods("canary", canary.pod), BASELINE)
+            state, outcome = next_analysis_state(config, state, first, now + timedelta(seconds=1))
+            assert (first.kind, outcome.action) == (VerdictKind.PASS, Action.CONTINUE), first
+            prometheus.stop()
+            second = await run_check(provider, config, pods("canary", canary.pod), BASELINE)
+            state, outcome = next_analysis_state(config, state, second, now + timedelta(seconds=2))
+    finally:
+        prometheus.stop()
+    assert (second.kind, second.reason) == (VerdictKind.PROVIDER_UNAVAILABLE, "PrometheusUnreachable")
+    assert (outcome.action, outcome.reason) == (Action.CONTINUE, "PrometheusUnreachable")
+    assert state.passes == 1 and state.inconclusive == 1 and state.inconclusive_since is not None
