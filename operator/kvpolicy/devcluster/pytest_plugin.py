@@ -12,6 +12,7 @@ import re
 import secrets
 from collections.abc import Iterator
 
+import kubernetes.config.kube_config
 import pytest
 
 from kvpolicy.devcluster.cluster import ThreadedDevCluster
@@ -22,6 +23,8 @@ from kvpolicy.devcluster.runners import SimulatorRunner
 def devcluster() -> Iterator[ThreadedDevCluster]:
     with ThreadedDevCluster(runner=SimulatorRunner(time_scale=0.001)) as cluster, pytest.MonkeyPatch.context() as mp:
         mp.setenv("KUBECONFIG", str(cluster.kubeconfig))
+        # The kubernetes library reads KUBECONFIG once, at import, into this default; it is imported by now.
+        mp.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(cluster.kubeconfig))
         yield cluster
 
 

@@ -1,0 +1,85 @@
+"""The real kubectl (installed by tools/install_k8s_binaries.py) against the dev cluster."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kvpolicy.devcluster import ThreadedDevCluster
+
+KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
+pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl missing: run `make tools`")
+
+CRD_YAML = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: rollouts.kubectl.example.dev
+spec:
+  group: kubectl.example.dev
+  scope: Namespaced
+  names: {plural: rollouts, singular: rollout, kind: Rollout, shortNames: [ro]}
+  versions:
+  - name: v1alpha1
+    served: true
+    storage: true
+    subresources: {status: {}}
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+    additionalPrinterColumns:
+    - {name: Model, type: string, jsonPath: .spec.model}
+    - {name: Phase, type: string, jsonPath: .status.phase}
+    - {name: Ready, type: string, jsonPath: '.status.conditions[?(@.type=="Ready")].status'}
+"""
+ROLLOUT_YAML = """
+apiVersion: kubectl.example.dev/v1alpha1
+kind: Rollout
+metadata: {name: llama}
+spec: {model: meta-llama/Llama-3.1-8B-Instruct}
+"""
+
+
+def kubectl(cluster: ThreadedDevCluster, *args: str, stdin: str = "") -> str:
+    assert KUBECTL is not None
+    env = {**os.environ, **cluster.environ(), "HOME": str(cluster.kubeconfig.parent)}  # discovery cache in the workdir
+    result = subprocess.run([KUBECTL, *args], input=stdin, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_kubectl_applies_a_crd_and_prints_its_columns(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str
+) -> None:
+    ns = ["--namespace", devcluster_namespace]
+    try:
+        assert "created" in kubectl(devcluster, "apply", "-f", "-", stdin=CRD_YAML)
+        assert "created" in kubectl(devcluster, "apply", *ns, "-f", "-", stdin=ROLLOUT_YAML)
+        devcluster.patch("kubectl.example.dev/v1alpha1", "Rollout", "llama",
+                         {"status": {"phase": "Canary", "conditions": [{"type": "Ready", "status": "False"}]}},
+                         devcluster_namespace, subresource="status")  # fmt: skip
+        header, row = kubectl(devcluster, "get", "ro", *ns).splitlines()
+        assert header.split() == ["NAME", "MODEL", "PHASE", "READY"]
+        assert row.split() == ["llama", "meta-llama/Llama-3.1-8B-Instruct", "Canary", "False"]
+        # A second apply is a patch of the live object (kubectl's client-side apply).
+        changed = ROLLOUT_YAML.replace("Llama-3.1-8B-Instruct", "Llama-3.1-70B-Instruct")
+        assert "configured" in kubectl(devcluster, "apply", *ns, "-f", "-", stdin=changed)
+        live = devcluster.get("kubectl.example.dev/v1alpha1", "Rollout", "llama", devcluster_namespace)
+        assert live["spec"]["model"].endswith("70B-Instruct") and live["metadata"]["generation"] == 2
+        assert live["status"]["phase"] == "Canary"
+    finally:
+        devcluster.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", "rollouts.kubectl.example.dev")
+
+
+def test_kubectl_get_pods_and_logs(devcluster: ThreadedDevCluster, devcluster_namespace: str) -> None:
+    devcluster.create({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "hello", "namespace": devcluster_namespace},
+        "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "containers": [
+            {"name": "main", "image": "python", "command": ["python", "-c", "print('hello from the job')"]}]}}},
+    })  # fmt: skip
+    devcluster.wait_for("batch/v1", "Job", "hello", devcluster_namespace, lambda job: job["status"].get("succeeded"))
+    pods = kubectl(devcluster, "get", "pods", "--namespace", devcluster_namespace, "-l", "job-name=hello", "-o", "name")
+    assert pods.startswith("pod/hello-")
+    logs = kubectl(devcluster, "logs", "--namespace", devcluster_namespace, pods.strip())
+    assert logs == "hello from the job\n"
