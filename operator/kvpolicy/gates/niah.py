@@ -1,0 +1,128 @@
+"""RULER-style needle-in-a-haystack prompts: construction (gate side), parsing (simulator side) and scoring.
+
+The haystack is RULER's "noise" filler; needles follow RULER's niah template ("One of the special magic numbers for
+KEY is: VALUE."). Several distinct keys are hidden (niah_multikey) and the question asks for a few of them at once
+(as niah_multiquery does), so one long prompt yields several scored needles; scoring is RULER's string_match_all.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from kvpolicy.sim import tokenizer
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+HEADER = (
+    "Some special magic numbers are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the numbers afterwards.\n"
+)
+NEEDLE = "One of the special magic numbers for {key} is: {value}."
+QUESTION = (
+    "\nWhat are all the special magic numbers for {keys} mentioned in the provided text? "
+    "The special magic numbers for {keys} mentioned in the provided text are"
+)
+NEEDLE_PATTERN = re.compile(r"One of the special magic numbers for ([a-z]+-[a-z]+) is: (\d+)\.")
+QUESTION_PATTERN = re.compile(r"What are all the special magic numbers for (.+?) mentioned in the provided text\?")
+
+_ADJECTIVES = (
+    "amber", "brave", "calm", "dusty", "eager", "faint", "gentle", "hollow", "icy", "jolly", "keen", "lively",
+    "mellow", "nimble", "olive", "proud", "quiet", "rustic", "silent", "tidy", "upbeat", "vivid", "witty", "young",
+    "zesty", "bold", "crisp", "deep", "early", "fancy"
+)  # fmt: skip
+_NOUNS = (
+    "anchor", "badger", "canyon", "dolphin", "ember", "falcon", "glacier", "harbor", "island", "jaguar", "kettle",
+    "lantern", "meadow", "nectar", "orchard", "pepper", "quarry", "river", "saddle", "thistle", "umbrella",
+    "violin", "walnut", "yonder", "zephyr", "beacon", "cobalt", "dune"
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Needle:
+    key: str
+    value: str
+
+
+@dataclass(frozen=True)
+class NiahSample:
+    """One prompt's needles (in haystack order), the keys asked for, and where the needles sit (0..1 depth)."""
+
+    needles: tuple[Needle, ...]
+    asked: tuple[Needle, ...]
+    depths: tuple[float, ...]
+
+    @property
+    def expected(self) -> tuple[str, ...]:
+        return tuple(needle.value for needle in self.asked)
+
+
+def draw_sample(seed: int, index: int, num_needles: int = 8, num_asked: int = 4) -> NiahSample:
+    """The `index`-th sample of a seeded sequence: distinct word-pair keys, 7-digit values, spread depths."""
+    if not 1 <= num_asked <= num_needles:
+        raise ValueError(f"num_asked must be between 1 and num_needles ({num_needles}), got {num_asked}")
+    rng = random.Random(f"{seed}:{index}")
+    keys = rng.sample([f"{a}-{n}" for a in _ADJECTIVES for n in _NOUNS], num_needles)
+    needles = tuple(Needle(key, str(rng.randrange(1_000_000, 10_000_000))) for key in keys)
+    # Stratified depths: one needle per equal slice of the haystack, jittered inside its slice.
+    depths = tuple((i + rng.random()) / num_needles for i in range(num_needles))
+    asked = tuple(rng.sample(needles, num_asked))
+    return NiahSample(needles=needles, asked=asked, depths=depths)
+
+
+@lru_cache(maxsize=1)
+def _filler_pieces() -> tuple[str, ...]:
+    return tuple(tokenizer.pieces(" " + FILLER))
+
+
+def _haystack(filler_pieces: int) -> list[str]:
+    """The first `filler_pieces` pieces of the repeated filler (each piece is one token for the simulator)."""
+    unit = _filler_pieces()
+    repeats, rest = divmod(filler_pieces, len(unit))
+    return list(unit * repeats + unit[:rest])
+
+
+def render(sample: NiahSample, filler_pieces: int) -> str:
+    """The prompt text with `filler_pieces` pieces of haystack and the needles inserted at their depths.
+
+    Needles go in at sentence ends, so the filler stays grammatical around them.
+    """
+    haystack = _haystack(filler_pieces)
+    sentence_ends = [i + 1 for i, piece in enumerate(haystack) if piece == "."] or [len(haystack)]
+    inserts: dict[int, list[str]] = {}
+    for needle, depth in zip(sample.needles, sample.depths, strict=True):
+        target = depth * len(haystack)
+        position = min(sentence_ends, key=lambda end: abs(end - target)) if haystack else 0
+        inserts.setdefault(position, []).append(" " + NEEDLE.format(key=needle.key, value=needle.value))
+    parts: list[str] = [HEADER]
+    previous = 0
+    for position in sorted(inserts):
+        parts += haystack[previous:position]
+        parts += inserts[position]
+        previous = position
+    parts += haystack[previous:]
+    keys = ", ".join(needle.key for needle in sample.asked)
+    parts.append(QUESTION.format(keys=keys))
+    return "".join(parts)
+
+
+def string_match_all(output: str, expected: tuple[str, ...]) -> float:
+    """RULER's metric: the fraction of expected strings that occur in the output, case-insensitively."""
+    if not expected:
+        raise ValueError("string_match_all needs at least one expected string")
+    lowered = output.lower()
+    return sum(value.lower() in lowered for value in expected) / len(expected)
+
+
+def matches_per_needle(output: str, expected: tuple[str, ...]) -> tuple[bool, ...]:
+    lowered = output.lower()
+    return tuple(value.lower() in lowered for value in expected)
+
+
+def parse_prompt(prompt: str) -> tuple[dict[str, str], tuple[str, ...]]:
+    """Needles present in a prompt (key -> value) and the keys its question asks for (empty if it asks none)."""
+    needles = dict(NEEDLE_PATTERN.findall(prompt))
+    question = QUESTION_PATTERN.search(prompt)
+    asked = tuple(key.strip() for key in question.group(1).split(",")) if question else ()
+    return needles, asked
