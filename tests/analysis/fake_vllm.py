@@ -40,6 +40,8 @@ class VLLMMetrics:
         for reason in ("stop", "length", "abort", "error"):
             self.finished.labels("m", "0", reason)
         self.kv_cache_usage.labels("m", "0").set(0.25)
+        # The API server creates this series on its first request; creating it now keeps the tests' ratios defined.
+        self.http.labels("/v1/completions", "POST", "2xx")
 
     def record(
         self, ttft: float, itl: float, tokens: int = 4, finished_reason: str = "stop", status: str = "2xx"

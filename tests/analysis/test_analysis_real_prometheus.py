@@ -46,7 +46,8 @@ async def check(fleet: Fleet, canary: str) -> tuple[VerdictKind, str, object]:
 async def test_pass(fleet: Fleet) -> None:
     kind, reason, verdict = await check(fleet, "m-canary-0")
     assert (kind, reason) == (VerdictKind.PASS, "WithinThresholds"), verdict
-    assert verdict.canary is not None and verdict.canary.requests == pytest.approx(LOADED_REQUESTS, rel=0.1)  # type: ignore[attr-defined]
+    # increase() extrapolates towards the window's edges, so it never counts fewer requests than were served.
+    assert LOADED_REQUESTS <= verdict.canary.requests < 2 * LOADED_REQUESTS  # type: ignore[attr-defined]
     for metric, quantile in [("ttft", 0.5), ("ttft", 0.95), ("itl", 0.5), ("itl", 0.95)]:
         assert verdict.ratio(metric, quantile) == pytest.approx(1.0)  # type: ignore[attr-defined]
 
