@@ -53,12 +53,25 @@ def break_even(baseline: LineFit, candidate: LineFit) -> float | None:
     return crossing if crossing > 0 else None
 
 
+_LINE_STYLES = ("-", "-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D", "v")
+
+
 def plot_accuracy(curves: Sequence[Curve], title: str, path: Path) -> Path:
     """Accuracy (0..1) against context length on a log2 axis."""
     figure = Figure(figsize=(7.0, 4.2))
     ax = figure.subplots()
-    for curve in curves:
-        ax.plot(curve.x, [100 * value for value in curve.y], marker="o", label=curve.label)
+    # Curves that coincide (BF16 and every accurate FP8) stay visible through their line styles and marker sizes.
+    for index, curve in enumerate(curves):
+        ax.plot(
+            curve.x,
+            [100 * value for value in curve.y],
+            linestyle=_LINE_STYLES[index % len(_LINE_STYLES)],
+            marker=_MARKERS[index % len(_MARKERS)],
+            markersize=max(3, 9 - 2 * index),
+            linewidth=max(1.0, 2.5 - 0.5 * index),
+            label=curve.label,
+        )
     ax.set_xscale("log", base=2)
     lengths = sorted({x for curve in curves for x in curve.x})
     ax.set_xticks(lengths, [f"{int(x) // 1024}k" if x >= 1024 else str(int(x)) for x in lengths])
