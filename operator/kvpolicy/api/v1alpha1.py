@@ -503,9 +503,12 @@ class LatencyAnalysis(_Model):
     started_at: str | None = None
     checks: int = 0
     passes: int = 0
+    breaches: int = 0
+    inconclusive: int = 0
     consecutive_failures: int = 0
     inconclusive_since: str | None = None
     last: LatencyCheck | None = None
+    probe: GateResult | None = Field(default=None, description="The latency probe Job (Synthetic traffic).")
 
 
 class PodTemplateRecord(_Model):
@@ -549,6 +552,10 @@ class KVPolicyStatus(_Model):
     decision: Decision | None = None
     history: list[Decision] = Field(default_factory=list, max_length=10)
     previous_template: PodTemplateRecord | None = None
+    spec_hash: str | None = Field(
+        default=None, description="Hash of the spec fields that define the rollout; a change restarts it."
+    )
+    rollout_generation: int | None = Field(default=None, description="The generation the current rollout runs.")
 
 
 class KVPolicy(BaseModel):

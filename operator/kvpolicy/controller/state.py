@@ -1,0 +1,160 @@
+"""What the pure step sees and says: phases, observations of the cluster, actions, and the step's result."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from kvpolicy.analysis import Verdict
+from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicyStatus
+
+Obj = dict[str, Any]
+
+
+class Phase(StrEnum):
+    PLANNING = "Planning"
+    HELD_BF16 = "HeldBF16"
+    CANARY_STARTING = "CanaryStarting"
+    GPU_PREFLIGHT = "GpuPreflight"
+    ACCURACY_GATE = "AccuracyGate"
+    LATENCY_ANALYSIS = "LatencyAnalysis"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    PROMOTING = "Promoting"
+    PROMOTED = "Promoted"
+    ROLLING_BACK = "RollingBack"
+    ROLLED_BACK = "RolledBack"
+
+
+TERMINAL_PHASES = frozenset({Phase.HELD_BF16, Phase.PROMOTED, Phase.ROLLED_BACK})
+# Phases with a canary running: they watch it, and `paused` holds them.
+CANARY_PHASES = frozenset(
+    {Phase.CANARY_STARTING, Phase.GPU_PREFLIGHT, Phase.ACCURACY_GATE, Phase.LATENCY_ANALYSIS, Phase.AWAITING_APPROVAL}
+)
+
+
+class Kind(StrEnum):
+    """The kinds of objects the operator writes (the policy's namespace is implied)."""
+
+    DEPLOYMENT = "Deployment"
+    SERVICE = "Service"
+    JOB = "Job"
+
+
+# ------------------------------------------------------------------------------------------------------ observations
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    ip: str | None
+    ready: bool
+    unschedulable: str | None = None  # the scheduler's message when PodScheduled=False/Unschedulable
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A gate Job as far as the step cares: finished or not, and what its pod said."""
+
+    name: str
+    succeeded: bool = False
+    failed: bool = False
+    failure_reason: str | None = None  # the Job's Failed condition reason: DeadlineExceeded, BackoffLimitExceeded
+    exit_code: int | None = None
+    termination_message: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.succeeded or self.failed
+
+
+@dataclass(frozen=True)
+class Observations:
+    """The cluster as observed for one step. What a phase does not need is left empty (observe.py decides)."""
+
+    now: datetime
+    target: Obj | None = None
+    gpu: GpuFacts | None = None
+    canary: Obj | None = None
+    canary_pods: tuple[PodView, ...] = ()
+    services: frozenset[str] = frozenset()
+    jobs: Mapping[str, JobView] = field(default_factory=dict)
+    latency_verdict: Verdict | None = None
+
+
+# ----------------------------------------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Create:
+    """Create an object; AlreadyExists counts as done (names are deterministic)."""
+
+    kind: Kind
+    body: Obj
+
+    @property
+    def name(self) -> str:
+        name: str = self.body["metadata"]["name"]
+        return name
+
+
+@dataclass(frozen=True)
+class Patch:
+    kind: Kind
+    name: str
+    patch: Obj | list[Obj]
+    patch_type: Literal["merge", "json"] = "merge"
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Delete an object; NotFound counts as done. Dependents (a Job's pods) go in the background."""
+
+    kind: Kind
+    name: str
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+Action = Create | Patch | Delete
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The new status, the API writes to make (in order, before the status), events to post after it, and when to
+    look again (seconds)."""
+
+    status: KVPolicyStatus
+    actions: tuple[Action, ...]
+    events: tuple[Event, ...]
+    requeue_after: float
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """Operator-wide settings the step needs."""
+
+    gate_image: str
+    probe_image: str
+    poll_seconds: float = 5.0  # how soon to look again while something is starting or running
+    idle_seconds: float = 300.0  # how soon to look again in a decided phase
+
+
+def timestamp(moment: datetime) -> str:
+    """RFC 3339 with milliseconds: phase deadlines of a few seconds stay exact."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_timestamp(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

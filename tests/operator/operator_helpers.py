@@ -1,0 +1,232 @@
+"""Builders for the operator's unit tests: policies, target Deployments, observations, and a driver that replays
+a step's actions against an in-memory world so multi-step scenarios stay pure."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import jsonpatch
+from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy
+from kvpolicy.controller.state import (
+    Create,
+    Delete,
+    JobView,
+    Kind,
+    Observations,
+    Patch,
+    PodView,
+    StepConfig,
+    StepResult,
+)
+from kvpolicy.controller.step import step
+from kvpolicy.gpu import KNOWN_PRODUCTS, gpu_facts
+
+NAMESPACE = "serving"
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+CONFIG = StepConfig(gate_image="kvpolicy:test", probe_image="probe:test", poll_seconds=5, idle_seconds=300)
+PATCHED_IMAGE = "vllm-fp8-twolevel:1"
+TARGET_IMAGE = "vllm:0.12"
+TARGET_ARGS = ["serve", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "131072", "--port", "8000"]
+
+
+def gpu(product: str) -> GpuFacts:
+    return gpu_facts([KNOWN_PRODUCTS[product]])
+
+
+def set_paths(spec: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Apply {"rollout.abort": True, ...} to a spec dict."""
+    for path, value in overrides.items():
+        node = spec
+        keys = path.split(".")
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
+    return spec
+
+
+def policy_spec(**overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "targetRef": {"name": "llama"},
+        "model": {"servedModelName": "llama", "headDim": 128, "numLayers": 32, "maxModelLen": 131072},
+        "workload": {"maxContextTokens": 131072, "typicalContextTokens": 65536},
+        "images": {"fp8Patched": PATCHED_IMAGE},
+        "gates": {"latency": {"enabled": False}},
+        "rollout": {"progressDeadlineSeconds": 600, "bakeSeconds": 0},
+    }
+    return set_paths(spec, overrides)
+
+
+def make_policy(generation: int = 1, status: Mapping[str, Any] | None = None, **spec: Any) -> KVPolicy:
+    return KVPolicy.model_validate(
+        {
+            "metadata": {"name": "llama-fp8", "namespace": NAMESPACE, "uid": "uid-1", "generation": generation},
+            "spec": policy_spec(**spec),
+            "status": dict(status or {}),
+        }
+    )
+
+
+def target_deployment(args: list[str] | None = None, image: str = TARGET_IMAGE) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "llama", "namespace": NAMESPACE, "generation": 1},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "llama"}},
+            "template": {
+                "metadata": {"labels": {"app": "llama", "tier": "serving"}},
+                "spec": {
+                    "nodeSelector": {"pool": "h200"},
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": image,
+                            "args": list(TARGET_ARGS if args is None else args),
+                            "env": [{"name": "HF_HOME", "value": "/cache"}],
+                            "ports": [{"name": "http", "containerPort": 8000}],
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def gate_output(verdict: str, **fields: Any) -> str:
+    return json.dumps({"gate": "accuracy", "verdict": verdict, **fields})
+
+
+@dataclass
+class World:
+    """An in-memory cluster the actions of a step are applied to; pods become ready when the test says so."""
+
+    target: dict[str, Any] | None = field(default_factory=target_deployment)
+    gpu: GpuFacts = field(default_factory=lambda: gpu("H200"))
+    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    services: dict[str, dict[str, Any]] = field(default_factory=dict)
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    job_views: dict[str, JobView] = field(default_factory=dict)
+    pods: dict[str, PodView] = field(default_factory=dict)
+    creates: list[str] = field(default_factory=list)
+    deletes: list[str] = field(default_factory=list)
+    target_patches: int = 0
+
+    def apply(self, result: StepResult) -> None:
+        for action in result.actions:
+            if isinstance(action, Create):
+                store = self._store(action.kind)
+                self.creates.append(f"{action.kind}/{action.name}")
+                store.setdefault(action.name, copy.deepcopy(action.body))
+            elif isinstance(action, Delete):
+                self.deletes.append(f"{action.kind}/{action.name}")
+                self._store(action.kind).pop(action.name, None)
+                self.job_views.pop(action.name, None) if action.kind == Kind.JOB else None
+                if action.kind == Kind.DEPLOYMENT:
+                    self.pods = {k: p for k, p in self.pods.items() if not k.startswith(action.name)}
+            elif isinstance(action, Patch):
+                self._patch(action)
+
+    def _store(self, kind: Kind) -> dict[str, dict[str, Any]]:
+        return {Kind.DEPLOYMENT: self.deployments, Kind.SERVICE: self.services, Kind.JOB: self.jobs}[kind]
+
+    def _patch(self, action: Patch) -> None:
+        assert action.kind == Kind.DEPLOYMENT
+        if self.target is not None and action.name == self.target["metadata"]["name"]:
+            assert action.patch_type == "json"
+            self.target = jsonpatch.apply_patch(self.target, action.patch)
+            self.target_patches += 1
+            return
+        deployment = self.deployments[action.name]
+        assert action.patch_type == "merge" and isinstance(action.patch, dict)
+        labels = action.patch["spec"]["template"]["metadata"]["labels"]
+        deployment["spec"]["template"]["metadata"]["labels"] = labels
+        # The canary's pods are replaced (Recreate); the new ones start unready.
+        self.pods = {k: p for k, p in self.pods.items() if not k.startswith(action.name)}
+
+    def canary_up(self, ready: bool = True, unschedulable: str | None = None) -> None:
+        """Give the canary Deployment its pods, with its current template labels."""
+        for name, deployment in self.deployments.items():
+            labels = deployment["spec"]["template"]["metadata"]["labels"]
+            for index in range(deployment["spec"]["replicas"]):
+                pod = f"{name}-{index}"
+                self.pods[pod] = PodView(pod, "127.0.0.5", ready, unschedulable, dict(labels))
+
+    def finish_job(self, gate: str, output: str | None, exit_code: int = 0, failure: str | None = None) -> None:
+        (name,) = [n for n in self.jobs if f"-{gate}-g" in n]
+        self.job_views[name] = JobView(
+            name,
+            succeeded=exit_code == 0 and failure is None,
+            failed=exit_code != 0 or failure is not None,
+            failure_reason=failure,
+            exit_code=exit_code,
+            termination_message=output,
+        )
+
+    def observe(self, now: datetime, **extra: Any) -> Observations:
+        canary = next(iter(self.deployments.values()), None)
+        views = {name: self.job_views.get(name, JobView(name)) for name in self.jobs}
+        return Observations(
+            now=now,
+            target=copy.deepcopy(self.target),
+            gpu=self.gpu,
+            canary=copy.deepcopy(canary),
+            canary_pods=tuple(self.pods.values()),
+            services=frozenset(self.services),
+            jobs=views,
+            **extra,
+        )
+
+
+@dataclass
+class Driver:
+    """Runs steps against a World, carrying the status forward like the operator does."""
+
+    policy: KVPolicy
+    world: World = field(default_factory=World)
+    now: datetime = T0
+    results: list[StepResult] = field(default_factory=list)
+
+    def tick(self, seconds: float = 1.0, **extra: Any) -> StepResult:
+        self.now += timedelta(seconds=seconds)
+        result = step(self.policy, self.world.observe(self.now, **extra), CONFIG)
+        self.world.apply(result)
+        self.policy = self.policy.model_copy(update={"status": result.status})
+        self.results.append(result)
+        return result
+
+    def edit(self, overrides: Mapping[str, Any]) -> None:
+        """Change the spec the way a user would: a new generation."""
+        generation = int(self.policy.metadata["generation"]) + 1
+        self.policy = KVPolicy.model_validate(
+            {
+                "metadata": {**self.policy.metadata, "generation": generation},
+                "spec": set_paths(self.policy.spec.to_k8s(), overrides),
+                "status": self.policy.status.to_k8s(),
+            }
+        )
+
+    @property
+    def phase(self) -> str | None:
+        return self.policy.status.phase
+
+    def reasons(self) -> list[str]:
+        return [event.reason for result in self.results for event in result.events]
+
+    def condition(self, type_: str) -> tuple[str, str] | None:
+        for cond in self.policy.status.conditions:
+            if cond.type == type_:
+                return cond.status, cond.reason
+        return None
+
+
+def run_to_canary(driver: Driver) -> None:
+    """Plan, then bring the canary up."""
+    driver.tick()
+    assert driver.phase == "CanaryStarting"
+    driver.world.canary_up()
