@@ -96,16 +96,18 @@ def schedule(
 ) -> tuple[str | None, str]:
     """Pick a node for a pod: (node name, "") or (None, why it is unschedulable). `used`: GPU pods per pool."""
     selector = pod_spec.get("nodeSelector") or {}
-    wants_gpu = counts_against_capacity(pod_spec)
+    counted = counts_against_capacity(pod_spec)
     matching = [node for node in nodes if all(node["metadata"]["labels"].get(k) == v for k, v in selector.items())]
-    if not wants_gpu:
-        cpu_nodes = [node for node in matching if node["metadata"]["labels"].get(POOL_LABEL) == CPU_POOL]
-        matching = cpu_nodes or matching
     if not matching:
         return None, f"0/{len(nodes)} nodes are available: {len(nodes)} node(s) didn't match Pod's node selector"
+    if requests_gpu(pod_spec):
+        matching = [node for node in matching if GPU_PRODUCT_LABEL in node["metadata"]["labels"]]
+    elif not selector:
+        cpu_nodes = [node for node in matching if node["metadata"]["labels"].get(POOL_LABEL) == CPU_POOL]
+        matching = cpu_nodes or matching
     for node in matching:
         pool = pools.get(node["metadata"]["labels"].get(POOL_LABEL, ""))
-        if not wants_gpu or pool is None or pool.capacity_pods is None or used.get(pool.name, 0) < pool.capacity_pods:
+        if not counted or pool is None or pool.capacity_pods is None or used.get(pool.name, 0) < pool.capacity_pods:
             return node["metadata"]["name"], ""
     return None, f"0/{len(nodes)} nodes are available: insufficient {GPU_RESOURCE}"
 
