@@ -12,8 +12,6 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kvpolicy.sim import tokenizer
-
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 HEADER = (
     "Some special magic numbers are hidden within the following text. Make sure to memorize it. "
@@ -73,11 +71,12 @@ def draw_sample(seed: int, index: int, num_needles: int = 8, num_asked: int = 4)
 
 @lru_cache(maxsize=1)
 def _filler_pieces() -> tuple[str, ...]:
-    return tuple(tokenizer.pieces(" " + FILLER))
+    """The filler as words with their leading space and full stops: one token each for common tokenizers."""
+    return tuple(re.findall(r" ?[^\s.]+|\.", " " + FILLER))
 
 
 def _haystack(filler_pieces: int) -> list[str]:
-    """The first `filler_pieces` pieces of the repeated filler (each piece is one token for the simulator)."""
+    """The first `filler_pieces` pieces of the repeated filler."""
     unit = _filler_pieces()
     repeats, rest = divmod(filler_pieces, len(unit))
     return list(unit * repeats + unit[:rest])

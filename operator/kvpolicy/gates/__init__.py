@@ -1,0 +1,1 @@
+"""The gate tools the operator runs as Jobs: `kvpolicy gate accuracy` and `kvpolicy gate latency`."""

@@ -1,0 +1,182 @@
+"""The latency probe: `vllm bench serve`-style streaming requests at concurrency 1 against canary and baseline.
+
+For each side it fits ITL = slope·L + intercept and TTFT = a·L² + b·L + c over the probed input lengths, then reports
+the decode break-even length and both ratios (canary / baseline) at the workload's lengths. A ratio above its limit
+at any workload length is a Breach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from kvpolicy.gates.accuracy import GateError
+from kvpolicy.gates.client import EndpointUnavailable, RequestRejected, VllmClient
+from kvpolicy.gates.niah import FILLER
+
+
+@dataclass(frozen=True)
+class LatencyOptions:
+    canary: str
+    baseline: str
+    lengths: tuple[int, ...]
+    model: str
+    requests_per_length: int = 3
+    output_tokens: int = 128
+    workload_lengths: tuple[int, ...] = ()
+    ttft_max_ratio: float = 1.25
+    itl_max_ratio: float = 1.05
+    time_scale: float = 1.0
+    timeout_s: float = 600.0
+    retry_delays_s: tuple[float, ...] = (0.2, 0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class Fit:
+    itl_slope_ms_per_token: float
+    itl_intercept_ms: float
+    ttft_quad_ms_per_token2: float
+    ttft_linear_ms_per_token: float
+    ttft_const_ms: float
+
+    def itl_ms(self, length: float) -> float:
+        return self.itl_slope_ms_per_token * length + self.itl_intercept_ms
+
+    def ttft_ms(self, length: float) -> float:
+        return self.ttft_quad_ms_per_token2 * length**2 + self.ttft_linear_ms_per_token * length + self.ttft_const_ms
+
+    def as_json(self) -> dict[str, float]:
+        return {
+            "itlSlopeMsPerToken": self.itl_slope_ms_per_token,
+            "itlInterceptMs": self.itl_intercept_ms,
+            "ttftQuadMsPerToken2": self.ttft_quad_ms_per_token2,
+            "ttftLinearMsPerToken": self.ttft_linear_ms_per_token,
+            "ttftConstMs": self.ttft_const_ms,
+        }
+
+
+@dataclass(frozen=True)
+class Measurement:
+    length: int
+    ttft_ms: float
+    itl_ms: float
+
+
+def fit_measurements(measurements: list[Measurement]) -> Fit:
+    lengths = np.array([m.length for m in measurements], dtype=float)
+    itl_slope, itl_intercept = np.polyfit(lengths, [m.itl_ms for m in measurements], 1)
+    quad, linear, const = np.polyfit(lengths, [m.ttft_ms for m in measurements], 2)
+    return Fit(float(itl_slope), float(itl_intercept), float(quad), float(linear), float(const))
+
+
+def break_even_tokens(canary: Fit, baseline: Fit) -> int | None:
+    """Context length from which the canary decodes faster (None: its ITL slope is not smaller, so never)."""
+    slope_gain = baseline.itl_slope_ms_per_token - canary.itl_slope_ms_per_token
+    if slope_gain <= 0:
+        return None
+    return max(0, round((canary.itl_intercept_ms - baseline.itl_intercept_ms) / slope_gain))
+
+
+def validate(options: LatencyOptions) -> None:
+    if len(set(options.lengths)) < 3:
+        raise ValueError(f"--lengths needs at least 3 distinct lengths for the TTFT fit, got {list(options.lengths)}")
+    if min(options.lengths) < 1 or (options.workload_lengths and min(options.workload_lengths) < 1):
+        raise ValueError("--lengths and --workload-lengths must be positive")
+    if options.requests_per_length < 1 or options.output_tokens < 2:
+        raise ValueError("--requests-per-length must be >= 1 and --output-tokens >= 2 (ITL needs two tokens)")
+    if options.time_scale <= 0 or options.timeout_s <= 0:
+        raise ValueError("--time-scale and --timeout-seconds must be positive")
+
+
+async def _filler_ids(client: VllmClient) -> list[int]:
+    ids = await client.tokenize(" " + FILLER)
+    if not ids:
+        raise GateError("MalformedResponse", f"{client.base_url} tokenized the filler to nothing")
+    return ids
+
+
+async def _measure(client: VllmClient, options: LatencyOptions) -> list[Measurement]:
+    """Requests one at a time; each prompt starts at a different filler offset so no prefix cache can help."""
+    limit = await client.max_model_len()
+    longest = max(options.lengths)
+    if longest + options.output_tokens > limit:
+        raise GateError(
+            "LengthExceedsMaxModelLen",
+            f"{client.base_url} serves at most {limit} tokens; {longest} input plus {options.output_tokens} output "
+            "tokens do not fit (lower --lengths or --output-tokens)",
+        )
+    filler = await _filler_ids(client)
+    measurements = []
+    for length in options.lengths:
+        for request in range(options.requests_per_length):
+            offset = request % len(filler)
+            repeats = -(-(length + offset) // len(filler))
+            prompt = (filler * repeats)[offset : offset + length]
+            timing = await client.stream_timing(prompt, options.output_tokens)
+            scale = 1000 / options.time_scale
+            measurements.append(Measurement(length, timing.first_token_s * scale, timing.mean_itl_s * scale))
+    return measurements
+
+
+def _evaluate(options: LatencyOptions, canary: Fit, baseline: Fit) -> dict[str, Any]:
+    comparisons = []
+    breaches = []
+    for length in options.workload_lengths or options.lengths:
+        ttft_ratio = canary.ttft_ms(length) / baseline.ttft_ms(length)
+        itl_ratio = canary.itl_ms(length) / baseline.itl_ms(length)
+        comparisons.append({"length": length, "ttftRatio": round(ttft_ratio, 4), "itlRatio": round(itl_ratio, 4)})
+        if ttft_ratio > options.ttft_max_ratio:
+            breaches.append(f"TTFT x{ttft_ratio:.2f} at {length} tokens (limit {options.ttft_max_ratio})")
+        if itl_ratio > options.itl_max_ratio:
+            breaches.append(f"ITL x{itl_ratio:.2f} at {length} tokens (limit {options.itl_max_ratio})")
+    verdict, reason = ("Breach", "LatencyAboveLimit") if breaches else ("Pass", "LatencyWithinLimits")
+    message = "; ".join(breaches) if breaches else "canary TTFT and ITL stay within limits at every workload length"
+    return {
+        "gate": "latency",
+        "verdict": verdict,
+        "reason": reason,
+        "message": message,
+        "canary": canary.as_json(),
+        "baseline": baseline.as_json(),
+        "breakEvenTokens": break_even_tokens(canary, baseline),
+        "atWorkloadLengths": comparisons,
+        "ttftMaxRatio": options.ttft_max_ratio,
+        "itlMaxRatio": options.itl_max_ratio,
+    }
+
+
+def _inconclusive(options: LatencyOptions, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "gate": "latency",
+        "verdict": "Inconclusive",
+        "reason": reason,
+        "message": message,
+        "canary": None,
+        "baseline": None,
+        "breakEvenTokens": None,
+        "atWorkloadLengths": [],
+        "ttftMaxRatio": options.ttft_max_ratio,
+        "itlMaxRatio": options.itl_max_ratio,
+    }
+
+
+async def run_latency_probe(options: LatencyOptions) -> dict[str, Any]:
+    """Probe both sides (each at concurrency 1, the two in parallel); endpoint trouble gives Inconclusive."""
+    async with aiohttp.ClientSession() as session:
+        clients = [
+            VllmClient(session, url, options.model, options.timeout_s, options.retry_delays_s)
+            for url in (options.canary, options.baseline)
+        ]
+        try:
+            canary_runs, baseline_runs = await asyncio.gather(*(_measure(client, options) for client in clients))
+        except GateError as error:
+            return _inconclusive(options, error.reason, str(error))
+        except EndpointUnavailable as error:
+            return _inconclusive(options, "EndpointUnavailable", str(error))
+        except RequestRejected as error:
+            return _inconclusive(options, "RequestRejected", str(error))
+    return _evaluate(options, fit_measurements(canary_runs), fit_measurements(baseline_runs))
