@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kvpolicy.demo import scenarios
+from kvpolicy.demo.report import POLICIES_FILE, RunFacts, policy_events, write_report
+
+FACTS = RunFacts("2026-11-30T10:00:00Z", 95.0, "x86_64, 2 CPUs", "Prometheus 2.42", "demo mode")
+FIGURES = {"itl": [{"title": "Llama-3.1-8B on H200", "breakEvenTokens": 7731.2}]}
+
+
+def _statuses() -> dict[str, dict[str, Any]]:
+    plan = {
+        "kvCacheDtype": "FP8",
+        "vllmKvCacheDtype": "fp8",
+        "image": scenarios.MISLABELLED_IMAGE,
+        "extraArgs": ["--kv-cache-dtype", "fp8"],
+        "reasons": [{"code": "TwoLevelAccumulationImage", "message": "the canary runs the patched image"}],
+    }
+    return {
+        "llama-longdoc-unfixed": {
+            "phase": "RolledBack",
+            "gpu": {"generation": "Hopper", "product": "NVIDIA-H200", "source": "Family", "message": "2 Hopper nodes"},
+            "plan": plan,
+            "accuracy": {
+                "verdict": "Fail",
+                "canaryScore": 0.12,
+                "baselineScore": 0.9,
+                "recovery": 0.13,
+                "recoveryLow": 0.08,
+                "recoveryHigh": 0.2,
+                "lengthTokens": 131072,
+                "samples": 40,
+            },
+            "decision": {"result": "RolledBack", "reason": "AccuracyRecoveryBelowMinimum", "time": "t"},
+        },
+        "support-chat": {"phase": "AccuracyGate", "message": "waiting for the gate"},
+    }
+
+
+def test_report_has_the_table_the_policies_and_the_figures(make_policy: Any, tmp_path: Path) -> None:
+    objects = [make_policy(name, status) for name, status in _statuses().items()]
+    events = {"llama-longdoc-unfixed": ["t Warning AccuracyGateFailed: recovery 0.13"]}
+    path = write_report(tmp_path, FACTS, objects, scenarios.SCENARIOS, events, FIGURES)
+    text = path.read_text()
+    assert "| llama-longdoc-unfixed | H200 (Hopper) | FP8 | 12% / 90% | - | - | RolledBack |" in text
+    assert "| support-chat | - | - | - | - | - | AccuracyGate | - |" in text
+    assert "recovery 0.13 (interval 0.08-0.20)" in text
+    assert "`TwoLevelAccumulationImage`: the canary runs the patched image" in text
+    assert "No decision: phase AccuracyGate — waiting for the gate" in text
+    assert "Warning AccuracyGateFailed" in text
+    assert "break-even 7,731 tokens" in text and "(niah_accuracy.png)" in text
+    assert "Hopper, an image that claims two-level accumulation" in text
+    saved = list(yaml.safe_load_all((tmp_path / POLICIES_FILE).read_text()))
+    assert [obj["metadata"]["name"] for obj in saved] == list(_statuses())
+
+
+def test_report_says_when_figures_are_missing(make_policy: Any, tmp_path: Path) -> None:
+    path = write_report(tmp_path, FACTS, [make_policy("support-chat", {})], scenarios.SCENARIOS, {}, None)
+    assert "figures could not be drawn" in path.read_text()
+
+
+def test_latency_ratios_are_listed(make_policy: Any, tmp_path: Path) -> None:
+    latency = {"checks": 3, "passes": 3, "last": {"verdict": "Pass", "ratios": {"itl_p50": 0.8, "ttft_p95": 1.01},
+               "canaryRequests": 20, "baselineRequests": 21}}  # fmt: skip
+    path = write_report(tmp_path, FACTS, [make_policy("llama-longdoc", {"latency": latency})], [], {}, FIGURES)
+    assert "3 passing of 3 checks; last **Pass** (itl_p50 0.80, ttft_p95 1.01; requests canary 20, baseline 21)" in (
+        path.read_text()
+    )
+
+
+def test_events_are_grouped_per_policy_in_time_order() -> None:
+    def event(name: str, kind: str, when: str, reason: str) -> dict[str, Any]:
+        involved = {"kind": kind, "name": name}
+        return {"involvedObject": involved, "lastTimestamp": when, "type": "Normal", "reason": reason, "message": "m"}
+
+    events = [
+        event("a", "KVPolicy", "2026-11-30T10:00:02Z", "Second"),
+        event("a", "KVPolicy", "2026-11-30T10:00:01Z", "First"),
+        event("a", "Deployment", "2026-11-30T10:00:00Z", "NotAPolicy"),
+        event("b", "KVPolicy", "2026-11-30T10:00:03Z", "Other"),
+    ]
+    assert policy_events(events) == {
+        "a": ["2026-11-30T10:00:01Z Normal First: m", "2026-11-30T10:00:02Z Normal Second: m"],
+        "b": ["2026-11-30T10:00:03Z Normal Other: m"],
+    }
