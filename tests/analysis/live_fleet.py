@@ -72,6 +72,15 @@ class VLLMProcess:
         self.process.wait(timeout=10)
 
 
+def launch_simulator(pod: str, latency_multiplier: float = 1.0) -> VLLMProcess:
+    """Start `kvpolicy sim` as an FP8 canary on an H100 with the two-level fix; `wait_ready()` it."""
+    port = free_port()
+    command = [sys.executable, "-m", "kvpolicy", "sim", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--gpu", "h100", "--kv-cache-dtype", "fp8", "--two-level-fix", "--time-scale", "0.01"]
+    command += ["--latency-multiplier", str(latency_multiplier), "--served-model-name", "m"]
+    return VLLMProcess(pod, port, subprocess.Popen(command, stderr=subprocess.DEVNULL))
+
+
 def launch_fake_vllm(pod: str, *args: str) -> VLLMProcess:
     """Start tests/analysis/fake_vllm.py (fixed latencies, configurable metric spellings); `wait_ready()` it."""
     port = free_port()
@@ -159,11 +168,13 @@ async def drive_load(url: str, requests: int, concurrency: int = 8, max_tokens: 
         await asyncio.gather(*(one(session) for _ in range(requests)))
 
 
-# Simulated latencies (seconds) of the fake pods: the slow canary is 1.5x the others in both TTFT and ITL.
-NORMAL = ("--ttft", "0.05", "--itl", "0.02")
-SLOW = ("--ttft", "0.075", "--itl", "0.03")
-# An exporter that writes `vllm_` and a vLLM older than 0.11 (ITL under its deprecated name).
-OLD_SPELLINGS = ("--prefix", "vllm_", "--itl-name", "time_per_output_token_seconds")
+# The fake pod has the simulated pods' latencies (fixed, in seconds) and exports `vllm_` names and ITL under its
+# deprecated name, as an exporter that rewrites the colon and a vLLM older than 0.11 would.
+OLD_SPELLINGS = ("--ttft", "0.048", "--itl", "0.0066", "--prefix", "vllm_")
+OLD_SPELLINGS += ("--itl-name", "time_per_output_token_seconds")
+# The simulator's H100 fit gives ~48 ms TTFT at this prompt length, the middle of vLLM's (40, 60] ms bucket, and 1.5x
+# of it lands in the (60, 80] ms bucket.
+PROMPT = "the" + " the" * 1099
 LOADED_REQUESTS = 60
 
 
@@ -177,35 +188,56 @@ class Fleet:
     @classmethod
     def start(cls) -> Fleet:
         launched = [
-            launch_fake_vllm("m-canary-0", *NORMAL),
-            launch_fake_vllm("m-baseline-0", *NORMAL),
-            launch_fake_vllm("m-slow-0", *SLOW),
-            launch_fake_vllm("m-idle-0", *NORMAL),
-            launch_fake_vllm(
-                "m-underscore-0", *NORMAL, "--prefix", "vllm_", "--itl-name", "time_per_output_token_seconds"
-            ),
+            launch_simulator("m-canary-0"),
+            launch_simulator("m-baseline-0"),
+            launch_simulator("m-slow-0", latency_multiplier=1.5),
+            launch_simulator("m-idle-0"),
+            launch_fake_vllm("m-underscore-0", *OLD_SPELLINGS),
         ]
-        pods = {pod.pod: pod.wait_ready() for pod in launched}
         try:
+            pods = {pod.pod: pod.wait_ready() for pod in launched}
             prometheus = PrometheusServer(list(pods.values()))
         except BaseException:
-            for pod in pods.values():
+            for pod in launched:
                 pod.stop()
             raise
         fleet = cls(pods, prometheus)
-        loaded = [name for name in pods if name != "m-idle-0"]
-
-        async def load() -> None:
-            await asyncio.gather(*(drive_load(pods[name].url, LOADED_REQUESTS) for name in loaded))
-
-        asyncio.run(load())
-        for name in loaded:
-            fleet.wait_ingested(prometheus, name, LOADED_REQUESTS)
+        try:
+            asyncio.run(fleet.load([name for name in pods if name != "m-idle-0"], LOADED_REQUESTS))
+        except BaseException:
+            fleet.stop()
+            raise
         return fleet
 
-    def wait_ingested(self, prometheus: PrometheusServer, pod: str, requests: int) -> None:
-        query = f'sum({{__name__=~"vllm[:_]time_to_first_token_seconds_count", pod="{pod}"}})'
-        wait_until(lambda: (prometheus.query_value(query) or 0) >= requests, 30, f"Prometheus to see {pod}'s load")
+    async def load(self, names: Sequence[str], requests: int, prometheus: PrometheusServer | None = None) -> None:
+        """Serve `requests` more requests on each pod, one at a time (the simulator slows down under concurrency),
+        and wait until Prometheus has scraped them all."""
+        prometheus = prometheus or self.prometheus
+        # The simulator creates its latency series on the first request (vLLM creates them at 0 on start-up), and
+        # increase() cannot count a series' first value: serve one request first and let Prometheus see the series.
+        targets = [self.pods[name] for name in names]
+        counted = {pod.pod: self.requests_seen(prometheus, pod.pod) for pod in targets}
+
+        async def serve(count: int, pods: Sequence[VLLMProcess]) -> None:
+            await asyncio.gather(*(drive_load(pod.url, count, concurrency=1, prompt=PROMPT) for pod in pods))
+
+        fresh = [pod for pod in targets if counted[pod.pod] is None]
+        await serve(1, fresh)
+        for pod in fresh:
+            counted[pod.pod] = self.wait_ingested(prometheus, pod.pod, 1)
+        await serve(requests, targets)
+        for pod in targets:
+            self.wait_ingested(prometheus, pod.pod, (counted[pod.pod] or 0) + requests)
+
+    @staticmethod
+    def requests_seen(prometheus: PrometheusServer, pod: str) -> float | None:
+        return prometheus.query_value(f'sum({{__name__=~"vllm[:_]time_to_first_token_seconds_count", pod="{pod}"}})')
+
+    def wait_ingested(self, prometheus: PrometheusServer, pod: str, requests: float) -> float:
+        wait_until(
+            lambda: (self.requests_seen(prometheus, pod) or 0) >= requests, 30, f"Prometheus to see {pod}'s load"
+        )
+        return requests
 
     def stop(self) -> None:
         self.prometheus.stop()

@@ -37,3 +37,17 @@ process_cpu_seconds_total 12
     assert ttft.count == 5 and dict(ttft.buckets) == {0.1: 4, float("inf"): 5}
     assert parsed.kv_cache_usage == pytest.approx(0.3)
     assert parsed.finished == {"stop": 5} and parsed.http_statuses == {} and parsed.at == 3.0
+
+
+@pytest.mark.parametrize(
+    ("text", "has_vllm_series"),
+    [
+        # An idle server that creates its histograms on the first request still shows it is a vLLM being scraped.
+        ('vllm:num_requests_running{engine="0",model_name="m"} 0\n', True),
+        ('vllm_num_requests_running{engine="0",model_name="m"} 0\n', True),
+        ("process_cpu_seconds_total 12\nvllmish_metric 1\n", False),
+    ],
+)
+def test_knows_a_vllm_without_latency_series(text: str, has_vllm_series: bool) -> None:
+    parsed = parse_scrape(text, 0.0)
+    assert parsed.has_vllm_series is has_vllm_series and parsed.histograms == {}

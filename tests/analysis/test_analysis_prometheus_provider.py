@@ -90,6 +90,8 @@ async def test_queries_and_answers(fake_prometheus: Callable[[Handler], Awaitabl
             result = [{"metric": {}, "value": [1, "NaN"]}]  # nothing served over HTTP: 0/0
         elif "kv_cache_usage_perc" in query:
             result = [{"metric": {}, "value": [1, "0.3"]}]
+        elif query.startswith("count("):
+            result = [{"metric": {}, "value": [1, "31"]}]
         else:
             result = [{"metric": {}, "value": [1, "120.4"]}]
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
@@ -109,7 +111,8 @@ async def test_queries_and_answers(fake_prometheus: Callable[[Handler], Awaitabl
     )
     assert ttft in queries
     assert f'sum(increase({{__name__=~"vllm[:_]time_to_first_token_seconds_count", {selector}}}[300000ms]))' in queries
-    assert len(queries) == 10
+    assert f'count({{__name__=~"vllm[:_].+", {selector}}})' in queries
+    assert len(queries) == 11
 
 
 async def test_a_side_without_pods_asks_nothing() -> None:

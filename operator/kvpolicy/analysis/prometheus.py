@@ -57,6 +57,12 @@ def quantile_query(metric: str, quantile: float, matchers: str, window_seconds: 
     return f"histogram_quantile({quantile!r}, sum by (le) (rate({bucket}[{_duration(window_seconds)}])))"
 
 
+def series_query(matchers: str) -> str:
+    """Counts the side's vLLM series: any of them shows Prometheus scrapes the pods, with or without traffic (some
+    servers create their latency histograms only on the first request)."""
+    return f"count({_vllm('.+', matchers)})"
+
+
 def requests_query(matchers: str, window_seconds: float) -> str:
     return f"sum(increase({_vllm(f'{names.TTFT}_count', matchers)}[{_duration(window_seconds)}]))"
 
@@ -181,21 +187,26 @@ class PrometheusProvider:
             empty = dict.fromkeys(quantiles)
             return SideMetrics(side.role, False, 0.0, window_seconds, empty, empty)
         matchers = render_selector(self.selector_template, side)
-        requests, ttft, itl, error_ratio, http_error_ratio, kv_cache_usage = await asyncio.gather(
-            self._single(requests_query(matchers, window_seconds)),
+        scalars = (
+            series_query(matchers),
+            requests_query(matchers, window_seconds),
+            error_ratio_query(matchers, window_seconds),
+            http_error_ratio_query(matchers, window_seconds),
+            kv_cache_usage_query(matchers, window_seconds),
+        )
+        values, ttft, itl = await asyncio.gather(
+            asyncio.gather(*(self._single(query) for query in scalars)),
             self._quantiles(names.TTFT, quantiles, matchers, window_seconds),
             self._quantiles(names.ITL, quantiles, matchers, window_seconds),
-            self._single(error_ratio_query(matchers, window_seconds)),
-            self._single(http_error_ratio_query(matchers, window_seconds)),
-            self._single(kv_cache_usage_query(matchers, window_seconds)),
         )
+        series, requests, error_ratio, http_error_ratio, kv_cache_usage = values
         itl_metric: str | None = names.ITL
         if all(value is None for value in itl):  # no ITL series at all: an older vLLM
             itl = await self._quantiles(names.ITL_DEPRECATED, quantiles, matchers, window_seconds)
             itl_metric = None if all(value is None for value in itl) else names.ITL_DEPRECATED
         return SideMetrics(
             role=side.role,
-            series_found=requests is not None,
+            series_found=series is not None,
             requests=_finite(requests) or 0.0,
             window_seconds=window_seconds,
             ttft_seconds={q: _finite(v) for q, v in zip(quantiles, ttft, strict=True)},

@@ -33,6 +33,7 @@ class PodScrape:
     finished: Mapping[str, float]  # finished_reason -> requests
     http_statuses: Mapping[str, float]  # status -> requests
     kv_cache_usage: float | None
+    has_vllm_series: bool
 
 
 def parse_scrape(text: str, at: float) -> PodScrape:
@@ -42,6 +43,7 @@ def parse_scrape(text: str, at: float) -> PodScrape:
     finished: dict[str, float] = {}
     http_statuses: dict[str, float] = {}
     kv_values: list[float] = []
+    has_vllm_series = False
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == names.HTTP_REQUESTS:
@@ -51,6 +53,7 @@ def parse_scrape(text: str, at: float) -> PodScrape:
             name = names.strip_vllm_prefix(sample.name)
             if name is None:
                 continue
+            has_vllm_series = True
             if name == names.REQUEST_SUCCESS:
                 reason = sample.labels.get("finished_reason", "")
                 finished[reason] = finished.get(reason, 0.0) + sample.value
@@ -68,7 +71,7 @@ def parse_scrape(text: str, at: float) -> PodScrape:
         for histogram, bounds in buckets.items()
     }
     kv_cache_usage = sum(kv_values) / len(kv_values) if kv_values else None
-    return PodScrape(at, histograms, finished, http_statuses, kv_cache_usage)
+    return PodScrape(at, histograms, finished, http_statuses, kv_cache_usage, has_vllm_series)
 
 
 def _counter_delta(now: Mapping[str, float], earlier: Mapping[str, float]) -> dict[str, float]:
@@ -186,7 +189,7 @@ class ScrapeProvider:
         series_found = False
         kv_values = [scrape.kv_cache_usage for scrape in scrapes if scrape.kv_cache_usage is not None]
         for endpoint, scrape in zip(side.endpoints, scrapes, strict=True):
-            series_found = series_found or names.TTFT in scrape.histograms
+            series_found = series_found or scrape.has_vllm_series
             earlier = self._remember(endpoint, scrape, window_seconds)
             if earlier is None:
                 continue
