@@ -52,8 +52,8 @@ def _answers(url: str) -> bool:
 
 
 @dataclass
-class VLLMProcess:
-    """A vLLM-like server process standing for one pod."""
+class ServerProcess:
+    """A server process standing for one pod (a vLLM-like server, or an operator serving its metrics)."""
 
     pod: str
     port: int
@@ -63,7 +63,7 @@ class VLLMProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def wait_ready(self) -> VLLMProcess:
+    def wait_ready(self) -> ServerProcess:
         wait_until(lambda: _answers(f"{self.url}/metrics"), 30, f"{self.pod} to serve /metrics")
         return self
 
@@ -72,26 +72,33 @@ class VLLMProcess:
         self.process.wait(timeout=10)
 
 
-def launch_simulator(pod: str, latency_multiplier: float = 1.0) -> VLLMProcess:
+def launch_simulator(pod: str, latency_multiplier: float = 1.0) -> ServerProcess:
     """Start `kvpolicy sim` as an FP8 canary on an H100 with the two-level fix; `wait_ready()` it."""
     port = free_port()
     command = [sys.executable, "-m", "kvpolicy", "sim", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--gpu", "h100", "--kv-cache-dtype", "fp8", "--two-level-fix", "--time-scale", "0.01"]
     command += ["--latency-multiplier", str(latency_multiplier), "--served-model-name", "m"]
-    return VLLMProcess(pod, port, subprocess.Popen(command, stderr=subprocess.DEVNULL))
+    return ServerProcess(pod, port, subprocess.Popen(command, stderr=subprocess.DEVNULL))
 
 
-def launch_fake_vllm(pod: str, *args: str) -> VLLMProcess:
-    """Start tests/analysis/fake_vllm.py (fixed latencies, configurable metric spellings); `wait_ready()` it."""
+def launch_process(pod: str, command: Sequence[str]) -> ServerProcess:
+    """Start a server that takes `--port P` and serves /metrics; `wait_ready()` it."""
     port = free_port()
-    command = [sys.executable, str(HERE / "fake_vllm.py"), "--port", str(port), *args]
-    return VLLMProcess(pod, port, subprocess.Popen(command))
+    return ServerProcess(pod, port, subprocess.Popen([*command, "--port", str(port)]))
+
+
+def launch_fake_vllm(pod: str, *args: str) -> ServerProcess:
+    """Start tests/analysis/fake_vllm.py (fixed latencies, configurable metric spellings); `wait_ready()` it."""
+    return launch_process(pod, [sys.executable, str(HERE / "fake_vllm.py"), *args])
 
 
 class PrometheusServer:
-    """A Prometheus on a loopback port with a temporary data dir, scraping static targets every 200 ms."""
+    """A Prometheus on a loopback port with a temporary data dir, scraping static targets and evaluating rules every
+    200 ms."""
 
-    def __init__(self, targets: Sequence[VLLMProcess], namespace: str = "llm") -> None:
+    def __init__(
+        self, targets: Sequence[ServerProcess], namespace: str = "llm", rule_files: Sequence[Path] = ()
+    ) -> None:
         if PROMETHEUS is None:
             raise FileNotFoundError("prometheus is not installed")
         self.port = free_port()
@@ -107,8 +114,14 @@ class PrometheusServer:
             }
             for target in targets
         ]
-        global_config = {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL}
-        config.write_text(json.dumps({"global": global_config, "scrape_configs": scrape_configs}))  # JSON is YAML
+        global_config = {
+            "scrape_interval": SCRAPE_INTERVAL,
+            "scrape_timeout": SCRAPE_INTERVAL,
+            "evaluation_interval": SCRAPE_INTERVAL,
+        }
+        rules = [str(path) for path in rule_files]
+        document = {"global": global_config, "scrape_configs": scrape_configs, "rule_files": rules}
+        config.write_text(json.dumps(document))  # JSON is YAML
         self.log_path = Path(self._dir.name) / "prometheus.log"
         with self.log_path.open("wb") as log:
             self.process = self._launch(config, log)
@@ -182,7 +195,7 @@ LOADED_REQUESTS = 60
 class Fleet:
     """Pods of one namespace, each a process, and the Prometheus scraping them."""
 
-    pods: dict[str, VLLMProcess]
+    pods: dict[str, ServerProcess]
     prometheus: PrometheusServer
 
     @classmethod
@@ -218,7 +231,7 @@ class Fleet:
         targets = [self.pods[name] for name in names]
         counted = {pod.pod: self.requests_seen(prometheus, pod.pod) for pod in targets}
 
-        async def serve(count: int, pods: Sequence[VLLMProcess]) -> None:
+        async def serve(count: int, pods: Sequence[ServerProcess]) -> None:
             await asyncio.gather(*(drive_load(pod.url, count, concurrency=1, prompt=PROMPT) for pod in pods))
 
         fresh = [pod for pod in targets if counted[pod.pod] is None]
