@@ -1,0 +1,120 @@
+"""Triton split-KV (flash-decoding) kernels over a paged KV cache. Imports only Triton."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def paged_decode_partial_kernel(
+    Q,
+    KCache,
+    VCache,
+    BlockTable,
+    SeqLens,
+    PartAcc,
+    PartMax,
+    PartSum,
+    qk_scale,
+    group,
+    tokens_per_split,
+    s_qs,
+    s_qh,
+    s_kb,
+    s_kt,
+    s_kh,
+    s_vb,
+    s_vt,
+    s_vh,
+    s_bt,
+    s_as,
+    s_ah,
+    s_ap,
+    s_ms,
+    s_mh,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TWO_LEVEL: tl.constexpr,
+    P_LOG2_SCALE: tl.constexpr,
+):
+    """Partial attention of one sequence's query heads that share one KV head, over one slice of its tokens.
+
+    Grid: (sequences, KV heads, splits). The GQA group is the M dimension of the matrix products (padded to
+    GROUP_PAD rows), so each cache byte is read once per group. Writes the unnormalised output, running max and
+    running sum (scaled like the prefill kernel's) for the reduce kernel.
+    """
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(SeqLens + seq)
+    start = split * tokens_per_split
+    end = tl.minimum(seq_len, start + tokens_per_split)
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    heads = kv_head * group + offs_g
+    head_ok = offs_g < group
+    q = tl.load(Q + seq.to(tl.int64) * s_qs + heads[:, None] * s_qh + offs_d[None, :], mask=head_ok[:, None], other=0.0)
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    table = BlockTable + seq.to(tl.int64) * s_bt
+    k_head = KCache + kv_head.to(tl.int64) * s_kh
+    v_head = VCache + kv_head.to(tl.int64) * s_vh
+    for tile in range(start, end, BLOCK_N):
+        toks = tile + tl.arange(0, BLOCK_N)
+        tok_ok = toks < end
+        page = tl.load(table + toks // PAGE_SIZE, mask=tok_ok, other=0).to(tl.int64)
+        slot = toks % PAGE_SIZE
+        kt_ptrs = k_head + page[None, :] * s_kb + slot[None, :] * s_kt + offs_d[:, None]
+        kt = tl.load(kt_ptrs, mask=tok_ok[None, :], other=0.0)
+        s = tl.where(tok_ok[None, :], tl.dot(q, kt), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - (m_new - P_LOG2_SCALE)[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+        v_ptrs = v_head + page[:, None] * s_vb + slot[:, None] * s_vt + offs_d[None, :]
+        v = tl.load(v_ptrs, mask=tok_ok[:, None], other=0.0)
+        p = p.to(v.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p, v) if TWO_LEVEL else tl.dot(p, v, acc * alpha[:, None])
+    part = seq.to(tl.int64) * s_as + heads[:, None] * s_ah + split * s_ap + offs_d[None, :]
+    tl.store(PartAcc + part, acc, mask=head_ok[:, None])
+    stats = seq.to(tl.int64) * s_ms + heads * s_mh + split
+    tl.store(PartMax + stats, m_i, mask=head_ok)
+    tl.store(PartSum + stats, l_i, mask=head_ok)
+
+
+@triton.jit
+def paged_decode_reduce_kernel(
+    PartAcc,
+    PartMax,
+    PartSum,
+    Out,
+    out_scale,
+    num_splits,
+    s_as,
+    s_ah,
+    s_ap,
+    s_ms,
+    s_mh,
+    s_os,
+    s_oh,
+    HEAD_DIM: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    """Combines the splits of one (sequence, query head). Grid: (sequences, query heads)."""
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_p = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    split_ok = offs_p < num_splits
+    stats = seq * s_ms + head * s_mh + offs_p
+    # A split past the end of a short sequence saw no token: max -inf, weight 0.
+    m = tl.load(PartMax + stats, mask=split_ok, other=float("-inf"))
+    l_sum = tl.load(PartSum + stats, mask=split_ok, other=0.0)
+    weight = tl.where(m > float("-inf"), tl.math.exp2(m - tl.max(m, 0)), 0.0)
+    parts = seq * s_as + head * s_ah + offs_p[:, None] * s_ap + offs_d[None, :]
+    acc = tl.load(PartAcc + parts, mask=split_ok[:, None], other=0.0)
+    out = tl.sum(acc * weight[:, None], 0) * (out_scale / tl.sum(l_sum * weight, 0))
+    tl.store(Out + seq * s_os + head * s_oh + offs_d, out.to(Out.dtype.element_ty))

@@ -1,0 +1,160 @@
+"""Split-KV (flash-decoding) attention over a paged FP8 KV cache, in Triton."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from kvkernels._decode_kernels import paged_decode_partial_kernel, paged_decode_reduce_kernel
+from kvkernels.modes import AccumulationMode, parse_mode
+from kvkernels.prefill import LOG2_E, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
+from kvkernels.quant import FP8_DTYPE, FP8_MAX
+
+# mma instructions need at least 16 rows: the GQA group of query heads is padded to this.
+MIN_GROUP_ROWS = 16
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Tokens per tile, launch parameters, and how many programs to aim for (None: 4 per multiprocessor)."""
+
+    block_n: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+    target_programs: int | None = None
+
+
+@dataclass(frozen=True)
+class PagedKVCache:
+    """A paged KV cache in vLLM's flash-attention layout and the pages each sequence owns.
+
+    key_cache, value_cache: [num_blocks, page_size, kv_heads, head_dim]; block_table: [sequences, max_pages] int32;
+    seq_lens: [sequences] int32.
+    """
+
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+
+
+def build_paged_cache(
+    keys: list[torch.Tensor], values: list[torch.Tensor], page_size: int, generator: torch.Generator | None = None
+) -> PagedKVCache:
+    """Scatter each sequence's keys and values ([kv_heads, L, D] each) into shuffled pages of one cache."""
+    if len(keys) != len(values) or not keys:
+        raise ValueError("need one values tensor per keys tensor, and at least one sequence")
+    kv_heads, _, head_dim = keys[0].shape
+    lengths = [k.shape[1] for k in keys]
+    pages_per_seq = [-(-n // page_size) for n in lengths]
+    total_pages = sum(pages_per_seq)
+    device = keys[0].device
+    order = torch.randperm(total_pages, generator=generator, device="cpu").to(device)
+    key_cache = torch.zeros(total_pages, page_size, kv_heads, head_dim, dtype=keys[0].dtype, device=device)
+    value_cache = torch.zeros_like(key_cache)
+    block_table = torch.zeros(len(keys), max(pages_per_seq), dtype=torch.int32, device=device)
+    first = 0
+    for seq, (k, v, pages) in enumerate(zip(keys, values, pages_per_seq, strict=True)):
+        ids = order[first : first + pages]
+        first += pages
+        block_table[seq, :pages] = ids.to(torch.int32)
+        padded = pages * page_size
+        for cache, src in ((key_cache, k), (value_cache, v)):
+            tokens = torch.zeros(padded, kv_heads, head_dim, dtype=src.dtype, device=device)
+            tokens[: src.shape[1]] = src.transpose(0, 1)
+            cache[ids] = tokens.view(pages, page_size, kv_heads, head_dim)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    return PagedKVCache(key_cache, value_cache, block_table, seq_lens)
+
+
+def choose_num_splits(seqs: int, kv_heads: int, max_len: int, block_n: int, target_programs: int) -> int:
+    """Splits per sequence so that the grid has about `target_programs` programs, each with at least one tile."""
+    wanted = max(1, -(-target_programs // (seqs * kv_heads)))
+    return max(1, min(wanted, -(-max_len // block_n)))
+
+
+def paged_decode(
+    q: torch.Tensor,
+    cache: PagedKVCache,
+    *,
+    max_seq_len: int,
+    mode: AccumulationMode | str = AccumulationMode.TWO_LEVEL,
+    q_scale: float = 1.0,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    softmax_scale: float | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    num_splits: int | None = None,
+    config: DecodeConfig | None = None,
+) -> torch.Tensor:
+    """One decode step: q [sequences, Hq, D] against each sequence's cached tokens; returns [sequences, Hq, D].
+
+    `max_seq_len` bounds cache.seq_lens (passed in so the call needs no device-to-host sync). The query and the
+    cache share one dtype: FP8 e4m3 with per-tensor scales, or bf16/fp16 for a baseline of the same design.
+    Two-level and two-level-split are the same here (the group's partial is small), so both run two-level.
+    """
+    mode = parse_mode(mode)
+    _validate(q, cache, max_seq_len)
+    seqs, heads, head_dim = q.shape
+    page_size, kv_heads = cache.key_cache.shape[1], cache.key_cache.shape[2]
+    group = heads // kv_heads
+    cfg = config or DecodeConfig()
+    if num_splits is None:
+        target = cfg.target_programs or 4 * _multiprocessors(q.device)
+        num_splits = choose_num_splits(seqs, kv_heads, max_seq_len, cfg.block_n, target)
+    tiles_per_split = -(-max_seq_len // (num_splits * cfg.block_n))
+    part_acc = torch.empty(seqs, heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
+    part_max = torch.empty(seqs, heads, num_splits, device=q.device, dtype=torch.float32)
+    part_sum = torch.empty_like(part_max)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    kc, vc = cache.key_cache, cache.value_cache
+    paged_decode_partial_kernel[(seqs, kv_heads, num_splits)](
+        q, kc, vc, cache.block_table, cache.seq_lens, part_acc, part_max, part_sum,
+        scale * q_scale * k_scale * LOG2_E, group, tiles_per_split * cfg.block_n,
+        q.stride(0), q.stride(1),
+        kc.stride(0), kc.stride(1), kc.stride(2),
+        vc.stride(0), vc.stride(1), vc.stride(2),
+        cache.block_table.stride(0),
+        part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
+        part_max.stride(0), part_max.stride(1),
+        GROUP_PAD=max(MIN_GROUP_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim, PAGE_SIZE=page_size,
+        BLOCK_N=cfg.block_n, TWO_LEVEL=mode.two_level,
+        P_LOG2_SCALE=math.log2(FP8_MAX) if q.dtype == FP8_DTYPE else 0.0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    out = torch.empty(seqs, heads, head_dim, device=q.device, dtype=out_dtype)
+    paged_decode_reduce_kernel[(seqs, heads)](
+        part_acc, part_max, part_sum, out, v_scale, num_splits,
+        part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
+        part_max.stride(0), part_max.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits),
+    )  # fmt: skip
+    return out
+
+
+def _multiprocessors(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return 1
+
+
+def _validate(q: torch.Tensor, cache: PagedKVCache, max_seq_len: int) -> None:
+    kc, vc = cache.key_cache, cache.value_cache
+    if q.dim() != 3 or kc.dim() != 4 or kc.shape != vc.shape:
+        raise ValueError(f"q must be [seqs, heads, D], both caches [blocks, page, kv_heads, D]: {q.shape}, {kc.shape}")
+    if not (q.dtype == kc.dtype == vc.dtype) or q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"q and the caches must share one dtype among {SUPPORTED_DTYPES}: {q.dtype}, {kc.dtype}")
+    if q.shape[2] != kc.shape[3] or q.shape[2] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must match ({q.shape[2]} vs {kc.shape[3]}) and be one of {SUPPORTED_HEAD_DIMS}")
+    if q.shape[1] % kc.shape[2]:
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({kc.shape[2]})")
+    if cache.block_table.shape[0] != q.shape[0] or cache.seq_lens.shape != (q.shape[0],):
+        raise ValueError("block_table and seq_lens need one row per sequence of q")
+    if max_seq_len < 1 or max_seq_len > cache.block_table.shape[1] * kc.shape[1]:
+        raise ValueError(f"max_seq_len {max_seq_len} must be >= 1 and fit the block table's pages")
+    if q.stride(-1) != 1 or kc.stride(-1) != 1 or vc.stride(-1) != 1:
+        raise ValueError("q and the caches must be contiguous along head_dim")

@@ -1,0 +1,92 @@
+"""Float64 reference implementations (torch) of the attention the kernels compute."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    q_scale: float = 1.0,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
+    """softmax(q·kᵀ·scale)·v in float64 for q [B, Hq, Lq, D] and k, v [B, Hkv, Lk, D] (GQA when Hq > Hkv).
+
+    Inputs may be FP8: they are dequantised with their per-tensor scales first. Causal masking is aligned to the
+    bottom right (query i sees keys j <= i + Lk - Lq), as for a chunk of a longer prompt.
+    """
+    _check_gqa(q.shape[1], k.shape[1])
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(f"causal attention needs at most as many queries ({q.shape[2]}) as keys ({k.shape[2]})")
+    group = q.shape[1] // k.shape[1]
+    qd = q.to(torch.float64) * q_scale
+    kd = (k.to(torch.float64) * k_scale).repeat_interleave(group, dim=1)
+    vd = (v.to(torch.float64) * v_scale).repeat_interleave(group, dim=1)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = qd @ kd.transpose(-1, -2) * scale
+    if causal:
+        lq, lk = q.shape[2], k.shape[2]
+        rows = torch.arange(lq, device=q.device)[:, None] + (lk - lq)
+        cols = torch.arange(lk, device=q.device)[None, :]
+        scores = scores.masked_fill(cols > rows, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ vd
+
+
+def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The first `seq_len` tokens of one sequence from a paged cache [num_blocks, page, Hkv, D], as [Hkv, L, D]."""
+    page_size = cache.shape[1]
+    pages = -(-seq_len // page_size)
+    tokens = cache[block_table[:pages].long()].reshape(pages * page_size, *cache.shape[2:])
+    return tokens[:seq_len].transpose(0, 1)
+
+
+def paged_decode_reference(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    q_scale: float = 1.0,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
+    """One decode step in float64: q [S, Hq, D] against each sequence's cached keys and values, [S, Hq, D] out."""
+    outputs = []
+    for seq, seq_len in enumerate(seq_lens.tolist()):
+        k = gather_paged(key_cache, block_table[seq], seq_len)[None]
+        v = gather_paged(value_cache, block_table[seq], seq_len)[None]
+        out = attention_reference(
+            q[seq][None, :, None],
+            k,
+            v,
+            softmax_scale=softmax_scale,
+            q_scale=q_scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
+        outputs.append(out[0, :, 0])
+    return torch.stack(outputs)
+
+
+def row_errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(mean over rows of ‖out − ref‖ / ‖ref‖, mean over rows of ‖out‖ / ‖ref‖ − 1): error and signed shrink."""
+    out64, ref64 = out.to(torch.float64), ref.to(torch.float64)
+    ref_norm = ref64.norm(dim=-1)
+    rel_error = ((out64 - ref64).norm(dim=-1) / ref_norm).mean()
+    shrink = (out64.norm(dim=-1) / ref_norm - 1.0).mean()
+    return float(rel_error), float(shrink)
+
+
+def _check_gqa(query_heads: int, kv_heads: int) -> None:
+    if kv_heads <= 0 or query_heads % kv_heads:
+        raise ValueError(f"query heads ({query_heads}) must be a multiple of key/value heads ({kv_heads})")
