@@ -207,3 +207,24 @@ async def test_crd_applied_at_runtime_is_discoverable_and_printed_as_table(
     devcluster.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", "gadgets.http.example.dev")
     async with http.get(url) as response:
         assert response.status == 404
+
+
+async def test_events_and_leases(http: aiohttp.ClientSession, devcluster_namespace: str) -> None:
+    ns = devcluster_namespace
+    event = {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"generateName": "canary."},
+             "reason": "Promoted", "note": "FP8 passed the gates", "type": "Normal", "action": "Promote",
+             "regarding": {"kind": "KVPolicy", "name": "llama", "namespace": ns}}  # fmt: skip
+    async with http.post(f"/apis/events.k8s.io/v1/namespaces/{ns}/events", json=event) as response:
+        assert response.status == 201 and (await response.json())["metadata"]["name"].startswith("canary.")
+    lease_url = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "leader"},
+             "spec": {"holderIdentity": "a"}}  # fmt: skip
+    async with http.post(lease_url, json=lease) as response:
+        created = await response.json()
+    takeover = {**created, "spec": {"holderIdentity": "b"}}
+    async with http.put(f"{lease_url}/leader", json=takeover) as response:
+        assert response.status == 200
+    async with http.put(f"{lease_url}/leader", json={**created, "spec": {"holderIdentity": "c"}}) as response:
+        assert response.status == 409  # a stale resourceVersion loses the race
+    async with http.get(f"{lease_url}/leader") as response:
+        assert (await response.json())["spec"]["holderIdentity"] == "b"

@@ -1,6 +1,7 @@
 """kopf and the kubernetes library, configured as the project's operator is, work against the dev cluster."""
 
 import threading
+import time
 
 import kopf
 import kubernetes
@@ -41,7 +42,8 @@ def operator(deleted: threading.Event) -> tuple[kopf.OperatorRegistry, kopf.Oper
     kopf.on.login(registry=registry)(kopf.login_via_client)
 
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
-    def create_fn(spec: kopf.Spec, patch: kopf.Patch, **_: object) -> None:
+    def create_fn(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, **_: object) -> None:
+        kopf.info(body, reason="Created", message="create_fn handled the gizmo")  # posted as a core/v1 Event
         patch.status["phase"] = "Ready"
         patch.status["size"] = spec["size"] * 2
 
@@ -60,6 +62,16 @@ def operator(deleted: threading.Event) -> tuple[kopf.OperatorRegistry, kopf.Oper
         deleted.set()
 
     return registry, settings
+
+
+def kopf_posted_event(cluster: ThreadedDevCluster, namespace: str, text: str) -> bool:
+    """kopf posts events from a background queue: poll for one that mentions `text`."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if any(text in event["message"] for event in cluster.list("v1", "Event", namespace)):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def test_kopf_operator_handles_create_daemon_and_delete(
@@ -83,6 +95,7 @@ def test_kopf_operator_handles_create_daemon_and_delete(
         assert gizmo["metadata"]["finalizers"] == [FINALIZER]
         annotations = gizmo["metadata"]["annotations"]
         assert "kvpolicy.dev/last-handled-configuration" in annotations
+        assert kopf_posted_event(devcluster, devcluster_namespace, "create_fn")
         devcluster.delete(f"{GROUP}/{VERSION}", "Gizmo", "g", devcluster_namespace)
         devcluster.wait_deleted(f"{GROUP}/{VERSION}", "Gizmo", "g", devcluster_namespace, give_up_after=30)
         assert deleted.is_set()

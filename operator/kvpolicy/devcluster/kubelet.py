@@ -9,6 +9,7 @@ Run-to-completion pods (Never/OnFailure, i.e. Jobs) run their container's comman
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import contextlib
 import copy
@@ -33,6 +34,18 @@ from kvpolicy.devcluster.runners import ContainerRunner, container_port
 from kvpolicy.devcluster.store import ApiError, Obj, Store, now_timestamp
 
 logger = logging.getLogger(__name__)
+
+# Pod processes run in their own sessions, so they would outlive an interpreter that exits without shutting the
+# cluster down (a crash, a daemon thread cut short): kill whatever is left at exit.
+_live_process_groups: set[int] = set()
+
+
+@atexit.register
+def _kill_stray_process_groups() -> None:
+    for process_group in list(_live_process_groups):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process_group, signal.SIGKILL)
+
 
 TERMINATION_LOG_ENV = "KVPOLICY_TERMINATION_LOG"
 TERMINATION_MESSAGE_LIMIT = 4096
@@ -474,8 +487,12 @@ class Kubelet:
                 runtime.process = await asyncio.create_subprocess_exec(
                     *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
                 )
+            _live_process_groups.add(runtime.process.pid)
             probe = None if run_to_completion else asyncio.create_task(self._probe(runtime, container, restarts))
-            exit_code = await runtime.process.wait()
+            try:
+                exit_code = await runtime.process.wait()
+            finally:
+                _live_process_groups.discard(runtime.process.pid)
             if probe is not None:
                 probe.cancel()
             if runtime.stopping:
