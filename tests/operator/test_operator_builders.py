@@ -136,9 +136,11 @@ def test_gate_job_is_single_shot_with_a_deadline_and_a_termination_message() -> 
     assert job["metadata"]["ownerReferences"][0]["kind"] == "KVPolicy"
 
 
-def test_latency_probe_sweeps_short_typical_and_longest_lengths() -> None:
+def test_latency_probe_sweeps_at_least_three_lengths_up_to_the_longest() -> None:
     spec = make_policy(**{"workload.maxContextTokens": 32768, "workload.typicalContextTokens": 8192}).spec
-    assert b.latency_lengths(spec) == [1024, 8192, 32768]
+    assert b.latency_lengths(spec) == [2048, 8192, 32768]
     command = b.latency_command(spec, "http://c:8000", "http://b:8000")
     start = command.index("--workload-lengths") + 1
     assert command[start : start + 2] == ["8192", "32768"]
+    full = make_policy(**{"workload.typicalContextTokens": 131072}).spec
+    assert b.latency_lengths(full) == [8184, 32736, 130944], "the longest leaves room for the answer"

@@ -32,6 +32,8 @@ KV_FLAGS = ("--kv-cache-dtype", "--kv-cache-dtype-skip-layers", "--attention-bac
 # Flags whose value is a list of tokens (until the next flag) rather than one token.
 MULTI_VALUE_FLAGS = frozenset({"--kv-cache-dtype-skip-layers"})
 GATE_TERMINATION_LOG = "/dev/termination-log"
+# The accuracy gate asks for a short answer after its prompt: both must fit in the model's length.
+ANSWER_HEADROOM_TOKENS = 128
 
 
 def child_name(policy: str, suffix: str) -> str:
@@ -353,6 +355,11 @@ def gate_job(policy: PolicyRef, job: GateJob) -> Obj:
 GATE_RESOURCES: Obj = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 
 
+def accuracy_length(spec: KVPolicySpec) -> int:
+    """The gate's prompt length: the workload's longest, less room for the answer when it would not fit."""
+    return max(1, min(spec.accuracy_length, spec.model.max_model_len - ANSWER_HEADROOM_TOKENS))
+
+
 def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]:
     accuracy = spec.gates.accuracy
     return [
@@ -364,7 +371,7 @@ def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> 
         "--baseline",
         baseline_url,
         "--length",
-        str(spec.accuracy_length),
+        str(accuracy_length(spec)),
         "--model",
         spec.model.served_model_name,
         "--min-recovery",
@@ -377,15 +384,16 @@ def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> 
 
 
 def latency_lengths(spec: KVPolicySpec) -> list[int]:
-    """Prompt lengths the latency probe sweeps: a short one, the typical and the longest the workload sends."""
-    lengths = {min(1024, spec.workload.max_context_tokens), spec.workload.typical_tokens}
-    lengths.add(spec.workload.max_context_tokens)
+    """Prompt lengths the latency probe fits its curves over (at least three): spread up to the longest prompt."""
+    longest = accuracy_length(spec)
+    lengths = {max(1, longest // 16), max(1, longest // 4), min(spec.workload.typical_tokens, longest), longest}
     return sorted(lengths)
 
 
 def latency_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]:
     latency = spec.gates.latency
-    workload = sorted({spec.workload.typical_tokens, spec.workload.max_context_tokens})
+    longest = accuracy_length(spec)
+    workload = sorted({min(spec.workload.typical_tokens, longest), longest})
     return [
         "kvpolicy",
         "gate",

@@ -532,7 +532,7 @@ def _gpu_preflight(t: _Tick) -> None:
         t.event("Normal", "PreflightPassed", message or "GPU preflight: FP8 accumulation is safe on this pool")
         _advance(t)
     elif verdict == "Unsafe":
-        text = message or f"the probe found FP8 accumulation losing accuracy by {t.spec.accuracy_length} tokens"
+        text = message or f"the probe found FP8 accumulation losing accuracy by {b.accuracy_length(t.spec)} tokens"
         t.status.preflight = GateResult(verdict="Unsafe", reason="AccumulationUnsafe", message=text, job=job.name)
         t.condition(PREFLIGHT_PASSED, "False", "AccumulationUnsafe", text)
         _rollback(t, "GpuPreflightUnsafe", text)

@@ -1,0 +1,134 @@
+"""kopf handlers, kept thin: each hands over to the `Reconciler` kept in kopf's memo.
+
+Load with `kvpolicy run` (or `kopf run --standalone -m kvpolicy.controller.handlers`). Settings come from the memo
+`kvpolicy run` passes, else from the environment (`OperatorOptions.from_env`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from kvpolicy import __version__, metrics
+from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
+from kvpolicy.controller.executor import post_events
+from kvpolicy.controller.kube import ApiError, Credentials, HttpKubeApi
+from kvpolicy.controller.observe import LatencyAnalyser
+from kvpolicy.controller.reconciler import Reconciler
+from kvpolicy.controller.state import Event, StepConfig
+
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+DEFAULT_GATE_IMAGE = f"ghcr.io/kvpolicy/kvpolicy-operator:{__version__}"
+DEFAULT_PROBE_IMAGE = f"ghcr.io/kvpolicy/vllm-kvkernels:{__version__}"
+
+
+def _positive_float(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"{name}={text!r} must be above 0")
+    return value
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    gate_image: str = DEFAULT_GATE_IMAGE
+    probe_image: str = DEFAULT_PROBE_IMAGE
+    poll_seconds: float = 5.0
+    idle_seconds: float = 300.0
+    metrics_port: int | None = None
+
+    @classmethod
+    def from_env(cls, metrics_port: int | None = None) -> OperatorOptions:
+        """KVPOLICY_GATE_IMAGE, KVPOLICY_PROBE_IMAGE, KVPOLICY_POLL_SECONDS, KVPOLICY_IDLE_SECONDS."""
+        return cls(
+            gate_image=os.environ.get("KVPOLICY_GATE_IMAGE") or DEFAULT_GATE_IMAGE,
+            probe_image=os.environ.get("KVPOLICY_PROBE_IMAGE") or DEFAULT_PROBE_IMAGE,
+            poll_seconds=_positive_float("KVPOLICY_POLL_SECONDS", 5.0),
+            idle_seconds=_positive_float("KVPOLICY_IDLE_SECONDS", 300.0),
+            metrics_port=metrics_port,
+        )
+
+    def step_config(self) -> StepConfig:
+        return StepConfig(
+            gate_image=self.gate_image,
+            probe_image=self.probe_image,
+            poll_seconds=self.poll_seconds,
+            idle_seconds=self.idle_seconds,
+        )
+
+
+def _reconciler(memo: Any) -> Reconciler:
+    reconciler: Reconciler = memo["reconciler"]
+    return reconciler
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    # The operator posts its own events with specific reasons; kopf's per-handler chatter would only add API load.
+    settings.posting.level = logging.ERROR
+    options: OperatorOptions = memo.get("options") or OperatorOptions.from_env()
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
+    api = HttpKubeApi(Credentials.from_kopf(info))
+    memo["api"] = api
+    memo["reconciler"] = Reconciler(api, options.step_config(), LatencyAnalyser())
+    if options.metrics_port is not None:
+        memo["metrics_server"] = await metrics.start_metrics_server("0.0.0.0", options.metrics_port)
+        logger.info("metrics on :%d/metrics", options.metrics_port)
+
+
+@kopf.on.cleanup()
+async def shutdown(memo: Any, **_: Any) -> None:
+    reconciler = memo.get("reconciler")
+    if reconciler is not None and reconciler.analyser is not None:
+        await reconciler.analyser.close()
+    if memo.get("api") is not None:
+        await memo["api"].close()
+    if memo.get("metrics_server") is not None:
+        await memo["metrics_server"].cleanup()
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def rollout(stopped: kopf.DaemonStopped, meta: kopf.Meta, memo: Any, **_: Any) -> None:
+    """One loop per KVPolicy for its whole life; all its progress is in its status."""
+    await _reconciler(memo).run_policy(str(meta["namespace"]), str(meta["name"]), str(meta["uid"]), stopped)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def watched(body: kopf.Body, memo: Any, **_: Any) -> None:
+    """Wake a policy's loop at once when its spec changes, instead of at its next requeue."""
+    if "reconciler" in memo:
+        meta = body.get("metadata", {})
+        _reconciler(memo).notice(str(meta.get("uid")), meta.get("generation"), bool(meta.get("deletionTimestamp")))
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def deleted(body: kopf.Body, memo: Any, **_: Any) -> None:
+    """Remove the canary, Services and Jobs now (ownerReferences would, later) and say what the target runs."""
+    reconciler = _reconciler(memo)
+    raw = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), **dict(body)}
+    try:
+        stated = await reconciler.cleanup(raw)
+    except ApiError as error:
+        if error.retryable:
+            raise kopf.TemporaryError(str(error), delay=reconciler.config.poll_seconds) from error
+        raise kopf.PermanentError(str(error)) from error
+    await post_events(
+        reconciler.api, raw, [Event("Normal", "Deleted", f"children removed; {stated}")], reconciler.clock()
+    )

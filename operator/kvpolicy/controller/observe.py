@@ -1,0 +1,187 @@
+"""Observe what one step of a KVPolicy needs, and nothing more: each phase reads only the objects it looks at."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kvpolicy.analysis import (
+    MetricsProvider,
+    PrometheusProvider,
+    ScrapeProvider,
+    SideSelector,
+    Verdict,
+    run_check,
+)
+from kvpolicy.api.v1alpha1 import KVPolicy, LatencyProvider
+from kvpolicy.controller import builders as b
+from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, NODES, PODS, SERVICES, KubeApi, label_selector
+from kvpolicy.controller.state import TERMINAL_PHASES, JobView, Observations, Phase, PodView
+from kvpolicy.controller.step import latency_check_due, latency_gate_config, rollout_hash
+from kvpolicy.gpu import gpu_facts
+
+Obj = dict[str, Any]
+GPU_PRESENT = {"nvidia.com/gpu.present": "true"}
+JOB_NAME_LABEL = "job-name"
+
+
+def _condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == type_:
+            return dict(condition)
+    return None
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView:
+    ready = _condition(pod, "Ready")
+    scheduled = _condition(pod, "PodScheduled")
+    unschedulable = None
+    if scheduled and scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        unschedulable = str(scheduled.get("message") or "Unschedulable")
+    return PodView(
+        name=pod["metadata"]["name"],
+        ip=(pod.get("status") or {}).get("podIP"),
+        ready=bool(ready and ready.get("status") == "True"),
+        unschedulable=unschedulable,
+        labels=dict(pod["metadata"].get("labels") or {}),
+    )
+
+
+def job_view(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> JobView:
+    """A Job's outcome: its conditions, and the exit code and termination message of its latest finished pod."""
+    complete, failed = _condition(job, "Complete"), _condition(job, "Failed")
+    exit_code: int | None = None
+    message: str | None = None
+    finished_at = ""
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            terminated = (status.get("state") or {}).get("terminated")
+            if terminated and str(terminated.get("finishedAt") or "") >= finished_at:
+                finished_at = str(terminated.get("finishedAt") or "")
+                exit_code = terminated.get("exitCode")
+                message = terminated.get("message")
+    return JobView(
+        name=job["metadata"]["name"],
+        succeeded=bool(complete and complete.get("status") == "True"),
+        failed=bool(failed and failed.get("status") == "True"),
+        failure_reason=str(failed.get("reason")) if failed and failed.get("status") == "True" else None,
+        exit_code=exit_code,
+        termination_message=message,
+    )
+
+
+def live(objects: Sequence[Obj]) -> list[Obj]:
+    return [obj for obj in objects if not obj["metadata"].get("deletionTimestamp")]
+
+
+def gpu_node_selector(policy: KVPolicy, target: Mapping[str, Any]) -> dict[str, str]:
+    if policy.spec.gpu_node_selector:
+        return dict(policy.spec.gpu_node_selector)
+    selector = (target["spec"]["template"].get("spec") or {}).get("nodeSelector")
+    return dict(selector) if selector else dict(GPU_PRESENT)
+
+
+@dataclass
+class LatencyAnalyser:
+    """Runs one latency check of a canary against the target's own pods, through the configured provider."""
+
+    scrape: ScrapeProvider = field(default_factory=ScrapeProvider)
+    _prometheus: dict[str, PrometheusProvider] = field(default_factory=dict)
+
+    def provider(self, policy: KVPolicy) -> MetricsProvider:
+        latency = policy.spec.gates.latency
+        if latency.provider == LatencyProvider.PROMETHEUS and latency.prometheus_url:
+            url = latency.prometheus_url
+            if url not in self._prometheus:
+                self._prometheus[url] = PrometheusProvider(url)
+            return self._prometheus[url]
+        return self.scrape
+
+    async def check(
+        self, policy: KVPolicy, target: Mapping[str, Any], canary: Sequence[PodView], baseline: Sequence[PodView]
+    ) -> Verdict:
+        namespace = str(policy.metadata.get("namespace", ""))
+        port = b.serving_port(b.vllm_container(target, policy.spec.target_ref.container))
+
+        def side(role: str, pods: Sequence[PodView]) -> SideSelector:
+            ready = [pod for pod in pods if pod.ready and pod.ip]
+            return SideSelector(
+                role=role,
+                namespace=namespace,
+                pods=tuple(pod.name for pod in ready),
+                labels=dict(ready[0].labels) if ready else {},
+                endpoints=tuple(f"http://{pod.ip}:{port}" for pod in ready),
+            )
+
+        config = latency_gate_config(policy.spec)
+        return await run_check(self.provider(policy), config, side("canary", canary), side("baseline", baseline))
+
+    async def close(self) -> None:
+        await self.scrape.close()
+        for provider in self._prometheus.values():
+            await provider.close()
+
+
+@dataclass
+class Observer:
+    api: KubeApi
+    analyser: LatencyAnalyser | None = None
+
+    async def observe(self, policy: KVPolicy, now: datetime) -> Observations:
+        status = policy.status
+        namespace = str(policy.metadata.get("namespace", ""))
+        name = str(policy.metadata.get("name", ""))
+        restarting = status.spec_hash != rollout_hash(policy.spec)
+        phase = Phase.PLANNING if restarting or not status.phase else Phase(status.phase)
+        if phase in TERMINAL_PHASES - {Phase.HELD_BF16}:
+            return Observations(now=now)
+        target = await self.api.get(DEPLOYMENTS, namespace, policy.spec.target_ref.name)
+        if phase == Phase.PLANNING:
+            if target is None:
+                return Observations(now=now)
+            nodes = await self.api.list_objects(NODES, None, label_selector(gpu_node_selector(policy, target)))
+            labels = [node["metadata"].get("labels") or {} for node in nodes]
+            return Observations(now=now, target=target, gpu=gpu_facts(labels))
+        if phase == Phase.HELD_BF16:
+            return Observations(now=now, target=target)
+
+        by_policy = label_selector({b.POLICY_LABEL: name})
+        canary = None
+        if status.canary is not None:
+            canary = await self.api.get(DEPLOYMENTS, namespace, status.canary.deployment)
+        pods = live(await self.api.list_objects(PODS, namespace, by_policy))
+        canary_pods = tuple(pod_view(pod) for pod in pods if b.CANARY_LABEL in (pod["metadata"].get("labels") or {}))
+        services = frozenset(
+            svc["metadata"]["name"] for svc in live(await self.api.list_objects(SERVICES, namespace, by_policy))
+        )
+        jobs = {}
+        for job in await self.api.list_objects(JOBS, namespace, by_policy):
+            job_name = job["metadata"]["name"]
+            job_pods = [pod for pod in pods if (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == job_name]
+            jobs[job_name] = job_view(job, job_pods)
+        verdict = None
+        if self.analyser is not None and target is not None and latency_check_due(policy, now):
+            verdict = await self._latency(policy, target, canary_pods)
+        return Observations(
+            now=now,
+            target=target,
+            canary=live([canary])[0] if canary else None,
+            canary_pods=canary_pods,
+            services=services,
+            jobs=jobs,
+            latency_verdict=verdict,
+        )
+
+    async def _latency(self, policy: KVPolicy, target: Obj, canary_pods: Sequence[PodView]) -> Verdict:
+        assert self.analyser is not None
+        namespace = str(policy.metadata.get("namespace", ""))
+        selector = target["spec"]["selector"].get("matchLabels") or {}
+        target_pods = live(await self.api.list_objects(PODS, namespace, label_selector(selector)))
+        baseline = [
+            pod_view(pod)
+            for pod in target_pods
+            if (pod["metadata"].get("labels") or {}).get(b.ROLE_LABEL) != b.ROLE_CANARY
+        ]
+        return await self.analyser.check(policy, target, canary_pods, baseline)

@@ -1,0 +1,47 @@
+"""`kvpolicy run`: start the operator.
+
+Run exactly one replica (Deployment strategy Recreate): kopf's peering only pauses operators that see a peer of higher
+priority, it is not leader election, so two replicas could both act on a policy during a rollout of the operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+import kopf
+
+from kvpolicy.controller import handlers
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvpolicy run", description="Run the KVPolicy operator (kopf).")
+    scope = parser.add_mutually_exclusive_group(required=True)
+    scope.add_argument("-n", "--namespace", action="append", help="watch this namespace (repeatable)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    parser.add_argument("--liveness-port", type=int, default=8080, help="serve /healthz on this port (0: off)")
+    parser.add_argument("--metrics-port", type=int, default=9090, help="serve /metrics on this port (0: off)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        options = handlers.OperatorOptions.from_env(metrics_port=args.metrics_port or None)
+    except ValueError as error:
+        _parser().error(str(error))
+    kopf.configure(verbose=args.verbose, log_prefix=True)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    asyncio.run(
+        kopf.operator(
+            standalone=True,
+            clusterwide=args.all_namespaces,
+            namespaces=args.namespace or (),
+            liveness_endpoint=liveness,
+            memo=kopf.Memo(options=options),
+        )
+    )
+    return 0

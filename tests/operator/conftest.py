@@ -1,0 +1,43 @@
+"""Fixtures of the operator's end-to-end tests: the KVPolicy CRD in the dev cluster, and the operator under kopf."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+
+import pytest
+from kopf.testing import KopfRunner
+from kvpolicy.api import crd
+from kvpolicy.devcluster import ThreadedDevCluster
+
+OPERATOR_ENV = {
+    "KVPOLICY_POLL_SECONDS": "0.2",
+    "KVPOLICY_IDLE_SECONDS": "5",
+    "KVPOLICY_GATE_IMAGE": "kvpolicy-operator:test",
+    "KVPOLICY_PROBE_IMAGE": "vllm-kvkernels:test",
+}
+
+
+@pytest.fixture(scope="session")
+def kvpolicy_crd(devcluster: ThreadedDevCluster) -> None:
+    devcluster.apply(crd.crd_object())
+
+
+OperatorFactory = Callable[[], AbstractContextManager[KopfRunner]]
+
+
+@pytest.fixture
+def operator(kvpolicy_crd: None, monkeypatch: pytest.MonkeyPatch) -> OperatorFactory:
+    """`with operator() as runner:` runs `kvpolicy.controller.handlers` under kopf, as `kvpolicy run` does."""
+    for key, value in OPERATOR_ENV.items():
+        monkeypatch.setenv(key, value)
+
+    @contextmanager
+    def run() -> Iterator[KopfRunner]:
+        args = ["run", "--standalone", "--all-namespaces", "-m", "kvpolicy.controller.handlers"]
+        with KopfRunner(args, timeout=60) as runner:
+            yield runner
+        assert runner.exception is None, runner.output
+        assert runner.exit_code == 0, runner.output
+
+    return run

@@ -1,0 +1,107 @@
+"""Objects and waits for the operator's end-to-end tests on the dev cluster."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kvpolicy.devcluster import POOL_LABEL, ThreadedDevCluster
+
+PATCHED_IMAGE = "vllm-fp8-twolevel:test"
+TARGET_IMAGE = "vllm:0.12"
+MODEL = "llama"
+KVP = ("kvpolicy.dev/v1alpha1", "KVPolicy")
+Obj = dict[str, Any]
+
+
+def target(namespace: str, pool: str = "h200", name: str = "llama") -> Obj:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": {POOL_LABEL: pool},
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": TARGET_IMAGE,
+                            "args": ["serve", MODEL, "--max-model-len", "131072"],
+                            "ports": [{"name": "http", "containerPort": 8000}],
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def policy(namespace: str, name: str = "llama-fp8", **overrides: Any) -> Obj:
+    spec: Obj = {
+        "targetRef": {"name": "llama"},
+        "model": {"servedModelName": MODEL, "headDim": 128, "numLayers": 32, "maxModelLen": 131072},
+        "workload": {"maxContextTokens": 131072, "typicalContextTokens": 65536},
+        "images": {"fp8Patched": PATCHED_IMAGE},
+        "gates": {"accuracy": {"maxSamples": 40}, "latency": {"enabled": False}},
+        "rollout": {"progressDeadlineSeconds": 60, "bakeSeconds": 0},
+    }
+    for path, value in overrides.items():
+        node = spec
+        keys = path.split(".")
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
+    return {"apiVersion": KVP[0], "kind": KVP[1], "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def wait_until(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+
+
+def wait_phase(cluster: ThreadedDevCluster, namespace: str, phases: set[str], name: str = "llama-fp8") -> Obj:
+    def reached() -> Obj | None:
+        found = cluster.find(*KVP, name, namespace)
+        return found if found and found.get("status", {}).get("phase") in phases else None
+
+    def describe() -> str:
+        found = cluster.find(*KVP, name, namespace) or {}
+        return str(found.get("status", {}))[:3000]
+
+    try:
+        result: Obj = wait_until(reached, f"phase in {sorted(phases)}", timeout=90)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nstatus: {describe()}") from None
+    return result
+
+
+def event_reasons(cluster: ThreadedDevCluster, namespace: str, name: str = "llama-fp8") -> list[str]:
+    events = cluster.list("v1", "Event", namespace)
+    mine = [e for e in events if e.get("involvedObject", {}).get("name") == name]
+    return [e["reason"] for e in sorted(mine, key=lambda e: e["metadata"].get("creationTimestamp", ""))]
+
+
+def container(deployment: Obj) -> Obj:
+    result: Obj = deployment["spec"]["template"]["spec"]["containers"][0]
+    return result
+
+
+def ready_pods(cluster: ThreadedDevCluster, namespace: str, selector: str) -> list[Obj]:
+    pods = cluster.list("v1", "Pod", namespace, selector)
+    return [
+        pod
+        for pod in pods
+        if not pod["metadata"].get("deletionTimestamp")
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+    ]
