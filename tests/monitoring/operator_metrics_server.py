@@ -1,0 +1,43 @@
+"""Serve the operator's metrics as an operator in trouble would export them, for the live monitoring test:
+a rollback, a low accuracy recovery, a TTFT breach, a rollout past its deadline, and reconcile errors."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from kvpolicy.analysis import LatencyGateConfig, SideMetrics, assess
+from kvpolicy.metrics import OperatorMetrics, start_metrics_server
+
+
+def record_a_troubled_fleet(metrics: OperatorMetrics) -> None:
+    metrics.set_policies_by_phase({"Baking": 1, "Canary": 1, "RolledBack": 1})
+    metrics.record_gate_result("lossy", "llm", "accuracy", "Fail", 0.8, 0.4, 0.5)
+    metrics.record_decision("RolledBack", "AccuracyBelowThreshold", "llm", "lossy")
+    metrics.observe_rollout_duration(900, "RolledBack")
+    canary = SideMetrics("canary", True, 100, 300, {0.5: 0.3, 0.95: 0.6}, {0.5: 0.01, 0.95: 0.02})
+    baseline = SideMetrics("baseline", True, 100, 300, {0.5: 0.2, 0.95: 0.4}, {0.5: 0.01, 0.95: 0.02})
+    metrics.record_analysis("llm", "slow", assess(LatencyGateConfig(), canary, baseline))
+    metrics.set_phase_deadline("llm", "stuck", "Canary", time.time() - 3600)
+    metrics.record_reconcile_error("ApiException")
+
+
+async def serve(port: int) -> None:
+    metrics = OperatorMetrics()
+    record_a_troubled_fleet(metrics)
+    runner = await start_metrics_server("127.0.0.1", port, metrics)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    asyncio.run(serve(parser.parse_args().port))
+
+
+if __name__ == "__main__":
+    main()

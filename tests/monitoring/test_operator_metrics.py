@@ -1,0 +1,117 @@
+"""The operator's own metrics: what each recording function exports, and the /metrics and /healthz endpoints."""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from kvpolicy.analysis import LatencyGateConfig, SideMetrics, VerdictKind, assess
+from kvpolicy.metrics import OperatorMetrics, metrics_app
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def value(metrics: OperatorMetrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def side(role: str, ttft: float, requests: float = 100) -> SideMetrics:
+    quantiles = {0.5: ttft, 0.95: ttft * 2}
+    return SideMetrics(role, True, requests, 300, quantiles, {0.5: 0.01, 0.95: 0.02})
+
+
+CONFIG = LatencyGateConfig(ttft_max_ratio=1.2, itl_max_ratio=1.2)
+
+
+def test_policies_by_phase_resets_phases_that_emptied() -> None:
+    metrics = OperatorMetrics()
+    metrics.set_policies_by_phase({"Canary": 2, "Baking": 1})
+    metrics.set_policies_by_phase({"Promoted": 3})
+    assert value(metrics, "kvpolicy_policies", phase="Canary") == 0
+    assert value(metrics, "kvpolicy_policies", phase="Baking") == 0
+    assert value(metrics, "kvpolicy_policies", phase="Promoted") == 3
+
+
+def test_decisions_and_durations() -> None:
+    metrics = OperatorMetrics()
+    metrics.record_decision("RolledBack", "TTFTRatioExceeded", "llm", "m")
+    metrics.record_decision("RolledBack", "TTFTRatioExceeded", "llm", "m")
+    metrics.record_decision("Promoted", "AnalysisPassed")
+    labels = {"namespace": "llm", "policy": "m", "result": "RolledBack", "reason": "TTFTRatioExceeded"}
+    assert value(metrics, "kvpolicy_decisions_total", **labels) == 2
+    promoted = {"namespace": "", "policy": "", "result": "Promoted", "reason": "AnalysisPassed"}
+    assert value(metrics, "kvpolicy_decisions_total", **promoted) == 1
+    metrics.observe_rollout_duration(700, "Promoted")
+    assert value(metrics, "kvpolicy_rollout_duration_seconds_bucket", result="Promoted", le="600.0") == 0
+    assert value(metrics, "kvpolicy_rollout_duration_seconds_bucket", result="Promoted", le="1200.0") == 1
+    metrics.record_reconcile_error("ApiException")
+    assert value(metrics, "kvpolicy_reconcile_errors_total", kind="ApiException") == 1
+
+
+def test_gate_results_and_missing_scores() -> None:
+    metrics = OperatorMetrics()
+    metrics.record_gate_result("m", "llm", "accuracy", "Fail", 0.8, 0.4, 0.5)
+    assert value(metrics, "kvpolicy_gate_results_total", gate="accuracy", verdict="Fail") == 1
+    assert value(metrics, "kvpolicy_gate_recovery_ratio", namespace="llm", policy="m", gate="accuracy") == 0.8
+    assert (
+        value(metrics, "kvpolicy_gate_score", namespace="llm", policy="m", gate="accuracy", variant="baseline") == 0.5
+    )
+    # A gate run without scores (it errored) must not leave the old ones behind.
+    metrics.record_gate_result("m", "llm", "accuracy", "Error", None, None, None)
+    assert value(metrics, "kvpolicy_gate_recovery_ratio", namespace="llm", policy="m", gate="accuracy") is None
+    assert value(metrics, "kvpolicy_gate_score", namespace="llm", policy="m", gate="accuracy", variant="canary") is None
+    assert value(metrics, "kvpolicy_gate_results_total", gate="accuracy", verdict="Error") == 1
+
+
+def test_analysis_numbers_follow_the_latest_check() -> None:
+    metrics = OperatorMetrics()
+    breach = assess(CONFIG, side("canary", 0.3), side("baseline", 0.2))
+    metrics.record_analysis("llm", "m", breach)
+    ttft_p95 = {"namespace": "llm", "policy": "m", "metric": "ttft", "quantile": "0.95"}
+    assert value(metrics, "kvpolicy_analysis_latency_ratio", **ttft_p95) == pytest.approx(1.5)
+    assert value(metrics, "kvpolicy_analysis_latency_max_ratio", **ttft_p95) == 1.2
+    assert value(metrics, "kvpolicy_analysis_latency_seconds", **ttft_p95, role="canary") == pytest.approx(0.6)
+    assert value(metrics, "kvpolicy_analysis_latency_seconds", **ttft_p95, role="baseline") == pytest.approx(0.4)
+    assert value(metrics, "kvpolicy_analysis_verdicts_total", verdict="Breach") == 1
+    no_data = assess(CONFIG, side("canary", 0.3, requests=0), side("baseline", 0.2))
+    assert no_data.kind is VerdictKind.NO_DATA
+    metrics.record_analysis("llm", "m", no_data)
+    assert value(metrics, "kvpolicy_analysis_latency_ratio", **ttft_p95) is None
+    assert value(metrics, "kvpolicy_analysis_verdicts_total", verdict="NoData") == 1
+
+
+def test_phase_deadline_moves_with_the_phase_and_policies_are_forgotten() -> None:
+    metrics = OperatorMetrics()
+    metrics.set_phase_deadline("llm", "m", "Canary", 1000.0)
+    metrics.set_phase_deadline("llm", "m", "Baking", 2000.0)
+    metrics.set_phase_deadline("llm", "other", "Canary", 3000.0)
+    deadline = "kvpolicy_policy_phase_deadline_timestamp_seconds"
+    assert value(metrics, deadline, namespace="llm", policy="m", phase="Canary") is None
+    assert value(metrics, deadline, namespace="llm", policy="m", phase="Baking") == 2000
+    metrics.record_gate_result("m", "llm", "accuracy", "Pass", 0.99, 0.9, 0.91)
+    metrics.record_analysis("llm", "m", assess(CONFIG, side("canary", 0.2), side("baseline", 0.2)))
+    metrics.forget_policy("llm", "m")
+    exposition = metrics.exposition().decode()
+    assert 'policy="m"' not in exposition
+    assert value(metrics, deadline, namespace="llm", policy="other", phase="Canary") == 3000
+    metrics.set_phase_deadline("llm", "other", "Promoted", None)
+    assert value(metrics, deadline, namespace="llm", policy="other", phase="Canary") is None
+
+
+def test_instances_do_not_share_state() -> None:
+    first, second = OperatorMetrics(), OperatorMetrics()
+    first.record_verdict("Pass")
+    assert value(second, "kvpolicy_analysis_verdicts_total", verdict="Pass") is None
+
+
+async def test_metrics_and_health_endpoints() -> None:
+    metrics = OperatorMetrics()
+    metrics.record_verdict("ProviderUnavailable")
+    async with TestClient(TestServer(metrics_app(metrics))) as client:
+        health = await client.get("/healthz")
+        assert health.status == 200 and await health.text() == "ok\n"
+        response = await client.get("/metrics")
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain; version=")
+        families = {family.name: family for family in text_string_to_metric_families(await response.text())}
+    assert families["kvpolicy_build_info"].samples[0].value == 1
+    verdicts = families["kvpolicy_analysis_verdicts"].samples
+    assert any(s.labels == {"verdict": "ProviderUnavailable"} and s.value == 1 for s in verdicts)
