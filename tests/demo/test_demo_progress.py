@@ -25,11 +25,14 @@ def test_running_accuracy_gate_counts_prompts_against_max_samples(make_policy: A
 
 def test_latency_analysis_progress_is_time_into_the_bake(make_policy: Any) -> None:
     latency = {"startedAt": "2026-11-30T10:00:20Z", "checks": 3, "passes": 2, "last": {"verdict": "Pass"}}
-    progress = _progress(make_policy, "llama-longdoc", {"phase": "Analysing", "latency": latency})
+    progress = _progress(make_policy, "llama-longdoc", {"phase": "LatencyAnalysis", "latency": latency})
     assert progress.fraction == 10 / 20  # 10 s into a 20 s bake
     assert progress.detail == "latency analysis: 2 passing of 3 checks, last check Pass"
     late = {**latency, "startedAt": "2026-11-30T09:00:00Z"}
-    assert _progress(make_policy, "llama-longdoc", {"latency": late}).fraction == 1.0
+    assert _progress(make_policy, "llama-longdoc", {"phase": "LatencyAnalysis", "latency": late}).fraction == 1.0
+    # Past its phase the analysis is history: promoting shows no bar.
+    promoting = _progress(make_policy, "llama-longdoc", {"phase": "Promoting", "latency": latency})
+    assert (promoting.fraction, promoting.step) == (None, "")
 
 
 def test_a_decision_ends_progress(make_policy: Any) -> None:
@@ -61,7 +64,10 @@ def test_log_mode_prints_a_line_per_milestone_only(make_policy: Any) -> None:
     decided = {"phase": "Promoted", "decision": {"result": "Promoted", "reason": "GatesPassed", "time": "t"}}
     display.update(progress_of([make_policy("llama-longdoc", decided)], NOW))
     lines = stream.getvalue().splitlines()
-    assert lines == ["llama-longdoc  AccuracyGate  accuracy gate", "llama-longdoc  Promoted  Promoted: GatesPassed"]
+    assert lines == [
+        "llama-longdoc  AccuracyGate     accuracy gate",
+        "llama-longdoc  Promoted         Promoted: GatesPassed",
+    ]
     assert "\x1b" not in stream.getvalue()
 
 

@@ -15,6 +15,10 @@ from kvpolicy.api.v1alpha1 import KVPolicy
 
 BAR_WIDTH = 20
 RUNNING = "Running"
+ACCURACY_PHASE = "AccuracyGate"
+LATENCY_PHASE = "LatencyAnalysis"
+# Wide enough for every phase the operator writes, so lines printed at different times line up.
+PHASE_WIDTH = len(LATENCY_PHASE)
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ def policy_progress(policy: KVPolicy, now: datetime) -> PolicyProgress:
         decision = status.decision
         return PolicyProgress(name, phase, decision.result, f"{decision.result}: {decision.reason}", None, True)
     accuracy = status.accuracy
-    if accuracy is not None and accuracy.verdict == RUNNING:
+    if phase == ACCURACY_PHASE and accuracy is not None and accuracy.verdict == RUNNING:
         limit = policy.spec.gates.accuracy.max_samples
         samples = accuracy.samples or 0
         length = accuracy.length_tokens or policy.spec.accuracy_length
@@ -57,7 +61,7 @@ def policy_progress(policy: KVPolicy, now: datetime) -> PolicyProgress:
         return PolicyProgress(name, phase, "accuracy gate", detail, min(1.0, samples / limit), False)
     latency = status.latency
     started = _parse_time(latency.started_at) if latency else None
-    if latency is not None and started is not None:
+    if phase == LATENCY_PHASE and latency is not None and started is not None:
         bake = policy.spec.rollout.bake_seconds
         elapsed = max(0.0, (now - started).total_seconds())
         fraction = 1.0 if bake == 0 else min(1.0, elapsed / bake)
@@ -101,7 +105,7 @@ class ProgressDisplay:
         if not progress:
             return
         name_width = max(len(p.name) for p in progress)
-        phase_width = max(len(p.phase) for p in progress)
+        phase_width = max(PHASE_WIDTH, *(len(p.phase) for p in progress))
         if self._live:
             lines = [render_line(p, name_width, phase_width, live=True)[: self._width] for p in progress]
             # Cursor to the start of our block, then rewrite each line and clear what the old one left behind.

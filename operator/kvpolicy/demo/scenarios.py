@@ -62,7 +62,11 @@ _LLAMA_8B = {
     "maxModelLen": 131072,
 }
 _LONG_DOCUMENTS = {"maxContextTokens": 131072, "typicalContextTokens": 32768}
-_LLAMA_GATES = {"accuracy": {"minRecovery": "0.95"}, "latency": {"ttftMaxRatio": "1.10", "itlMaxRatio": "1.05"}}
+# The gate's prompts run at 128,000 tokens: a 131,072-token prompt leaves no room for the answer in maxModelLen.
+_LLAMA_GATES = {
+    "accuracy": {"minRecovery": "0.95", "lengthTokens": 128000},
+    "latency": {"ttftMaxRatio": "1.10", "itlMaxRatio": "1.05"},
+}
 
 SCENARIOS = (
     Scenario(
