@@ -131,7 +131,8 @@ def _fed_back_accumulate(
     # Chunks keep the working set in cache; a single-level accumulator is carried from chunk to chunk.
     for start in range(0, n_groups, chunk):
         part = slice(start, start + chunk)
-        runs = (min(start + chunk, n_groups) - start) // run_length
+        size = min(start + chunk, n_groups) - start
+        runs = size // groups_per_partial if groups_per_partial else 1
         carried = np.zeros((runs, head_dim)) if groups_per_partial else total[None, :]
         sums = _solve_alignment(
             products[part].reshape(runs, -1, k_step, head_dim),

@@ -290,6 +290,9 @@ class Simulator:
         return Generation(tokens + (self._filler_tokens * repeats)[:padding], "length")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        # Simulated time runs from the request's arrival, so parsing a long prompt overlaps the prefill sleep
+        # instead of adding real seconds that a time scale would magnify.
+        arrival = asyncio.get_running_loop().time()
         completion = self._parse_completion(await _json_object(request))
         generation = await self._generate(completion)
         self._running += 1
@@ -300,9 +303,9 @@ class Simulator:
         )
         try:
             if completion.stream:
-                response = await self._stream(request, completion, generation, ttft_ms, gaps_ms)
+                response = await self._stream(request, completion, generation, arrival, ttft_ms, gaps_ms)
             else:
-                await self._sleep_ms(ttft_ms + sum(gaps_ms))
+                await self._sleep_until(arrival, ttft_ms + sum(gaps_ms))
                 response = web.json_response(self._completion_body(completion, generation))
         finally:
             self._running -= 1
@@ -316,19 +319,25 @@ class Simulator:
         request: web.Request,
         completion: CompletionRequest,
         generation: Generation,
+        arrival: float,
         ttft_ms: float,
         gaps_ms: list[float],
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         request_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        # Tokens are due at fixed offsets from the start, so per-chunk overhead does not pile up into the ITL.
+        # The first token is due TTFT after the arrival, each later one at a fixed offset from the first, so
+        # per-chunk overhead does not pile up into the ITL and a late first token does not compress the rest.
         loop = asyncio.get_running_loop()
-        start = loop.time()
-        due_ms = np.cumsum([ttft_ms, *gaps_ms])
+        offsets_ms = np.cumsum([0.0, *gaps_ms])
         last = len(generation.tokens) - 1
-        for index, (token, due) in enumerate(zip(generation.tokens, due_ms, strict=True)):
-            await asyncio.sleep(max(0.0, start + due / 1000 * self.config.time_scale - loop.time()))
+        first_sent = arrival
+        for index, (token, offset_ms) in enumerate(zip(generation.tokens, offsets_ms, strict=True)):
+            if index == 0:
+                await self._sleep_until(arrival, ttft_ms)
+                first_sent = loop.time()
+            else:
+                await self._sleep_until(first_sent, float(offset_ms))
             choice = {
                 "index": 0,
                 "text": tokenizer.decode([token]),
@@ -372,8 +381,10 @@ class Simulator:
             "usage": _usage(completion, generation),
         }
 
-    async def _sleep_ms(self, milliseconds: float) -> None:
-        await asyncio.sleep(milliseconds / 1000 * self.config.time_scale)
+    async def _sleep_until(self, arrival: float, simulated_ms: float) -> None:
+        """Sleep until `simulated_ms` (scaled by the time scale) after the loop time `arrival`."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, arrival + simulated_ms / 1000 * self.config.time_scale - loop.time()))
 
     def _update_gauges(self) -> None:
         labels = self.metrics.label_values
