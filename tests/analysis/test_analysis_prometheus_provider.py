@@ -6,7 +6,6 @@ Its answers from a real Prometheus are tested in test_analysis_real_prometheus.p
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ from kvpolicy.analysis import (
     run_check,
 )
 from kvpolicy.analysis.prometheus import render_selector
+from live_fleet import free_port  # a port nothing listens on
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -116,16 +116,9 @@ async def test_queries_and_answers(fake_prometheus: Callable[[Handler], Awaitabl
 
 
 async def test_a_side_without_pods_asks_nothing() -> None:
-    async with PrometheusProvider(f"http://127.0.0.1:{closed_port()}") as provider:
+    async with PrometheusProvider(f"http://127.0.0.1:{free_port()}") as provider:
         metrics = await provider.latency_snapshot(SideSelector("canary", "llm"), 60, (0.5,))
     assert not metrics.series_found and metrics.requests == 0
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 async def slow(request: web.Request) -> web.Response:
@@ -173,7 +166,7 @@ async def test_failures(
 
 
 async def test_unreachable_prometheus_is_a_provider_unavailable_verdict() -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     baseline = SideSelector("baseline", "llm", pods=("m-0",))
     async with PrometheusProvider(url) as provider:
         verdict = await run_check(provider, LatencyGateConfig(), CANARY, baseline)

@@ -3,7 +3,6 @@ the deprecated ITL name, counter resets, and every failure turned into ProviderU
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -17,6 +16,7 @@ from kvpolicy.analysis import (
     VerdictKind,
     run_check,
 )
+from live_fleet import free_port  # a port nothing listens on
 
 
 class FakeClock:
@@ -164,13 +164,6 @@ async def test_a_pod_without_vllm_metrics_has_no_series(serve_pod: Callable[[VLL
     assert not snapshot.series_found and snapshot.requests == 0
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 @pytest.mark.parametrize(
     ("failure", "reason", "message"),
     [
@@ -193,7 +186,7 @@ async def test_unreachable_pod_makes_the_check_provider_unavailable(
     serve_pod: Callable[[VLLMMetrics], object],
 ) -> None:
     baseline = await serve_pod(VLLMMetrics())  # type: ignore[misc]
-    canary = SideSelector("canary", "llm", endpoints=(f"http://127.0.0.1:{closed_port()}",))
+    canary = SideSelector("canary", "llm", endpoints=(f"http://127.0.0.1:{free_port()}",))
     async with ScrapeProvider(timeout_seconds=2) as provider:
         verdict = await run_check(provider, LatencyGateConfig(), canary, side("baseline", baseline))
     assert (verdict.kind, verdict.reason) == (VerdictKind.PROVIDER_UNAVAILABLE, "ScrapeFailed")

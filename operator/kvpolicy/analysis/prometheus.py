@@ -8,12 +8,12 @@ import math
 import re
 from collections.abc import Sequence
 from string import Template
-from types import TracebackType
 from typing import Any
 
 import aiohttp
 
 from kvpolicy.analysis import names
+from kvpolicy.analysis.http import HttpClient
 from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
 
 # Matches any relabeling that keeps the `namespace` and `pod` target labels (the kubernetes_sd defaults in most setups).
@@ -92,7 +92,7 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-class PrometheusProvider:
+class PrometheusProvider(HttpClient):
     """Reads both sides' latency over the window from Prometheus. Errors raise ProviderUnavailableError."""
 
     def __init__(
@@ -103,8 +103,6 @@ class PrometheusProvider:
     ) -> None:
         if not re.match(r"^https?://[^/]+", base_url):
             raise ValueError(f"Prometheus URL {base_url!r} must start with http:// or https:// and name a host")
-        if not timeout_seconds > 0:
-            raise ValueError(f"Prometheus timeout must be above 0 seconds, got {timeout_seconds!r}")
         template = Template(selector_template)
         unknown = set(template.get_identifiers()) - TEMPLATE_FIELDS
         if unknown or not template.is_valid():
@@ -112,28 +110,9 @@ class PrometheusProvider:
                 f"selector template {selector_template!r}: use only ${', $'.join(sorted(TEMPLATE_FIELDS))} "
                 f"(unknown: {sorted(unknown)})"
             )
+        super().__init__(timeout_seconds, "Prometheus")
         self.base_url = base_url.rstrip("/")
-        self.timeout_seconds = timeout_seconds
         self.selector_template = selector_template
-        self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> PrometheusProvider:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_seconds))
-        return self._session
 
     async def query(self, promql: str) -> list[float]:
         """Evaluate an instant query; one value per series of the resulting vector (NaN stays NaN)."""

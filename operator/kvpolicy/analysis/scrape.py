@@ -12,13 +12,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpolicy.analysis import names
 from kvpolicy.analysis.histogram import CumulativeHistogram
+from kvpolicy.analysis.http import HttpClient
 from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
 
 _HISTOGRAMS = (names.TTFT, names.ITL, names.ITL_DEPRECATED)
@@ -111,7 +111,7 @@ def _quantiles(histogram: CumulativeHistogram | None, quantiles: Iterable[float]
     return {q: histogram.quantile(q) if histogram else None for q in quantiles}
 
 
-class ScrapeProvider:
+class ScrapeProvider(HttpClient):
     """Scrapes `<endpoint>/metrics` of each pod of a side and compares with the scrape made a window earlier."""
 
     def __init__(
@@ -120,31 +120,10 @@ class ScrapeProvider:
         forget_after_seconds: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not timeout_seconds > 0:
-            raise ValueError(f"scrape timeout must be above 0 seconds, got {timeout_seconds!r}")
-        self.timeout_seconds = timeout_seconds
+        super().__init__(timeout_seconds, "scrape")
         self.forget_after_seconds = forget_after_seconds
         self._clock = clock
         self._history: dict[str, deque[PodScrape]] = {}
-        self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> ScrapeProvider:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_seconds))
-        return self._session
 
     async def _scrape(self, endpoint: str) -> PodScrape:
         url = f"{endpoint.rstrip('/')}/metrics"
