@@ -58,13 +58,18 @@ def test_alerts_fire_on_the_operator_metrics(prometheus: PrometheusServer) -> No
         return {(alert["labels"]["alertname"], alert["labels"].get("policy", "")): alert["state"] for alert in alerts}
 
     expected = {
-        ("KVPolicyRolledBack", "lossy"): "firing",
-        ("KVPolicyAccuracyRecoveryLow", "lossy"): "firing",
-        # These wait out their `for` clause.
-        ("KVPolicyCanaryTTFTRegression", "slow"): "pending",
-        ("KVPolicyRolloutStuck", "stuck"): "pending",
+        ("KVPolicyRolledBack", "lossy"): {"firing"},
+        ("KVPolicyAccuracyRecoveryLow", "lossy"): {"firing"},
+        # These wait out their `for` clause (2 and 5 minutes; promtool's tests check the timing).
+        ("KVPolicyCanaryTTFTRegression", "slow"): {"pending", "firing"},
+        ("KVPolicyRolloutStuck", "stuck"): {"pending", "firing"},
     }
-    wait_until(lambda: states() == expected, 30, f"alerts {expected}")
+
+    def as_expected() -> bool:
+        current = states()
+        return current.keys() == expected.keys() and all(current[key] in expected[key] for key in current)
+
+    wait_until(as_expected, 30, f"alerts {expected}")
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
