@@ -111,7 +111,7 @@ def write_figures(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvpolicy.demo.figures", description=__doc__)
     parser.add_argument("directory", type=Path, help="where to write the PNGs and figures.json")
-    parser.add_argument("--nice", type=int, default=10, help="lower this process's CPU priority by this much")
+    parser.add_argument("--nice", type=int, default=5, help="lower this process's CPU priority by this much")
     args = parser.parse_args(argv)
     os.nice(args.nice)
     write_figures(args.directory)

@@ -6,7 +6,7 @@ policy's phase or gate changes, so the log reads as a history instead of a flood
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -94,8 +94,9 @@ def progress_of(objects: Sequence[Mapping[str, Any]], now: datetime) -> list[Pol
 class ProgressDisplay:
     """Writes progress to a stream: redrawn in place on a terminal, a line per milestone elsewhere."""
 
-    def __init__(self, stream: TextIO, *, live: bool, width: int = 160) -> None:
+    def __init__(self, stream: TextIO, *, live: bool, width: int = 160, stamp: Callable[[], str] = str) -> None:
         self._stream = stream
+        self._stamp = stamp
         self._live = live
         self._width = width
         self._drawn_lines = 0
@@ -116,7 +117,8 @@ class ProgressDisplay:
             for p in progress:
                 if self._milestones.get(p.name) != p.milestone:
                     self._milestones[p.name] = p.milestone
-                    self._stream.write(render_line(p, name_width, phase_width, live=False) + "\n")
+                    line = render_line(p, name_width, phase_width, live=False)
+                    self._stream.write(f"{self._stamp()}{line}\n")
         self._stream.flush()
 
     def note(self, text: str) -> None:

@@ -39,7 +39,7 @@ DECIDED_PHASES = frozenset({"Promoted", "RolledBack", "HeldBF16"})
 TIME_SCALE = 0.001
 POLL_SECONDS = 0.5
 SERVING_READY_TIMEOUT_SECONDS = 90.0
-FIGURES_WAIT_SECONDS = 60.0
+FIGURES_WAIT_SECONDS = 120.0
 USER_MAX_TOKENS = 32
 
 
@@ -127,6 +127,9 @@ class Clock:
     def elapsed(self) -> float:
         return time.monotonic() - self._start
 
+    def stamp(self) -> str:
+        return f"[{self.elapsed:5.1f}s] "
+
 
 async def _every(seconds: float, action: Callable[[], None]) -> None:
     while True:
@@ -178,10 +181,10 @@ def _figures(report_dir: Path, child: ChildProcess) -> dict[str, Any] | None:
 async def run_demo(options: DemoOptions, out: TextIO, *, live: bool) -> DemoResult:
     clock = Clock()
     started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    display = ProgressDisplay(out, live=live)
+    display = ProgressDisplay(out, live=live, stamp=clock.stamp)
 
     def say(text: str) -> None:
-        display.note(f"[{clock.elapsed:5.1f}s] {text}")
+        display.note(f"{clock.stamp()}{text}")
 
     if not operator_available():
         raise DemoError(

@@ -1,0 +1,138 @@
+"""The whole demo, as `make demo` runs it (fast mode): its decision table, its report, and its clean stop."""
+
+from __future__ import annotations
+
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from demo_helpers import processes_mentioning
+from kvpolicy.demo import scenarios
+from kvpolicy.demo.table import HEADERS
+
+# Generous: the speed target (3 minutes on 2 cores) is measured by bench/demo_duration.py, not asserted here.
+DEADLINE_SECONDS = 300
+EXPECTED = {
+    "llama-longdoc-unfixed": ("FP8", "RolledBack", "AccuracyRecoveryBelowMinimum"),
+    "llama-longdoc": ("FP8", "Promoted", None),
+    "llama-longdoc-b200": ("FP8", "Promoted", None),
+    "support-chat": ("BF16", "HeldBF16", "BelowDecodeBreakEven"),
+    "gemma-ttft": ("BF16", "HeldBF16", "HeadDim256PrefillPenalty"),
+    "gpt-oss-20b": ("FP8, sliding_window BF16", "Promoted", None),
+}
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    report_dir: Path
+
+
+def _demo_argv(report_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "kvpolicy", "demo", "--fast", "--report-dir", str(report_dir),
+            "--deadline-seconds", str(DEADLINE_SECONDS)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    report_dir = tmp_path_factory.mktemp("demo") / "report"
+    done = subprocess.run(_demo_argv(report_dir), capture_output=True, text=True, timeout=DEADLINE_SECONDS + 120)
+    return DemoRun(done.returncode, done.stdout, done.stderr, report_dir)
+
+
+def decision_table(stdout: str) -> dict[str, dict[str, str]]:
+    """The printed decision table, as {policy: {header: cell}}."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split() == " ".join(HEADERS).split())
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.strip():
+            break
+        cells = re.split(r"\s{2,}", line.strip())
+        assert len(cells) == len(HEADERS), line
+        rows[cells[0]] = dict(zip(HEADERS, cells, strict=True))
+    return rows
+
+
+def test_the_decision_table_shows_each_scenario_decided_as_the_issue_asks(demo_run: DemoRun) -> None:
+    assert demo_run.returncode == 0, demo_run.stdout[-3000:] + demo_run.stderr[-3000:]
+    table = decision_table(demo_run.stdout)
+    assert set(table) == set(EXPECTED)
+    for policy, (plan, decision, reason) in EXPECTED.items():
+        row = table[policy]
+        assert (row["plan"], row["decision"]) == (plan, decision), row
+        if reason is not None:
+            assert row["reason"] == reason, row
+    # The accuracy gate caught the mislabelled image: the canary scored well below the baseline.
+    canary, baseline = (
+        int(score.rstrip("%")) for score in table["llama-longdoc-unfixed"]["NIAH canary/baseline"].split(" / ")
+    )
+    assert canary < 0.95 * baseline
+    for promoted in ("llama-longdoc", "llama-longdoc-b200", "gpt-oss-20b"):
+        assert table[promoted]["ITL ratio"] != "-" and table[promoted]["TTFT ratio"] != "-"
+
+
+def test_every_row_is_the_operators_status(demo_run: DemoRun) -> None:
+    table = decision_table(demo_run.stdout)
+    saved = {
+        obj["metadata"]["name"]: obj
+        for obj in yaml.safe_load_all((demo_run.report_dir / "kvpolicies.yaml").read_text())
+    }
+    for policy, row in table.items():
+        status = saved[policy]["status"]
+        assert (row["decision"], row["reason"]) == (status["decision"]["result"], status["decision"]["reason"])
+    # Blackwell needs no fix: its canary ran the stock image.
+    assert saved["llama-longdoc-b200"]["status"]["plan"]["image"] == scenarios.BASELINE_IMAGE
+    assert saved["llama-longdoc"]["status"]["plan"]["image"] == scenarios.FIXED_IMAGE
+
+
+def test_the_report_has_the_table_and_the_figures(demo_run: DemoRun) -> None:
+    report = (demo_run.report_dir / "report.md").read_text()
+    assert "| llama-longdoc-unfixed |" in report and "RolledBack" in report
+    for figure in ("niah_accuracy.png", "itl_vs_length.png"):
+        assert f"]({figure})" in report
+        assert (demo_run.report_dir / figure).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_nothing_is_left_running_after_the_demo(demo_run: DemoRun) -> None:
+    assert processes_mentioning(str(demo_run.report_dir)) == []
+
+
+def _read_until(process: subprocess.Popen[str], text: str, within: float) -> str:
+    assert process.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + within
+    while text not in seen:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"{text!r} not printed within {within} s; output so far:\n{seen}"
+        ready, _, _ = select.select([process.stdout], [], [], remaining)
+        if ready:
+            line = process.stdout.readline()
+            assert line, f"the demo exited early:\n{seen}"
+            seen += line
+    return seen
+
+
+def test_ctrl_c_stops_everything_and_a_second_run_works(demo_run: DemoRun, tmp_path: Path) -> None:
+    report_dir = tmp_path / "interrupted"
+    process = subprocess.Popen(_demo_argv(report_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _read_until(process, "KVPolicies applied", within=120)
+        assert processes_mentioning(str(report_dir)), "the demo should have pods and an operator running"
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, stderr
+    assert "interrupted" in stderr
+    assert processes_mentioning(str(report_dir)) == []
