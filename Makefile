@@ -36,6 +36,10 @@ typecheck: $(VENV)/.installed
 pytest: $(VENV)/.installed
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# The whole rollout loop on this machine (emulated cluster, simulated GPU pools, Prometheus); DEMO_ARGS=--fast etc.
+demo: $(VENV)/.installed prometheus
+	$(BIN)/kvpolicy demo $(DEMO_ARGS)
+
 crd: $(VENV)/.installed
 	$(BIN)/kvpolicy crd > crds/kvpolicy.yaml
 
