@@ -15,7 +15,12 @@ KVP = ("kvpolicy.dev/v1alpha1", "KVPolicy")
 Obj = dict[str, Any]
 
 
-def target(namespace: str, pool: str = "h200", name: str = "llama") -> Obj:
+# Long enough to be above the decode break-even, short enough for the gate to take seconds on a loaded machine.
+CONTEXT = 16384
+MODEL_LEN = 32768
+
+
+def target(namespace: str, pool: str = "h200", name: str = "llama", max_model_len: int = MODEL_LEN) -> Obj:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -31,7 +36,7 @@ def target(namespace: str, pool: str = "h200", name: str = "llama") -> Obj:
                         {
                             "name": "vllm",
                             "image": TARGET_IMAGE,
-                            "args": ["serve", MODEL, "--max-model-len", "131072"],
+                            "args": ["serve", MODEL, "--max-model-len", str(max_model_len)],
                             "ports": [{"name": "http", "containerPort": 8000}],
                         }
                     ],
@@ -44,8 +49,8 @@ def target(namespace: str, pool: str = "h200", name: str = "llama") -> Obj:
 def policy(namespace: str, name: str = "llama-fp8", **overrides: Any) -> Obj:
     spec: Obj = {
         "targetRef": {"name": "llama"},
-        "model": {"servedModelName": MODEL, "headDim": 128, "numLayers": 32, "maxModelLen": 131072},
-        "workload": {"maxContextTokens": 131072, "typicalContextTokens": 65536},
+        "model": {"servedModelName": MODEL, "headDim": 128, "numLayers": 32, "maxModelLen": MODEL_LEN},
+        "workload": {"maxContextTokens": CONTEXT, "typicalContextTokens": CONTEXT},
         "images": {"fp8Patched": PATCHED_IMAGE},
         "gates": {"accuracy": {"maxSamples": 40}, "latency": {"enabled": False}},
         "rollout": {"progressDeadlineSeconds": 60, "bakeSeconds": 0},
