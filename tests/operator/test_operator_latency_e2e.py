@@ -1,0 +1,92 @@
+"""The latency gate deciding a ReplicaRatio rollout: the canary joins the users' traffic after the accuracy gate and
+the operator compares it with the target's pods by scraping their /metrics (provider Scrape)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import pytest
+from conftest import OperatorFactory
+from e2e_helpers import CONTEXT, MODEL, PATCHED_IMAGE, container, event_reasons, policy, target, wait_phase
+from kvpolicy.demo.traffic import Route, TrafficGenerator
+from kvpolicy.devcluster import SimulatorRunner, ThreadedDevCluster
+
+
+@contextlib.contextmanager
+def users(devcluster: ThreadedDevCluster, namespace: str) -> Iterator[TrafficGenerator]:
+    """Steady requests to the pods behind the target's Service (app=llama), canary included once it joins."""
+    route = Route(namespace, "llama", {"app": "llama"}, 8000, MODEL, CONTEXT // 4)
+    generator = TrafficGenerator(
+        [route], lambda: devcluster.list("v1", "Pod", namespace), requests_per_second=20, max_tokens=8
+    )
+
+    async def drive() -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await generator.run()
+
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(drive())
+    thread = threading.Thread(target=loop.run_until_complete, args=(task,), daemon=True)
+    thread.start()
+    try:
+        yield generator
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
+        thread.join(timeout=30)
+        loop.close()
+
+
+def live_policy(namespace: str, ttft_max_ratio: str) -> dict[str, object]:
+    return policy(
+        namespace,
+        **{
+            "gates.accuracy.enabled": False,
+            "gates.latency": {
+                "enabled": True,
+                "provider": "Scrape",
+                "ttftMaxRatio": ttft_max_ratio,
+                "itlMaxRatio": "100",
+                "windowSeconds": 10,
+                "intervalSeconds": 1,
+                "minRequests": 3,
+                "consecutiveFailureLimit": 2,
+            },
+            "rollout.bakeSeconds": 3,
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("ttft_max_ratio", "phase", "gate_condition"),
+    [("100", "Promoted", "True"), ("0.01", "RolledBack", "False")],
+)
+def test_live_latency_analysis_decides_a_replica_ratio_rollout(
+    devcluster: ThreadedDevCluster,
+    devcluster_namespace: str,
+    operator: OperatorFactory,
+    ttft_max_ratio: str,
+    phase: str,
+    gate_condition: str,
+) -> None:
+    ns = devcluster_namespace
+    devcluster.set_runner(SimulatorRunner(time_scale=0.001, two_level_fix_images=frozenset({PATCHED_IMAGE})))
+    devcluster.create(target(ns))
+    with users(devcluster, ns) as generator, operator():
+        devcluster.create(live_policy(ns, ttft_max_ratio))
+        done = wait_phase(devcluster, ns, {"Promoted", "RolledBack", "HeldBF16"})
+    status = done["status"]
+    assert status["phase"] == phase, status
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["LatencyGatePassed"]["status"] == gate_condition
+    latency = status["latency"]
+    assert latency["checks"] >= 1 and latency["last"]["canaryRequests"] >= 3
+    assert "TrafficJoined" in event_reasons(devcluster, ns)
+    assert len(generator.counters["llama"].by_endpoint) >= 2, "the users reached the canary too once it joined"
+    if phase == "RolledBack":
+        assert status["decision"]["reason"] in ("TTFTRatioExceeded", "LatencyRatioExceeded")
+        assert container(devcluster.get("apps/v1", "Deployment", "llama", ns))["image"] != PATCHED_IMAGE
+    else:
+        assert latency["passes"] >= 1
