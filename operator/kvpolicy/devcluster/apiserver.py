@@ -91,8 +91,12 @@ class ApiPath:
             return kmock.action.WATCH
         if method == "GET":
             return kmock.action.FETCH if self.name else kmock.action.LIST
-        return {"POST": kmock.action.CREATE, "PATCH": kmock.action.UPDATE, "PUT": kmock.action.UPDATE,
-                "DELETE": kmock.action.DELETE}.get(method)  # fmt: skip
+        return {
+            "POST": kmock.action.CREATE,
+            "PATCH": kmock.action.UPDATE,
+            "PUT": kmock.action.UPDATE,
+            "DELETE": kmock.action.DELETE,
+        }.get(method)
 
 
 @dataclass
@@ -371,8 +375,10 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
         return groups
 
     def _group_entry(self, group: str, types: list[ResourceType]) -> dict[str, Any]:
-        versions = sorted({rt.version for rt in types}, key=lambda version: not any(
-            rt.preferred and rt.version == version for rt in types))  # fmt: skip
+        versions = sorted(
+            {rt.version for rt in types},
+            key=lambda version: not any(rt.preferred and rt.version == version for rt in types),
+        )
         entries = [{"groupVersion": f"{group}/{version}", "version": version} for version in versions]
         return {"name": group, "versions": entries, "preferredVersion": entries[0]}
 

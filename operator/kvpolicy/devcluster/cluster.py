@@ -88,6 +88,7 @@ class DevCluster:
         if self._requested_workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="kvpolicy-devcluster-")
         self.workdir = Path(self._tmp.name if self._tmp else str(self._requested_workdir))
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self._kubelet = Kubelet(self.store, self.pools, self._runner, self.workdir, PodIpAllocator())
         self.api.pod_log_reader = self._kubelet.read_log
         await self.api.__aenter__()
@@ -98,8 +99,13 @@ class DevCluster:
         for pool in self.pools.values():
             for node in pool.node_objects():
                 status = node.pop("status")
-                self.store.replace(self.store.type_for("v1", "Node"), None, node["metadata"]["name"],
-                                   {**self.create(node), "status": status}, "status")  # fmt: skip
+                self.store.replace(
+                    self.store.type_for("v1", "Node"),
+                    None,
+                    node["metadata"]["name"],
+                    {**self.create(node), "status": status},
+                    "status",
+                )
         self.kubeconfig.write_text(kubeconfig_text(self.url))
         self._kubelet_task = asyncio.create_task(self._kubelet.run())
         return self

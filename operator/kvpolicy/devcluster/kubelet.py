@@ -303,8 +303,10 @@ class Kubelet:
 
     def _reconcile_job(self, job: Obj) -> float | None:
         status = copy.deepcopy(job.get("status") or {})
-        finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-                       for c in status.get("conditions") or [])  # fmt: skip
+        finished = any(
+            c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
         if finished or job["metadata"].get("deletionTimestamp"):
             return None
         spec = job.get("spec") or {}
@@ -382,15 +384,17 @@ class Kubelet:
         status = copy.deepcopy(pod.get("status") or {})
         status.setdefault("phase", "Pending")
         if node_name is None:
-            status["conditions"] = with_condition(status.get("conditions") or [], "PodScheduled", "False",
-                                                  "Unschedulable", why)  # fmt: skip
+            status["conditions"] = with_condition(
+                status.get("conditions") or [], "PodScheduled", "False", "Unschedulable", why
+            )
             self._write_status(pod, status)
             return
         if counts_against_capacity(pod["spec"]):
             used[node_pools[node_name]] = used.get(node_pools[node_name], 0) + 1
         meta = pod["metadata"]
-        scheduled = self.store.replace(self._pods, meta["namespace"], meta["name"],
-                                       {**pod, "spec": {**pod["spec"], "nodeName": node_name}})  # fmt: skip
+        scheduled = self.store.replace(
+            self._pods, meta["namespace"], meta["name"], {**pod, "spec": {**pod["spec"], "nodeName": node_name}}
+        )
         status["conditions"] = with_condition(status.get("conditions") or [], "PodScheduled", "True")
         self._write_status(scheduled, status)
 
@@ -405,8 +409,13 @@ class Kubelet:
         container = (spec.get("containers") or [{}])[0]
         run_to_completion = spec.get("restartPolicy", "Always") in ("Never", "OnFailure")
         status = copy.deepcopy(pod.get("status") or {})
-        status.update(phase="Running", podIP=runtime.ip, podIPs=[{"ip": runtime.ip}], hostIP="127.0.0.1",
-                      startTime=status.get("startTime", now_timestamp()))  # fmt: skip
+        status.update(
+            phase="Running",
+            podIP=runtime.ip,
+            podIPs=[{"ip": runtime.ip}],
+            hostIP="127.0.0.1",
+            startTime=status.get("startTime", now_timestamp()),
+        )
         try:
             env = self._environment(pod, container, runtime)
             if run_to_completion:
@@ -417,12 +426,16 @@ class Kubelet:
                 argv = self.runner.argv(container, node["metadata"]["labels"], runtime.ip)
         except (ValueError, LookupError) as exc:
             status.update(phase="Pending")
-            status["containerStatuses"] = [self._container_status(container, False, {
-                "waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}})]  # fmt: skip
+            status["containerStatuses"] = [
+                self._container_status(
+                    container, False, {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
+                )
+            ]
             self._write_status(pod, status)
             return
-        status["containerStatuses"] = [self._container_status(container, argv is None, {
-            "running": {"startedAt": now_timestamp()}})]  # fmt: skip
+        status["containerStatuses"] = [
+            self._container_status(container, argv is None, {"running": {"startedAt": now_timestamp()}})
+        ]
         status["conditions"] = with_condition(status.get("conditions") or [], "Ready", "False" if argv else "True")
         self._write_status(pod, status)
         if argv is not None:
@@ -456,8 +469,12 @@ class Kubelet:
         namespace = pod["metadata"]["namespace"]
         if "fieldRef" in source:
             path = source["fieldRef"]["fieldPath"]
-            fields = {"metadata.name": runtime.name, "metadata.namespace": namespace, "status.podIP": runtime.ip,
-                      "spec.nodeName": pod["spec"].get("nodeName", "")}  # fmt: skip
+            fields = {
+                "metadata.name": runtime.name,
+                "metadata.namespace": namespace,
+                "status.podIP": runtime.ip,
+                "spec.nodeName": pod["spec"].get("nodeName", ""),
+            }
             if path not in fields:
                 raise ValueError(f"env fieldRef {path!r} is not supported; use one of {sorted(fields)}")
             return str(fields[path])
@@ -498,8 +515,12 @@ class Kubelet:
             if runtime.stopping:
                 return
             message = self._termination_message(runtime, container, exit_code)
-            terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                          "finishedAt": now_timestamp(), "message": message}  # fmt: skip
+            terminated = {
+                "exitCode": exit_code,
+                "reason": "Completed" if exit_code == 0 else "Error",
+                "finishedAt": now_timestamp(),
+                "message": message,
+            }
             if run_to_completion:
                 state = self._container_status(container, False, {"terminated": terminated}, restarts)
                 phase = "Succeeded" if exit_code == 0 else "Failed"
@@ -545,8 +566,9 @@ class Kubelet:
         status = copy.deepcopy(pod.get("status") or {})
         ready = container_status["ready"]
         status["containerStatuses"] = [container_status]
-        status["conditions"] = with_condition(status.get("conditions") or [], "Ready", "True" if ready else "False",
-                                              "" if ready else not_ready_reason)  # fmt: skip
+        status["conditions"] = with_condition(
+            status.get("conditions") or [], "Ready", "True" if ready else "False", "" if ready else not_ready_reason
+        )
         if phase is not None:
             status["phase"] = phase
         self._write_status(pod, status)

@@ -50,10 +50,15 @@ class ResourceType:
         }
         subresources = (("status",) if self.has_status else ()) + self.extra_subresources
         return [entry] + [
-            {"name": f"{self.plural}/{sub}", "singularName": "", "namespaced": self.namespaced, "kind": self.kind,
-             "verbs": ["get", "patch", "update"]}
+            {
+                "name": f"{self.plural}/{sub}",
+                "singularName": "",
+                "namespaced": self.namespaced,
+                "kind": self.kind,
+                "verbs": ["get", "patch", "update"],
+            }
             for sub in subresources
-        ]  # fmt: skip
+        ]
 
 
 def _columns(*specs: tuple[str, str, str]) -> tuple[PrinterColumn, ...]:

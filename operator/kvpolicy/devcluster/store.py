@@ -337,10 +337,14 @@ class Store:
             "storedVersions": [rt.version for rt in new_types if rt.preferred],
             "conditions": [
                 {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found"},
-                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
-                 "message": "the initial names have been accepted"},
+                {
+                    "type": "Established",
+                    "status": "True",
+                    "reason": "InitialNamesAccepted",
+                    "message": "the initial names have been accepted",
+                },
             ],
-        }  # fmt: skip
+        }
         return crd
 
     def _write(self, rt: ResourceType, obj: Obj, event_type: str) -> Obj:
@@ -367,8 +371,11 @@ class Store:
     def _remove(self, rt: ResourceType, obj: Obj, *, orphan: bool) -> Obj:
         removed = self._write(rt, copy.deepcopy(obj), "DELETED")
         if rt.key == ("", "namespaces"):
-            self._delete_where(lambda other_rt, other: other_rt.namespaced
-                               and other["metadata"].get("namespace") == obj["metadata"]["name"])  # fmt: skip
+            self._delete_where(
+                lambda other_rt, other: (
+                    other_rt.namespaced and other["metadata"].get("namespace") == obj["metadata"]["name"]
+                )
+            )
         if rt.key == (CRD_GROUP, CRD_PLURAL):
             group, plural = obj["spec"]["group"], obj["spec"]["names"]["plural"]
             self._delete_where(lambda other_rt, _: other_rt.key == (group, plural))
