@@ -23,7 +23,8 @@ from kvpolicy.controller.state import Event, StepConfig
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 DEFAULT_GATE_IMAGE = f"ghcr.io/kvpolicy/kvpolicy-operator:{__version__}"
-DEFAULT_PROBE_IMAGE = f"ghcr.io/kvpolicy/vllm-kvkernels:{__version__}"
+# The FP8 serving image kernels/Dockerfile builds (vLLM v0.12.0 + kvkernels); it also runs the preflight probe.
+DEFAULT_PROBE_IMAGE = f"ghcr.io/kvpolicy/vllm-fp8-twolevel:v0.12.0-kv{__version__}"
 
 
 def _positive_float(name: str, default: float) -> float:
