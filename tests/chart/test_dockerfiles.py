@@ -4,7 +4,9 @@ through (no Docker engine runs here, so the build stage's package build is repla
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import shutil
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -133,8 +135,25 @@ def test_operator_image_user_is_the_numeric_non_root_user_the_chart_runs_as() ->
     assert values["podSecurityContext"]["runAsGroup"] == int(gid)
 
 
-def test_serving_image_installs_the_vllm_plugin_its_smoke_check_asserts(tmp_path: Path) -> None:
+def run_python_with(site: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """Python with `site` first on the import path, as if it were the image's site-packages."""
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    return subprocess.run(
+        [sys.executable, *args], cwd=site.parent, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_serving_image_smoke_check_passes_on_what_its_build_installs(tmp_path: Path) -> None:
+    """Replays the final stage: install the wheel built from the kernels context, then run its smoke check
+    `python -m kvkernels.probe --help`, the module the operator's GPU preflight Job runs in this image."""
+    structure = DockerfileParser(str(KERNELS_DOCKERFILE)).structure
+    assert [item for item in structure if "python -m kvkernels.probe --help" in item["value"]], "no probe smoke check"
     wheel = build_wheel_from_context(KERNELS_DOCKERFILE, tmp_path)
-    [plugin] = entry_points(wheel).select(group="vllm.general_plugins", name="kvkernels")
-    plugin_module = plugin.module.replace(".", "/") + ".py"
-    assert plugin_module in wheel.namelist(), f"the vLLM plugin entry point names {plugin.module}, not in the wheel"
+    site = tmp_path / "site"
+    pip_install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", site]
+    installed = run_tool([*pip_install, str(wheel.filename)])
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    located = run_python_with(site, ["-c", "import kvkernels.probe; print(kvkernels.probe.__file__)"])
+    assert Path(located.stdout.strip()).is_relative_to(site), located.stdout + located.stderr
+    probe_help = run_python_with(site, ["-m", "kvkernels.probe", "--help"])
+    assert probe_help.returncode == 0, probe_help.stderr

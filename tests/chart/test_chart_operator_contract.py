@@ -1,0 +1,182 @@
+"""The chart and the operator agree: its flags parse with `kvpolicy run`, its default Job images are the operator's,
+and its RBAC allows every request the operator makes in a whole rollout (and nothing the operator never asks for)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from chart_helpers import RELEASE_NAMESPACE, Manifest, Renderer, of_kind, only
+from kopf.testing import KopfRunner
+from kvpolicy.controller import handlers
+from kvpolicy.controller.run import _parser as run_parser
+from kvpolicy.devcluster import POOL_LABEL, SimulatorRunner, ThreadedDevCluster
+from kvpolicy.devcluster.apiserver import ApiPath
+
+Triple = tuple[str, str, str]  # (API group, resource[/subresource], verb)
+FIXED_IMAGE = "vllm-fp8-twolevel:rbac-test"
+# Checked by admission (ownerReferences with blockOwnerDeletion), never requested: no request can show it is used.
+ADMISSION_ONLY = {("kvpolicy.dev", "kvpolicies/finalizers", "update")}
+
+
+def operator_container(manifests: list[Manifest]) -> dict[str, Any]:
+    container: dict[str, Any] = only(manifests, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+@pytest.mark.parametrize("manifests_fixture", ["default_manifests", "custom_manifests"])
+def test_chart_flags_parse_with_kvpolicy_run(
+    manifests_fixture: str, request: pytest.FixtureRequest, custom_values: dict[str, Any]
+) -> None:
+    manifests: list[Manifest] = request.getfixturevalue(manifests_fixture)
+    container = operator_container(manifests)
+    args = run_parser().parse_args(container["args"])
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert (args.liveness_port, args.metrics_port) == (ports["health"], ports["metrics"])
+    if manifests_fixture == "default_manifests":
+        assert args.all_namespaces and args.namespace is None
+    else:
+        assert args.namespace == custom_values["watchNamespaces"] and not args.all_namespaces
+        assert args.verbose  # extraArgs: ["--verbose"]
+
+
+def test_chart_default_job_images_are_the_operators_defaults(default_manifests: list[Manifest]) -> None:
+    """Run with or without the chart, the operator starts the same gate and probe Jobs."""
+    env = {entry["name"]: entry["value"] for entry in operator_container(default_manifests)["env"]}
+    assert env["KVPOLICY_GATE_IMAGE"] == handlers.DEFAULT_GATE_IMAGE
+    assert env["KVPOLICY_PROBE_IMAGE"] == handlers.DEFAULT_PROBE_IMAGE
+
+
+# --- RBAC against a real rollout on the dev cluster ---------------------------------------------------------------
+
+VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update"}
+
+
+def requested(method: str, path: ApiPath, params: dict[str, str]) -> tuple[Triple, str | None] | None:
+    """The RBAC (group, resource, verb) and namespace of a resource request; None for discovery."""
+    if path.plural is None:
+        return None
+    resource = f"{path.plural}/{path.subresource}" if path.subresource else path.plural
+    if method == "GET":
+        verb = "watch" if params.get("watch") in ("true", "1") else "get" if path.name else "list"
+    elif method == "DELETE":
+        verb = "delete" if path.name else "deletecollection"
+    else:
+        verb = VERBS[method]
+    return (path.group, resource, verb), path.namespace
+
+
+def granted(role: Manifest) -> set[Triple]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def rollout_objects(namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A vLLM Deployment on the H200 pool and a KVPolicy that takes it to FP8 on the fixed image."""
+    labels = {"app": "llama"}
+    container = {
+        "name": "vllm",
+        "image": "vllm:0.12",
+        "args": ["serve", "llama", "--max-model-len", "131072"],
+        "ports": [{"name": "http", "containerPort": 8000}],
+    }
+    pod_spec = {"nodeSelector": {POOL_LABEL: "h200"}, "containers": [container]}
+    target = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "llama", "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+    policy = {
+        "apiVersion": "kvpolicy.dev/v1alpha1",
+        "kind": "KVPolicy",
+        "metadata": {"name": "llama-fp8", "namespace": namespace},
+        "spec": {
+            "targetRef": {"name": "llama"},
+            "model": {"servedModelName": "llama", "headDim": 128, "numLayers": 32, "maxModelLen": 131072},
+            "workload": {"maxContextTokens": 131072, "typicalContextTokens": 65536},
+            "images": {"fp8Patched": FIXED_IMAGE},
+            "gates": {"accuracy": {"maxSamples": 40}, "latency": {"enabled": False}},
+            "rollout": {"progressDeadlineSeconds": 60, "bakeSeconds": 0},
+        },
+    }
+    return target, policy
+
+
+@pytest.fixture
+def fixed_image_runner(devcluster: ThreadedDevCluster) -> Iterator[None]:
+    devcluster.set_runner(SimulatorRunner(time_scale=0.001, two_level_fix_images=frozenset({FIXED_IMAGE})))
+    yield
+
+
+def test_rbac_allows_exactly_what_the_operator_requests_in_a_rollout(
+    devcluster: ThreadedDevCluster,
+    devcluster_namespace: str,
+    fixed_image_runner: None,
+    render: Renderer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The operator, confined to one namespace as the chart runs it there, promotes a policy and then handles its
+    deletion; every API request it made must be allowed by the chart's Role in that namespace plus its ClusterRole."""
+    from kvpolicy.api import crd
+
+    ns = devcluster_namespace
+    manifests = render("--set", f"watchNamespaces={{{ns}}}")
+    container = operator_container(manifests)
+    for entry in container["env"]:
+        monkeypatch.setenv(entry["name"], entry["value"])
+    monkeypatch.setenv("KVPOLICY_POLL_SECONDS", "0.2")
+    monkeypatch.setenv("KVPOLICY_IDLE_SECONDS", "5")
+    namespace_flags = [arg for arg in container["args"] if arg.startswith("--namespace=")]
+    assert namespace_flags == [f"--namespace={ns}"]
+
+    devcluster.apply(crd.crd_object())
+    target, policy = rollout_objects(ns)
+    devcluster.create(target)
+    before = {id(request) for request in devcluster.call(lambda: list(devcluster.cluster.api))}
+    kopf_args = ["run", "--standalone", "-m", "kvpolicy.controller.handlers", *namespace_flags]
+    with KopfRunner(kopf_args, timeout=120) as runner:
+        devcluster.create(policy)
+        done = devcluster.wait_for(
+            "kvpolicy.dev/v1alpha1",
+            "KVPolicy",
+            "llama-fp8",
+            ns,
+            lambda obj: obj.get("status", {}).get("phase") in {"Promoted", "RolledBack", "HeldBF16"},
+            give_up_after=120,
+        )
+        devcluster.delete("kvpolicy.dev/v1alpha1", "KVPolicy", "llama-fp8", ns)
+        devcluster.wait_deleted("kvpolicy.dev/v1alpha1", "KVPolicy", "llama-fp8", ns, give_up_after=60)
+    assert runner.exception is None, runner.output
+    assert done["status"]["phase"] == "Promoted", done["status"]
+
+    made = [request for request in devcluster.call(lambda: list(devcluster.cluster.api)) if id(request) not in before]
+    used: dict[Triple, set[str | None]] = {}
+    for request in made:
+        path = ApiPath.parse(request.url.path)
+        parsed = requested(request.method.value, path, request.params) if path else None
+        if parsed is not None and parsed[1] in (ns, None):
+            used.setdefault(parsed[0], set()).add(parsed[1])
+
+    [role] = [role for role in of_kind(manifests, "Role") if role["metadata"]["namespace"] == ns]
+    cluster_wide, in_namespace = granted(only(manifests, "ClusterRole")), granted(role)
+    denied = {
+        triple: namespaces
+        for triple, namespaces in used.items()
+        if triple not in cluster_wide and not (triple in in_namespace and None not in namespaces)
+    }
+    assert denied == {}, "requests the chart's RBAC would refuse (None: cluster-wide)"
+    unused = (cluster_wide | in_namespace) - used.keys() - ADMISSION_ONLY
+    assert unused == set(), "permissions the operator never used"
+    subjects = only(manifests, "RoleBinding")["subjects"]
+    assert subjects[0]["namespace"] == RELEASE_NAMESPACE
