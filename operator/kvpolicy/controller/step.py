@@ -333,7 +333,6 @@ def _restart(t: _Tick, spec_hash: str, why: str) -> None:
     )
     t.status.message = why
     t.enter(Phase.PLANNING)
-    t.requeue = 0
 
 
 def _rollback(t: _Tick, reason: str, message: str) -> None:
@@ -904,9 +903,11 @@ def step(policy: KVPolicy, obs: Observations, config: StepConfig) -> StepResult:
         _restart(t, spec_hash, "planning")
     elif t.status.spec_hash != spec_hash:
         _restart(t, spec_hash, f"spec changed (generation {t.generation}): planning the rollout again")
+        t.requeue = 0
         return t.result()
     if t.phase == Phase.ROLLED_BACK and decision and decision.reason == "Aborted" and not t.spec.rollout.abort:
         _restart(t, spec_hash, "spec.rollout.abort was cleared: starting the rollout again")
+        t.requeue = 0
         return t.result()
     phase = t.phase
 

@@ -1,0 +1,177 @@
+"""The executor, the observer and the per-policy reconciler against an in-memory API."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from fake_kube import FakeKubeApi
+from kvpolicy.controller import builders as b
+from kvpolicy.controller.executor import (
+    StaleObservationError,
+    apply_actions,
+    event_body,
+    merge_patch,
+    post_events,
+    write_status,
+)
+from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, ApiError
+from kvpolicy.controller.observe import Observer, gpu_node_selector, job_view, pod_view
+from kvpolicy.controller.reconciler import Reconciler
+from kvpolicy.controller.state import Create, Delete, Event, Kind, Patch
+from kvpolicy.controller.step import rollout_hash
+from kvpolicy.gpu import KNOWN_PRODUCTS
+from operator_helpers import CONFIG, NAMESPACE, make_policy, policy_spec, target_deployment
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def raw_policy(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kvpolicy.dev/v1alpha1",
+        "kind": "KVPolicy",
+        "metadata": {"name": "llama-fp8", "namespace": NAMESPACE, "uid": "uid-1", "generation": 1},
+        "spec": policy_spec(**spec),
+    }
+
+
+def test_merge_patch_nulls_removed_keys_and_replaces_lists() -> None:
+    old = {"phase": "A", "latency": {"probe": {"verdict": "Running"}, "checks": 1}, "conditions": [1, 2], "gone": 1}
+    new = {"phase": "B", "latency": {"checks": 1}, "conditions": [2]}
+    assert merge_patch(old, new) == {"gone": None, "phase": "B", "latency": {"probe": None}, "conditions": [2]}
+    assert merge_patch(new, new) == {}
+
+
+async def test_apply_actions_tolerates_existing_and_missing_objects() -> None:
+    api = FakeKubeApi()
+    body = {"metadata": {"name": "x"}}
+    await apply_actions(api, NAMESPACE, [Create(Kind.JOB, body), Create(Kind.JOB, body), Delete(Kind.SERVICE, "nope")])
+    assert api.objects[("jobs", NAMESPACE, "x")] == body
+
+
+async def test_a_stale_json_patch_asks_for_a_fresh_observation() -> None:
+    api = FakeKubeApi()
+    api.put(DEPLOYMENTS, NAMESPACE, target_deployment())
+    patch = [{"op": "test", "path": "/spec/template/spec/containers/0/name", "value": "other"}]
+    with pytest.raises(StaleObservationError) as caught:
+        await apply_actions(api, NAMESPACE, [Patch(Kind.DEPLOYMENT, "llama", patch, "json")])
+    assert caught.value.retryable
+
+
+async def test_write_status_sends_only_changes_and_never_kopf_state() -> None:
+    api = FakeKubeApi()
+    raw = {**raw_policy(), "status": {"phase": "Planning", "kopf": {"progress": {}}}}
+    api.put(KVPOLICIES, NAMESPACE, raw)
+    await write_status(api, raw, {"phase": "Planning"})
+    assert api.calls == []
+    await write_status(api, raw, {"phase": "CanaryStarting"})
+    assert api.objects[("kvpolicies", NAMESPACE, "llama-fp8")]["status"]["kopf"] == {"progress": {}}
+
+
+async def test_events_are_best_effort() -> None:
+    api = FakeKubeApi(fail={"event": ApiError(500, "InternalError", "down")})
+    events = [Event("Warning", "First", "lost"), Event("Normal", "Second", "kept")]
+    await post_events(api, raw_policy(), events, NOW)
+    assert [e["reason"] for e in api.events] == ["Second"]
+    body = event_body(raw_policy(), Event("Normal", "Planned", "m"), NOW)
+    assert body["involvedObject"]["uid"] == "uid-1" and body["source"]["component"] == "kvpolicy-operator"
+
+
+def test_pod_and_job_views() -> None:
+    pending = {
+        "metadata": {"name": "p", "labels": {"a": "b"}},
+        "status": {
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no GPU"}]
+        },  # fmt: skip
+    }
+    assert pod_view(pending).unschedulable == "no GPU" and not pod_view(pending).ready
+    job = {"metadata": {"name": "j"}, "status": {"conditions": [{"type": "Failed", "status": "True",
+                                                                 "reason": "DeadlineExceeded"}]}}  # fmt: skip
+
+    def pod(finished: str, message: str, code: int) -> dict[str, Any]:
+        terminated = {"finishedAt": finished, "message": message, "exitCode": code}
+        return {
+            "metadata": {"name": finished},
+            "status": {"containerStatuses": [{"state": {"terminated": terminated}}]},
+        }
+
+    view = job_view(job, [pod("2026-01-01T00:00:02Z", "second", 2), pod("2026-01-01T00:00:01Z", "first", 1)])
+    assert view.failed and view.failure_reason == "DeadlineExceeded"
+    assert (view.exit_code, view.termination_message) == (2, "second")
+
+
+def test_gpu_node_selector_prefers_the_spec_then_the_target() -> None:
+    target = target_deployment()
+    assert gpu_node_selector(make_policy(), target) == {"pool": "h200"}
+    assert gpu_node_selector(make_policy(**{"gpuNodeSelector": {"x": "y"}}), target) == {"x": "y"}
+    del target["spec"]["template"]["spec"]["nodeSelector"]
+    assert gpu_node_selector(make_policy(), target) == {"nvidia.com/gpu.present": "true"}
+
+
+async def test_observer_reads_gpu_facts_while_planning_and_nothing_once_decided() -> None:
+    api = FakeKubeApi()
+    api.put(DEPLOYMENTS, NAMESPACE, target_deployment())
+    api.put(NODES, None, {"metadata": {"name": "n1", "labels": {**KNOWN_PRODUCTS["B200"], "pool": "h200"}}})
+    observed = await Observer(api).observe(make_policy(), NOW)
+    assert observed.gpu is not None and observed.gpu.generation.value == "Blackwell"
+    decided = make_policy(status={"phase": "Promoted", "specHash": rollout_hash(make_policy().spec)})
+    api.calls.clear()
+    assert (await Observer(api).observe(decided, NOW)).target is None
+    assert api.calls == []
+
+
+async def test_reconciler_takes_a_policy_from_planning_to_its_canary() -> None:
+    api = FakeKubeApi()
+    api.put(KVPOLICIES, NAMESPACE, raw_policy())
+    api.put(DEPLOYMENTS, NAMESPACE, target_deployment())
+    api.put(NODES, None, {"metadata": {"name": "n1", "labels": {**KNOWN_PRODUCTS["H200"], "pool": "h200"}}})
+    reconciler = Reconciler(api, CONFIG, clock=lambda: NOW)
+    delay = await reconciler.reconcile_once(NAMESPACE, "llama-fp8")
+    assert delay == CONFIG.poll_seconds
+    stored = api.objects[("kvpolicies", NAMESPACE, "llama-fp8")]
+    assert stored["status"]["phase"] == "CanaryStarting"
+    assert ("deployments", NAMESPACE, "llama-fp8-canary-g1") in api.objects
+    assert "Planned" in [event["reason"] for event in api.events]
+    api.put(PODS, NAMESPACE, {"metadata": {"name": "c", "labels": {b.POLICY_LABEL: "llama-fp8"}}})
+    assert await reconciler.reconcile_once(NAMESPACE, "llama-fp8") == CONFIG.poll_seconds
+    assert ("jobs", NAMESPACE, "llama-fp8-accuracy-g1") not in api.objects, "no ready canary pod yet"
+    assert not [key for key in api.objects if key[0] == JOBS.plural]
+
+
+async def test_reconciler_reports_an_invalid_spec_and_waits() -> None:
+    api = FakeKubeApi()
+    api.put(KVPOLICIES, NAMESPACE, raw_policy(**{"gates.accuracy.minRecovery": "2"}))
+    delay = await Reconciler(api, CONFIG, clock=lambda: NOW).reconcile_once(NAMESPACE, "llama-fp8")
+    assert delay == CONFIG.idle_seconds
+    assert api.events[0]["reason"] == "InvalidSpec" and "minRecovery" in api.events[0]["message"]
+
+
+async def test_reconciler_retries_retryable_errors_and_stops_when_the_policy_is_gone() -> None:
+    api = FakeKubeApi(fail={"get": ApiError(503, "ServiceUnavailable", "busy")})
+    reconciler = Reconciler(api, CONFIG, max_backoff_seconds=0.01)
+
+    class NeverStopped:
+        def __bool__(self) -> bool:
+            return False
+
+        async def wait(self) -> None:
+            await asyncio.Event().wait()
+
+    await asyncio.wait_for(reconciler.run_policy(NAMESPACE, "llama-fp8", "uid-1", NeverStopped()), timeout=5)
+    assert api.calls == ["get", "get"], "one failure, then the policy was found gone"
+
+
+async def test_reconciler_raises_errors_that_will_not_pass() -> None:
+    api = FakeKubeApi(fail={"get": ApiError(403, "Forbidden", "no RBAC")})
+
+    class NeverStopped:
+        def __bool__(self) -> bool:
+            return False
+
+        async def wait(self) -> None:
+            await asyncio.Event().wait()
+
+    with pytest.raises(ApiError, match="Forbidden"):
+        await Reconciler(api, CONFIG).run_policy(NAMESPACE, "llama-fp8", "uid-1", NeverStopped())
