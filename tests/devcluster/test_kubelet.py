@@ -302,3 +302,18 @@ async def test_vllm_deployment_runs_the_simulator(
     async with aiohttp.ClientSession() as http, http.get(f"http://{ip}:8000/v1/models") as response:
         models = await response.json()
     assert [model["id"] for model in models["data"]] == ["llama"]
+
+
+def test_a_broken_object_does_not_hold_up_the_others(devcluster: ThreadedDevCluster, devcluster_namespace: str) -> None:
+    ns = devcluster_namespace
+    broken = deployment("broken", ns)
+    broken["spec"]["replicas"] = "many"
+    devcluster.create(broken)
+    devcluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "lost", "namespace": ns},
+                       "spec": {"nodeName": "gone-0", "containers": [{"name": "main", "image": "nginx"}]}})  # fmt: skip
+    devcluster.create(deployment("fine", ns))
+    devcluster.wait_for("apps/v1", "Deployment", "fine", ns, available(1))
+    lost = devcluster.wait_for("v1", "Pod", "lost", ns, lambda pod: "status" in pod)
+    ready_condition = next(c for c in lost["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready_condition["reason"], lost["status"]["phase"]) == ("NodeNotFound", "Pending")
+    assert "status" not in devcluster.get("apps/v1", "Deployment", "broken", ns)

@@ -13,6 +13,7 @@ import atexit
 import base64
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import logging
@@ -21,7 +22,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,17 +189,27 @@ class Kubelet:
     def _reconcile_safely(self) -> float | None:
         try:
             return self.reconcile()
-        except Exception:  # a bug or a race with a deletion must not stop the kubelet; the next change retries
+        except Exception:  # a bug must not stop the kubelet; the next change retries
             logger.exception("dev cluster kubelet: reconcile failed")
             return 1.0
 
     def reconcile(self) -> float | None:
-        """One pass over everything; returns how soon a time-based step (deadline, restart) is due, if any."""
-        wakes = [self._reconcile_deployment(dep) for dep in self.store.list_objects(self._deployments)]
-        wakes += [self._reconcile_job(job) for job in self.store.list_objects(self._jobs)]
+        """One pass over everything; returns how soon a time-based step (a Job deadline) is due, if any."""
+        wakes = [self._isolated(self._reconcile_deployment, dep) for dep in self.store.list_objects(self._deployments)]
+        wakes += [self._isolated(self._reconcile_job, job) for job in self.store.list_objects(self._jobs)]
         wakes.append(self._reconcile_pods())
         due = [wake for wake in wakes if wake is not None]
         return max(0.0, min(due)) if due else None
+
+    @staticmethod
+    def _isolated(reconcile: Callable[[Obj], float | None], obj: Obj) -> float | None:
+        """One object's failure (a bad spec, a race with its deletion) must not hold up the others."""
+        try:
+            return reconcile(obj)
+        except Exception:
+            meta = obj["metadata"]
+            logger.exception("dev cluster kubelet: %s %s/%s failed", obj["kind"], meta.get("namespace"), meta["name"])
+            return 1.0
 
     def _owned_pods(self, owner: Obj) -> list[Obj]:
         uid = owner["metadata"]["uid"]
@@ -376,8 +387,20 @@ class Kubelet:
             if not pod.get("spec", {}).get("nodeName"):
                 self._schedule(pod, nodes, used, node_pools)
             elif pod["metadata"]["uid"] not in self._runtimes:
-                self._start(pod, next(n for n in nodes if n["metadata"]["name"] == pod["spec"]["nodeName"]))
+                node = next((n for n in nodes if n["metadata"]["name"] == pod["spec"]["nodeName"]), None)
+                if node is None:
+                    self._node_missing(pod)
+                else:
+                    self._isolated(functools.partial(self._start, node=node), pod)
         return None
+
+    def _node_missing(self, pod: Obj) -> None:
+        """A pod bound to a node that does not exist stays Pending, saying so (as on a real cluster)."""
+        status = copy.deepcopy(pod.get("status") or {})
+        status.setdefault("phase", "Pending")
+        message = f"node {pod['spec']['nodeName']!r} does not exist"
+        status["conditions"] = with_condition(status.get("conditions") or [], "Ready", "False", "NodeNotFound", message)
+        self._write_status(pod, status)
 
     def _schedule(self, pod: Obj, nodes: list[Obj], used: dict[str, int], node_pools: dict[str, str]) -> None:
         node_name, why = schedule(pod["spec"], nodes, self.pools, used)
