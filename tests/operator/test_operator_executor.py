@@ -80,12 +80,8 @@ async def test_events_are_best_effort() -> None:
 
 
 def test_pod_and_job_views() -> None:
-    pending = {
-        "metadata": {"name": "p", "labels": {"a": "b"}},
-        "status": {
-            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no GPU"}]
-        },  # fmt: skip
-    }
+    scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no GPU"}
+    pending = {"metadata": {"name": "p", "labels": {"a": "b"}}, "status": {"conditions": [scheduled]}}
     assert pod_view(pending).unschedulable == "no GPU" and not pod_view(pending).ready
     job = {"metadata": {"name": "j"}, "status": {"conditions": [{"type": "Failed", "status": "True",
                                                                  "reason": "DeadlineExceeded"}]}}  # fmt: skip
