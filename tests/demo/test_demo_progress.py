@@ -23,6 +23,15 @@ def test_running_accuracy_gate_counts_prompts_against_max_samples(make_policy: A
     assert not progress.done
 
 
+def test_prompts_answered_by_the_canary_drive_the_accuracy_bar(make_policy: Any) -> None:
+    running = {"phase": "AccuracyGate", "accuracy": {"verdict": "Running"}}
+    [progress] = progress_of([make_policy("llama-longdoc", running)], NOW, {"llama-longdoc": 30})
+    assert progress.fraction == 30 / 40
+    assert "30/40 NIAH prompts" in progress.detail
+    [unknown] = progress_of([make_policy("llama-longdoc", running)], NOW, {})
+    assert unknown.fraction == 0.0
+
+
 def test_latency_analysis_progress_is_time_into_the_bake(make_policy: Any) -> None:
     latency = {"startedAt": "2026-11-30T10:00:20Z", "checks": 3, "passes": 2, "last": {"verdict": "Pass"}}
     progress = _progress(make_policy, "llama-longdoc", {"phase": "LatencyAnalysis", "latency": latency})

@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--deadline-seconds", type=float, help="give up waiting for decisions after this long (default: 150, fast 120)"
     )
     parser.add_argument(
-        "--requests-per-second", type=float, default=4.0, help="user requests per second to each model Service"
+        "--requests-per-second", type=float, default=3.0, help="user requests per second to each model Service"
     )
     return parser
 

@@ -45,7 +45,9 @@ def _parse_time(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def policy_progress(policy: KVPolicy, now: datetime) -> PolicyProgress:
+def policy_progress(policy: KVPolicy, now: datetime, gate_prompts: int | None = None) -> PolicyProgress:
+    """Where one policy stands; `gate_prompts` is how many NIAH prompts the running accuracy gate has had answered
+    (the operator learns the gate's sample count only when it ends)."""
     name = str(policy.metadata.get("name", "?"))
     status = policy.status
     phase = status.phase or "Pending"
@@ -55,7 +57,7 @@ def policy_progress(policy: KVPolicy, now: datetime) -> PolicyProgress:
     accuracy = status.accuracy
     if phase == ACCURACY_PHASE and accuracy is not None and accuracy.verdict == RUNNING:
         limit = policy.spec.gates.accuracy.max_samples
-        samples = accuracy.samples or 0
+        samples = gate_prompts if gate_prompts is not None else (accuracy.samples or 0)
         length = accuracy.length_tokens or policy.spec.accuracy_length
         detail = f"accuracy gate: {samples}/{limit} NIAH prompts at {length:,} tokens"
         return PolicyProgress(name, phase, "accuracy gate", detail, min(1.0, samples / limit), False)
@@ -87,8 +89,11 @@ def render_line(progress: PolicyProgress, name_width: int, phase_width: int, *, 
     return f"{head}  {gauge}{progress.detail}".rstrip()
 
 
-def progress_of(objects: Sequence[Mapping[str, Any]], now: datetime) -> list[PolicyProgress]:
-    return [policy_progress(KVPolicy.model_validate(obj), now) for obj in objects]
+def progress_of(
+    objects: Sequence[Mapping[str, Any]], now: datetime, gate_prompts: Mapping[str, int] | None = None
+) -> list[PolicyProgress]:
+    prompts = gate_prompts or {}
+    return [policy_progress(KVPolicy.model_validate(obj), now, prompts.get(obj["metadata"]["name"])) for obj in objects]
 
 
 class ProgressDisplay:

@@ -21,12 +21,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+import aiohttp
+
 from kvpolicy.api.crd import crd_object
 from kvpolicy.api.v1alpha1 import API_VERSION, KIND
 from kvpolicy.demo import scenarios as world
 from kvpolicy.demo.figures import DATA_FILE
+from kvpolicy.demo.gate_progress import SCRAPE_TIMEOUT_SECONDS, canary_requests
 from kvpolicy.demo.processes import ChildProcess
-from kvpolicy.demo.progress import ProgressDisplay, progress_of
+from kvpolicy.demo.progress import ACCURACY_PHASE, ProgressDisplay, progress_of
 from kvpolicy.demo.prometheus import LocalPrometheus, find_prometheus
 from kvpolicy.demo.report import RunFacts, policy_events, write_report
 from kvpolicy.demo.table import decision_rows, render_text
@@ -112,7 +115,7 @@ def operator_argv() -> list[str]:
 
 def operator_environment(cluster: DevCluster) -> dict[str, str]:
     """The kubeconfig of the dev cluster, and polling short enough for gates measured in seconds."""
-    return {**cluster.environ(), "KVPOLICY_POLL_SECONDS": str(POLL_SECONDS), "KVPOLICY_IDLE_SECONDS": "2"}
+    return {**cluster.environ(), "KVPOLICY_POLL_SECONDS": "1", "KVPOLICY_IDLE_SECONDS": "2"}
 
 
 def machine_description() -> str:
@@ -168,6 +171,32 @@ async def _background(stack: contextlib.AsyncExitStack, work: Awaitable[None]) -
 
     stack.push_async_callback(stop)
     return task
+
+
+async def follow(
+    policies: Callable[[], list[dict[str, Any]]],
+    pods: Callable[[], list[dict[str, Any]]],
+    operator: ChildProcess,
+    display: ProgressDisplay,
+    deadline_seconds: float,
+) -> bool:
+    """Show progress until every policy is decided (True) or the deadline passes (False); fail if the operator dies."""
+    deadline = time.monotonic() + deadline_seconds
+    timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        while True:
+            operator.check_running()
+            objects = policies()
+            gating = [
+                obj["metadata"]["name"] for obj in objects if (obj.get("status") or {}).get("phase") == ACCURACY_PHASE
+            ]
+            prompts = await canary_requests(http, pods(), gating) if gating else {}
+            display.update(progress_of(objects, datetime.now(UTC), prompts))
+            if all_decided(objects):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(POLL_SECONDS)
 
 
 def _figures(report_dir: Path, child: ChildProcess) -> dict[str, Any] | None:
@@ -226,8 +255,18 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool) -> DemoResu
             cluster.apply(world.deployment(scenario))
             cluster.apply(world.service(scenario))
         say(f"{len(world.SCENARIOS)} vLLM Deployments applied (BF16); waiting for their simulators")
+        # The operator starts while the simulators do: both take seconds to import and connect.
+        operator = await stack.enter_async_context(
+            ChildProcess(
+                "operator", operator_argv(), logs / "operator.log", {**os.environ, **operator_environment(cluster)}
+            )
+        )
+        say(f"operator started (pid {operator.pid}, log {operator.log})")
         await _wait_until(
-            lambda: _serving_ready(cluster), SERVING_READY_TIMEOUT_SECONDS, "every Deployment becoming ready"
+            lambda: _serving_ready(cluster),
+            SERVING_READY_TIMEOUT_SECONDS,
+            "every Deployment becoming ready",
+            operator.check_running,
         )
         say("all Deployments serving; users start sending requests")
         traffic = TrafficGenerator(
@@ -238,12 +277,6 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool) -> DemoResu
         )
         await _background(stack, traffic.run())
 
-        operator = await stack.enter_async_context(
-            ChildProcess(
-                "operator", operator_argv(), logs / "operator.log", {**os.environ, **operator_environment(cluster)}
-            )
-        )
-        say(f"operator started (pid {operator.pid}, log {operator.log})")
         for scenario in world.SCENARIOS:
             cluster.apply(world.kvpolicy(scenario, options.timing, prometheus_url))
         say(f"{len(world.SCENARIOS)} KVPolicies applied")
@@ -251,17 +284,10 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool) -> DemoResu
         def policies() -> list[dict[str, Any]]:
             return in_scenario_order(cluster.list(API_VERSION, KIND, world.NAMESPACE))
 
-        def show() -> None:
-            operator.check_running()
-            display.update(progress_of(policies(), datetime.now(UTC)))
-
-        decided = True
-        try:
-            await _wait_until(lambda: all_decided(policies()), options.deadline_seconds, "every decision", show)
-        except DemoError as error:
-            decided = False
-            say(f"{error}: the table shows where each policy stands")
-        show()
+        decided = await follow(policies, lambda: cluster.list("v1", "Pod", world.NAMESPACE), operator, display,
+                               options.deadline_seconds)  # fmt: skip
+        if not decided:
+            say(f"not every policy was decided within {options.deadline_seconds:.0f} s; the table shows where each is")
         objects = policies()
         say("decisions:")
         display.note("\n" + render_text(decision_rows(objects)) + "\n")

@@ -19,6 +19,8 @@ import aiohttp
 from kvpolicy.devcluster.selectors import match_labels
 
 REQUEST_TIMEOUT_SECONDS = 30.0
+# How often the generator re-reads the pods (a kube-proxy also lags the endpoints a little).
+POD_REFRESH_SECONDS = 0.5
 # One vocabulary word: a prompt of N copies is exactly N tokens for the simulator's tokenizer.
 _PROMPT_WORD = " the"
 
@@ -88,12 +90,19 @@ class TrafficGenerator:
         self._max_tokens = max_tokens
         self._slots = asyncio.Semaphore(max_in_flight)
         self.counters = {route.service: RouteCounters() for route in self._routes}
+        self._pods: list[dict[str, Any]] = []
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
         async with aiohttp.ClientSession(timeout=timeout) as session, asyncio.TaskGroup() as group:
+            group.create_task(self._refresh_pods())
             for route in self._routes:
                 group.create_task(self._drive(session, route))
+
+    async def _refresh_pods(self) -> None:
+        while True:
+            self._pods = self._list_pods()
+            await asyncio.sleep(POD_REFRESH_SECONDS)
 
     async def _drive(self, session: aiohttp.ClientSession, route: Route) -> None:
         counters = self.counters[route.service]
@@ -102,7 +111,7 @@ class TrafficGenerator:
         in_flight: set[asyncio.Task[None]] = set()
         try:
             while True:
-                urls = endpoints(route, self._list_pods())
+                urls = endpoints(route, self._pods)
                 if urls and not self._slots.locked():
                     url = urls[next(turn) % len(urls)]
                     task = asyncio.create_task(self._send(session, url, body, counters))
