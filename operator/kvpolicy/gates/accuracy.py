@@ -109,48 +109,47 @@ async def _check_endpoints(canary: VllmClient, baseline: VllmClient, length: int
 
 async def _evaluate(options: AccuracyOptions, canary: VllmClient, baseline: VllmClient) -> dict[str, Any]:
     await _check_endpoints(canary, baseline, options.length)
+
+    async def prepare(index: int) -> tuple[niah.NiahSample, str]:
+        sample = niah.draw_sample(options.seed, index, options.needles, options.asked)
+        return sample, await sized_prompt(baseline, sample, options.length)
+
     counts = PairedCounts()
     interval = recovery_interval(counts, options.confidence)
-    for index in range(options.max_samples):
-        sample = niah.draw_sample(options.seed, index, options.needles, options.asked)
-        prompt = await sized_prompt(baseline, sample, options.length)
-        if index == 0 and len(await canary.tokenize(prompt)) != options.length:
-            raise GateError("TokenizerMismatch", "canary and baseline tokenize the same prompt to different lengths")
-        canary_text, baseline_text = await asyncio.gather(
-            canary.complete(prompt, ANSWER_TOKENS), baseline.complete(prompt, ANSWER_TOKENS)
-        )
-        for canary_right, baseline_right in zip(
-            niah.matches_per_needle(canary_text, sample.expected),
-            niah.matches_per_needle(baseline_text, sample.expected),
-            strict=True,
-        ):
-            counts = counts.add(canary_right, baseline_right)
-        interval = recovery_interval(counts, options.confidence)
-        samples = index + 1
-        if samples < options.min_samples:
-            continue
-        point = "n/a" if interval.point is None else f"{interval.point:.3f}"
-        summary = f"recovery {point} (interval {interval.low:.3f}-{interval.high:.3f}) after {samples} prompts"
-        if interval.low > options.min_recovery:
-            return _result(
-                options,
-                "Pass",
-                "RecoveryAboveThreshold",
-                f"{summary} lies above {options.min_recovery}",
-                samples,
-                counts,
-                interval,
+    # The next prompt is sized while both servers answer the current one.
+    upcoming = asyncio.create_task(prepare(0))
+    try:
+        for index in range(options.max_samples):
+            sample, prompt = await upcoming
+            if index + 1 < options.max_samples:
+                upcoming = asyncio.create_task(prepare(index + 1))
+            if index == 0 and len(await canary.tokenize(prompt)) != options.length:
+                raise GateError(
+                    "TokenizerMismatch", "canary and baseline tokenize the same prompt to different lengths"
+                )
+            canary_text, baseline_text = await asyncio.gather(
+                canary.complete(prompt, ANSWER_TOKENS), baseline.complete(prompt, ANSWER_TOKENS)
             )
-        if interval.high < options.min_recovery:
-            return _result(
-                options,
-                "Fail",
-                "RecoveryBelowThreshold",
-                f"{summary} lies below {options.min_recovery}",
-                samples,
-                counts,
-                interval,
-            )
+            for canary_right, baseline_right in zip(
+                niah.matches_per_needle(canary_text, sample.expected),
+                niah.matches_per_needle(baseline_text, sample.expected),
+                strict=True,
+            ):
+                counts = counts.add(canary_right, baseline_right)
+            interval = recovery_interval(counts, options.confidence)
+            samples = index + 1
+            if samples < options.min_samples:
+                continue
+            point = "n/a" if interval.point is None else f"{interval.point:.3f}"
+            summary = f"recovery {point} (interval {interval.low:.3f}-{interval.high:.3f}) after {samples} prompts"
+            if interval.low > options.min_recovery:
+                message = f"{summary} lies above {options.min_recovery}"
+                return _result(options, "Pass", "RecoveryAboveThreshold", message, samples, counts, interval)
+            if interval.high < options.min_recovery:
+                message = f"{summary} lies below {options.min_recovery}"
+                return _result(options, "Fail", "RecoveryBelowThreshold", message, samples, counts, interval)
+    finally:
+        upcoming.cancel()
     message = (
         f"after {options.max_samples} prompts the recovery interval {interval.low:.3f}-{interval.high:.3f} "
         f"still contains {options.min_recovery}"

@@ -12,6 +12,9 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+import numpy.typing as npt
+
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 HEADER = (
     "Some special magic numbers are hidden within the following text. Make sure to memorize it. "
@@ -82,17 +85,30 @@ def _haystack(filler_pieces: int) -> list[str]:
     return list(unit * repeats + unit[:rest])
 
 
+def _sentence_ends(filler_pieces: int) -> npt.NDArray[np.int64]:
+    """Piece offsets just after each full stop in the first `filler_pieces` pieces of haystack."""
+    unit = _filler_pieces()
+    in_unit = np.array([i + 1 for i, piece in enumerate(unit) if piece == "."])
+    repeats = filler_pieces // len(unit) + 1
+    ends = (np.arange(repeats)[:, None] * len(unit) + in_unit).ravel()
+    return ends[ends <= filler_pieces]
+
+
 def render(sample: NiahSample, filler_pieces: int) -> str:
     """The prompt text with `filler_pieces` pieces of haystack and the needles inserted at their depths.
 
-    Needles go in at sentence ends, so the filler stays grammatical around them.
+    Needles go in at the sentence end nearest their depth, so the filler stays grammatical around them.
     """
     haystack = _haystack(filler_pieces)
-    sentence_ends = [i + 1 for i, piece in enumerate(haystack) if piece == "."] or [len(haystack)]
+    ends = _sentence_ends(filler_pieces)
+    if not len(ends):
+        ends = np.array([filler_pieces])
     inserts: dict[int, list[str]] = {}
     for needle, depth in zip(sample.needles, sample.depths, strict=True):
-        target = depth * len(haystack)
-        position = min(sentence_ends, key=lambda end: abs(end - target)) if haystack else 0
+        target = depth * filler_pieces
+        right = min(int(np.searchsorted(ends, target)), len(ends) - 1)
+        left = max(right - 1, 0)
+        position = int(ends[left] if abs(ends[left] - target) <= abs(ends[right] - target) else ends[right])
         inserts.setdefault(position, []).append(" " + NEEDLE.format(key=needle.key, value=needle.value))
     parts: list[str] = [HEADER]
     previous = 0

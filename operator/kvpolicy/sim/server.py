@@ -450,7 +450,8 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
 @contextlib.asynccontextmanager
 async def serve(config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
     """Run a simulator in this event loop; yields its base URL once it accepts connections (port 0: a free one)."""
-    runner = web.AppRunner(Simulator(config).app(), access_log=None)
+    # Stop promptly: in-flight streams are cut, as when a real server is killed.
+    runner = web.AppRunner(Simulator(config).app(), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

@@ -1,0 +1,89 @@
+"""Misbehaving vLLM-like servers for the gates' failure paths, and an in-process simulator."""
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+from kvpolicy.gates import niah
+from kvpolicy.sim import serve, tokenizer
+from kvpolicy.sim.config import SimConfig
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+# Room for a 131072-token prompt plus the gate's answer tokens.
+MAX_MODEL_LEN = 135168
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def correct_answer(prompt: str) -> str:
+    needles, asked = niah.parse_prompt(prompt)
+    return " " + ", ".join(needles[key] for key in asked) + "."
+
+
+async def answer_correctly(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    return web.json_response({"choices": [{"index": 0, "text": correct_answer(body["prompt"])}]})
+
+
+@contextlib.asynccontextmanager
+async def fake_vllm(completions: Handler, max_model_len: int = MAX_MODEL_LEN) -> AsyncIterator[str]:
+    """A server with vLLM's /v1/models and /tokenize whose /v1/completions misbehaves as told."""
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": MODEL, "max_model_len": max_model_len}]})
+
+    async def tokenize(request: web.Request) -> web.Response:
+        return web.json_response({"tokens": tokenizer.encode((await request.json())["prompt"])})
+
+    app = web.Application(client_max_size=2**26)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def hang(_: web.Request) -> web.StreamResponse:
+    await asyncio.sleep(3600)
+    raise AssertionError("unreachable")
+
+
+async def garbage(_: web.Request) -> web.StreamResponse:
+    return web.Response(text="<html>oops</html>", content_type="application/json")
+
+
+async def truncated(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "1000"})
+    await response.prepare(request)
+    await response.write(b'{"choices": [{"te')
+    assert request.transport is not None
+    request.transport.close()
+    return response
+
+
+def flaky(failures: int) -> Handler:
+    """Answer 503 `failures` times, then correctly."""
+    remaining = [failures]
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if remaining[0] > 0:
+            remaining[0] -= 1
+            return web.json_response({"error": {"message": "engine restarting"}}, status=503)
+        return await answer_correctly(request)
+
+    return handler
+
+
+@contextlib.asynccontextmanager
+async def in_process_simulator(**overrides: object) -> AsyncIterator[str]:
+    config = SimConfig(**{"served_model_name": MODEL, "time_scale": 0.0, "max_model_len": MAX_MODEL_LEN, **overrides})  # type: ignore[arg-type]
+    async with serve(config) as url:
+        yield url

@@ -1,0 +1,154 @@
+"""The accuracy gate against simulators and misbehaving servers over loopback HTTP."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from gate_fakes import MODEL, answer_correctly, fake_vllm, flaky, garbage, hang, in_process_simulator, truncated
+from kvpolicy.gates import niah
+from kvpolicy.gates.accuracy import AccuracyOptions, run_accuracy_gate, sized_prompt
+from kvpolicy.gates.client import VllmClient
+from kvpolicy.sim import free_port
+
+RESULT_KEYS = {
+    "gate", "verdict", "reason", "message", "lengthTokens", "samples", "canaryScore", "baselineScore", "recovery",
+    "recoveryLow", "recoveryHigh", "minRecovery", "confidence",
+}  # fmt: skip
+
+
+def gate_cli(canary: str, baseline: str, length: int, tmp_path: Path, *extra: str) -> tuple[int, dict]:
+    log = tmp_path / "termination-log"
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-m", "kvpolicy", "gate", "accuracy", "--canary", canary, "--baseline", baseline),
+            *("--length", str(length), "--model", MODEL, *extra),
+        ],
+        capture_output=True,
+        text=True,
+        env={"KVPOLICY_TERMINATION_LOG": str(log), "PATH": ""},
+        timeout=300,
+    )
+    result = json.loads(completed.stdout)
+    assert set(result) == RESULT_KEYS
+    assert json.loads(log.read_text()) == result
+    assert len(log.read_bytes()) <= 4096
+    return completed.returncode, result
+
+
+def options(canary: str, baseline: str, length: int, **overrides: object) -> AccuracyOptions:
+    return AccuracyOptions(
+        **{
+            "canary": canary,
+            "baseline": baseline,
+            "length": length,
+            "model": MODEL,
+            "retry_delays_s": (0.01, 0.01),
+            **overrides,
+        }  # type: ignore[arg-type]
+    )
+
+
+def test_unfixed_fp8_on_h100_fails_at_128k(simulators: dict[str, str], tmp_path: Path) -> None:
+    code, result = gate_cli(simulators["unfixed"], simulators["bf16"], 131072, tmp_path)
+    assert (code, result["verdict"], result["reason"]) == (1, "Fail", "RecoveryBelowThreshold")
+    assert result["recoveryHigh"] < 0.95 and result["lengthTokens"] == 131072
+    assert result["canaryScore"] < result["baselineScore"]
+
+
+def test_unfixed_fp8_on_h100_passes_at_16k(simulators: dict[str, str], tmp_path: Path) -> None:
+    code, result = gate_cli(simulators["unfixed"], simulators["bf16"], 16384, tmp_path)
+    assert (code, result["verdict"]) == (0, "Pass")
+    assert result["recoveryLow"] > 0.95
+
+
+@pytest.mark.parametrize(("canary", "length"), [("fixed", 131072), ("b200", 131072), ("bf16", 131072)])
+def test_fp8_without_the_hopper_shrink_passes_at_long_context(
+    canary: str, length: int, simulators: dict[str, str], tmp_path: Path
+) -> None:
+    code, result = gate_cli(simulators[canary], simulators["bf16"], length, tmp_path)
+    assert (code, result["verdict"]) == (0, "Pass")
+    # Sequential stopping: well under the 100-prompt cap.
+    assert result["samples"] < 40
+
+
+def test_a_gate_that_cannot_decide_within_the_cap_is_inconclusive(simulators: dict[str, str], tmp_path: Path) -> None:
+    code, result = gate_cli(simulators["fixed"], simulators["bf16"], 4096, tmp_path, "--max-samples", "4")
+    assert (code, result["verdict"], result["reason"], result["samples"]) == (2, "Inconclusive", "SampleCapReached", 4)
+
+
+def test_length_above_max_model_len_is_inconclusive(simulators: dict[str, str], tmp_path: Path) -> None:
+    code, result = gate_cli(simulators["fixed"], simulators["bf16"], 200000, tmp_path)
+    assert (code, result["verdict"], result["reason"]) == (2, "Inconclusive", "LengthExceedsMaxModelLen")
+    assert "--max-model-len" in result["message"]
+
+
+def test_unreachable_endpoint_is_inconclusive_never_a_pass(simulators: dict[str, str], tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    code, result = gate_cli(dead, simulators["bf16"], 4096, tmp_path)
+    assert (code, result["verdict"], result["reason"]) == (2, "Inconclusive", "EndpointUnavailable")
+    assert dead in result["message"]
+
+
+@pytest.mark.parametrize("argv", [["--length", "0"], ["--length", "4096", "--confidence", "1.5"]])
+def test_bad_arguments_exit_2_with_a_message(argv: list[str]) -> None:
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-m", "kvpolicy", "gate", "accuracy", "--canary", "http://x", "--baseline", "http://y"),
+            *("--model", MODEL, *argv),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert completed.returncode == 2
+    assert "--length must be positive" in completed.stderr or "--confidence must be between" in completed.stderr
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "reason"), [(garbage, "EndpointUnavailable"), (truncated, "EndpointUnavailable")]
+)
+async def test_malformed_or_truncated_answers_are_inconclusive(behaviour: object, reason: str) -> None:
+    async with fake_vllm(behaviour) as bad, fake_vllm(answer_correctly) as good:  # type: ignore[arg-type]
+        result = await run_accuracy_gate(options(bad, good, 2048))
+    assert (result["verdict"], result["reason"]) == ("Inconclusive", reason)
+    assert bad in result["message"] and "failed 3 times" in result["message"]
+
+
+async def test_a_hanging_server_times_out_and_is_inconclusive() -> None:
+    async with fake_vllm(hang) as stuck, fake_vllm(answer_correctly) as good:
+        result = await run_accuracy_gate(options(stuck, good, 2048, timeout_s=0.3))
+    assert (result["verdict"], result["reason"]) == ("Inconclusive", "EndpointUnavailable")
+    assert "TimeoutError" in result["message"]
+
+
+async def test_transient_5xx_is_retried_and_the_gate_still_decides() -> None:
+    async with fake_vllm(flaky(failures=2)) as shaky, fake_vllm(answer_correctly) as good:
+        result = await run_accuracy_gate(options(shaky, good, 2048))
+    assert (result["verdict"], result["canaryScore"]) == ("Pass", 1.0)
+
+
+async def test_a_model_the_server_does_not_serve_is_reported() -> None:
+    async with fake_vllm(answer_correctly) as good:
+        result = await run_accuracy_gate(options(good, good, 2048, model="other/model"))
+    assert (result["verdict"], result["reason"]) == ("Inconclusive", "RequestRejected")
+    assert "does not serve model 'other/model'" in result["message"]
+
+
+@pytest.mark.parametrize("length", [700, 5000, 65536])
+async def test_prompts_are_sized_to_exactly_the_requested_tokens(length: int) -> None:
+    sample = niah.draw_sample(seed=2, index=1)
+    async with in_process_simulator() as url, aiohttp.ClientSession() as session:
+        client = VllmClient(session, url, MODEL, timeout_s=30)
+        prompt = await sized_prompt(client, sample, length)
+        assert len(await client.tokenize(prompt)) == length
+    needles, asked = niah.parse_prompt(prompt)
+    assert needles == {needle.key: needle.value for needle in sample.needles}
+    assert asked == tuple(needle.key for needle in sample.asked)
+
+
+async def test_a_length_too_short_for_the_needles_is_inconclusive() -> None:
+    async with in_process_simulator() as url:
+        result = await run_accuracy_gate(options(url, url, 100))
+    assert (result["verdict"], result["reason"]) == ("Inconclusive", "LengthTooShort")
