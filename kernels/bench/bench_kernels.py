@@ -9,6 +9,7 @@ triton.testing.do_bench (median of the repeats, after warm-up).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -17,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,9 @@ def precompile(workers: int) -> dict[str, str]:
         for cfg in cfgs
     ]
     decode_tasks = [(name, cfg) for name in ("triton-bf16", "single-level", "two-level") for cfg in DECODE_CONFIGS]
+    decode_tasks += [
+        (name, replace(cfg, upcast_values=True)) for name in ("single-level", "two-level") for cfg in DECODE_CONFIGS
+    ]
     failures = {}
     ctx = __import__("multiprocessing").get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
@@ -236,10 +240,12 @@ def bench_decode(results: Results, failures: dict[str, str], copy_gbs: float) ->
         mode = AccumulationMode.TWO_LEVEL
         best: tuple[float, DecodeConfig] | None = None
         for cfg in DECODE_CONFIGS:
-            if repr((name, cfg)) in failures:
+            if repr((name, cfg)) in failures or repr((name, replace(cfg, upcast_values=True))) in failures:
                 continue
-            for per_sm in DECODE_SPLIT_TARGETS:
-                c = DecodeConfig(cfg.block_n, cfg.num_warps, cfg.num_stages, per_sm * sms)
+            for per_sm, upcast in itertools.product(
+                DECODE_SPLIT_TARGETS, (False, True) if name != "triton-bf16" else (False,)
+            ):
+                c = DecodeConfig(cfg.block_n, cfg.num_warps, cfg.num_stages, per_sm * sms, upcast)
                 ms = bench_ms(partial(paged_decode, q, cache, max_seq_len=131072, mode=mode, config=c), rep=100)
                 if best is None or ms < best[0]:
                     best = (ms, c)

@@ -86,7 +86,7 @@ def prefill_variants(target: GPUTarget) -> None:
                     ones = {"s_vn"} if dtype == "fp8" else {"s_vd"}
                     constants = {
                         "BLOCK_M": bm, "BLOCK_N": bn, "HEAD_DIM": head_dim, "CAUSAL": causal,
-                        "TWO_LEVEL": mode != "single", "SPLIT_D": mode == "split",
+                        "TWO_LEVEL": mode != "single", "SPLIT_D": mode == "split", "MASK_TAIL": causal,
                         "P_LOG2_SCALE": math.log2(448.0) if dtype == "fp8" else 0.0,
                     }  # fmt: skip
                     pointers = {"Q": f"*{element}", "K": f"*{element}", "V": f"*{element}", "Out": "*bf16"}
@@ -99,18 +99,20 @@ def decode_variants(target: GPUTarget) -> None:
     for dtype in ("fp8", "bf16"):
         element = ELEMENT[dtype]
         for head_dim in (64, 128, 256):
-            for two_level in (False, True):
-                for block_n, warps, stages in ((64, 4, 3), (128, 4, 3), (128, 8, 3)):
+            for two_level, upcast in ((False, False), (True, False), (True, True)):
+                for block_n, warps, stages in ((64, 4, 3), (128, 4, 3), (256, 4, 2)):
                     constants = {
                         "GROUP_PAD": 16, "HEAD_DIM": head_dim, "PAGE_SIZE": 16, "BLOCK_N": block_n,
-                        "TWO_LEVEL": two_level, "P_LOG2_SCALE": math.log2(448.0) if dtype == "fp8" else 0.0,
+                        "TWO_LEVEL": two_level, "UPCAST_V": upcast and dtype == "fp8",
+                        "P_LOG2_SCALE": math.log2(448.0) if dtype == "fp8" else 0.0,
                     }  # fmt: skip
                     pointers = {
                         "Q": f"*{element}", "KCache": f"*{element}", "VCache": f"*{element}", "BlockTable": "*i32",
                         "SeqLens": "*i32", "PartAcc": "*fp32", "PartMax": "*fp32", "PartSum": "*fp32",
                     }  # fmt: skip
                     src = _signature(paged_decode_partial_kernel, pointers, set(), constants)
-                    label = f"decode {dtype} D={head_dim} two_level={two_level} cfg={block_n},{warps},{stages}"
+                    label = f"decode {dtype} D={head_dim} two_level={two_level} upcast_v={upcast}"
+                    label += f" cfg={block_n},{warps},{stages}"
                     _compile(label, src, warps, stages, target)
 
 

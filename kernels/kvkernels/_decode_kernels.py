@@ -36,6 +36,7 @@ def paged_decode_partial_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
+    UPCAST_V: tl.constexpr,
     P_LOG2_SCALE: tl.constexpr,
 ):
     """Partial attention of one sequence's query heads that share one KV head, over one slice of its tokens.
@@ -76,6 +77,9 @@ def paged_decode_partial_kernel(
         m_i = m_new
         v_ptrs = v_head + page[:, None] * s_vb + slot[:, None] * s_vt + offs_d[None, :]
         v = tl.load(v_ptrs, mask=tok_ok[:, None], other=0.0)
+        if UPCAST_V:
+            # bf16 P·V: the group's few rows make this cheap, and V needs no FP8 operand transpose.
+            v = v.to(tl.bfloat16)
         p = p.to(v.dtype)
         acc = acc * alpha[:, None] + tl.dot(p, v) if TWO_LEVEL else tl.dot(p, v, acc * alpha[:, None])
     part = seq.to(tl.int64) * s_as + heads[:, None] * s_ah + split * s_ap + offs_d[None, :]

@@ -6,7 +6,11 @@ import triton.language as tl
 
 @triton.jit
 def _kv_range(tile_m, seq_k, causal_shift, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """Keys [0, full_end) need no mask for any row of the tile; keys [full_end, end) are masked."""
+    """Keys [0, full_end) need no mask for any row of the tile; keys [full_end, end) are masked.
+
+    A second, masked loop costs registers even when it runs no tile, so the caller compiles it in only when needed
+    (MASK_TAIL: causal, or a key length that is not a multiple of BLOCK_N).
+    """
     if CAUSAL:
         # The first row of the tile sees keys up to tile_m * BLOCK_M + causal_shift; the last row a tile further.
         seen_by_all = tl.minimum(tile_m * BLOCK_M + causal_shift + 1, seq_k)
@@ -167,19 +171,21 @@ def prefill_kernel(
     CAUSAL: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
     SPLIT_D: tl.constexpr,
+    MASK_TAIL: tl.constexpr,
     P_LOG2_SCALE: tl.constexpr,
 ):
     """One tile of BLOCK_M queries of one head against all the keys it may see. Grid: (query tiles, batch × heads)."""
     # Causal tiles near the end of the sequence do the most work: start them first.
-    tile_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    tile_m = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
     batch_head = tl.program_id(1)
     batch = (batch_head // num_heads).to(tl.int64)
     head = batch_head % num_heads
     kv_head = (head // group).to(tl.int64)
     offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = Q + batch * s_qb + head.to(tl.int64) * s_qh + offs_m[:, None] * s_qm + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=offs_m[:, None] < seq_q, other=0.0)
+    # Rows past the end re-read the last query instead of a masked load (which costs registers); never stored.
+    q_rows = tl.minimum(offs_m, seq_q - 1)
+    q = tl.load(Q + batch * s_qb + head.to(tl.int64) * s_qh + q_rows[:, None] * s_qm + offs_d[None, :])
     k_base = K + batch * s_kb + kv_head * s_kh
     v_base = V + batch * s_vb + kv_head * s_vh
     full_end, end = _kv_range(tile_m, seq_k, causal_shift, BLOCK_M, BLOCK_N, CAUSAL)
@@ -193,10 +199,11 @@ def prefill_kernel(
             acc_lo, acc_hi, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
             0, full_end, seq_k, causal_shift, BLOCK_N, HEAD_DIM, False, CAUSAL, P_LOG2_SCALE,
         )  # fmt: skip
-        acc_lo, acc_hi, m_i, l_i = _prefill_tiles_split(
-            acc_lo, acc_hi, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
-            full_end, end, seq_k, causal_shift, BLOCK_N, HEAD_DIM, True, CAUSAL, P_LOG2_SCALE,
-        )  # fmt: skip
+        if MASK_TAIL:
+            acc_lo, acc_hi, m_i, l_i = _prefill_tiles_split(
+                acc_lo, acc_hi, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
+                full_end, end, seq_k, causal_shift, BLOCK_N, HEAD_DIM, True, CAUSAL, P_LOG2_SCALE,
+            )  # fmt: skip
         out_base = Out + batch * s_ob + head.to(tl.int64) * s_oh + offs_m[:, None] * s_om
         row_ok = offs_m[:, None] < seq_q
         norm = (out_scale / l_i)[:, None]
@@ -209,10 +216,11 @@ def prefill_kernel(
             acc, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
             0, full_end, seq_k, causal_shift, BLOCK_N, False, CAUSAL, TWO_LEVEL, P_LOG2_SCALE,
         )  # fmt: skip
-        acc, m_i, l_i = _prefill_tiles(
-            acc, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
-            full_end, end, seq_k, causal_shift, BLOCK_N, True, CAUSAL, TWO_LEVEL, P_LOG2_SCALE,
-        )  # fmt: skip
+        if MASK_TAIL:
+            acc, m_i, l_i = _prefill_tiles(
+                acc, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
+                full_end, end, seq_k, causal_shift, BLOCK_N, True, CAUSAL, TWO_LEVEL, P_LOG2_SCALE,
+            )  # fmt: skip
         acc = acc * (out_scale / l_i)[:, None]
         out_base = Out + batch * s_ob + head.to(tl.int64) * s_oh + offs_m[:, None] * s_om
         row_ok = offs_m[:, None] < seq_q

@@ -19,12 +19,14 @@ MIN_GROUP_ROWS = 16
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Tokens per tile, launch parameters, and how many programs to aim for (None: 4 per multiprocessor)."""
+    """Tokens per tile, launch parameters, programs to aim for (None: 4 per multiprocessor), and whether FP8 V is
+    converted to bf16 for the P·V product (the cache stays FP8; only the arithmetic changes)."""
 
     block_n: int = 128
     num_warps: int = 4
     num_stages: int = 3
     target_programs: int | None = None
+    upcast_values: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ def paged_decode(
         part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
         part_max.stride(0), part_max.stride(1),
         GROUP_PAD=max(MIN_GROUP_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim, PAGE_SIZE=page_size,
-        BLOCK_N=cfg.block_n, TWO_LEVEL=mode.two_level,
+        BLOCK_N=cfg.block_n, TWO_LEVEL=mode.two_level, UPCAST_V=cfg.upcast_values and q.dtype == FP8_DTYPE,
         P_LOG2_SCALE=math.log2(FP8_MAX) if q.dtype == FP8_DTYPE else 0.0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip

@@ -27,14 +27,14 @@ class TileConfig:
     num_stages: int
 
 
-# Best measured on an H200 (kernels/BENCHMARKS.md); keyed by (head_dim, fp8, mode is plain two-level).
+# Best measured for two-level on an H200 (kernels/BENCHMARKS.md), by head_dim.
 _FP8_CONFIGS = {
     64: TileConfig(64, 128, 4, 3),
-    128: TileConfig(128, 64, 4, 3),
+    128: TileConfig(64, 128, 4, 3),
     256: TileConfig(128, 128, 8, 3),
 }
 _BF16_CONFIGS = {
-    64: TileConfig(128, 64, 4, 3),
+    64: TileConfig(64, 128, 4, 3),
     128: TileConfig(128, 128, 8, 3),
     256: TileConfig(128, 64, 8, 2),
 }
@@ -101,6 +101,7 @@ def attention_prefill(
         out.stride(0), out.stride(1), out.stride(2),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim, CAUSAL=causal,
         TWO_LEVEL=mode.two_level, SPLIT_D=mode is AccumulationMode.TWO_LEVEL_SPLIT,
+        MASK_TAIL=causal or seq_k % cfg.block_n != 0,
         P_LOG2_SCALE=math.log2(FP8_MAX) if fp8 else 0.0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip

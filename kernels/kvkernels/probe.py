@@ -276,6 +276,8 @@ def run_probe(args: argparse.Namespace) -> ProbeReport:
     """Measures every length and judges; raises ProbeUnavailable when it cannot run here."""
     started = time.perf_counter()
     if args.device == "cpu":
+        if "kvkernels._prefill_kernels" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ProbeUnavailable("--device cpu needs a fresh process: the GPU kernels are already compiled here")
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined
     import torch
 

@@ -5,10 +5,11 @@ import os
 import pytest
 import torch
 from kvkernels import probe
+from kvkernels.decode import DecodeConfig, PagedKVCache, paged_decode
 from kvkernels.modes import AccumulationMode
 from kvkernels.prefill import attention_prefill
 from kvkernels.quant import quantize_fp8
-from kvkernels.reference import attention_reference, row_errors
+from kvkernels.reference import attention_reference, paged_decode_reference, row_errors
 
 # Compiled kernels only: under TRITON_INTERPRET=1 even a visible GPU would run the interpreter.
 HAS_CUDA = torch.cuda.is_available()
@@ -34,4 +35,24 @@ def test_two_level_prefill_is_accurate_at_4k(head_dim: int, causal: bool) -> Non
     mode = AccumulationMode.TWO_LEVEL_SPLIT if head_dim == 256 else AccumulationMode.TWO_LEVEL
     out = attention_prefill(q8, k8, v8, causal=causal, mode=mode, q_scale=qs, k_scale=ks, v_scale=vs)
     error, shrink = row_errors(out.float(), ref)
+    assert error < 1e-2 and abs(shrink) < 2e-3
+
+
+@pytest.mark.parametrize("upcast_values", [False, True])
+def test_fp8_paged_decode_is_accurate_at_32k(upcast_values: bool) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    seqs, length, page = 3, 32768, 16
+    k = torch.randn(seqs * length // page, page, 2, 128, device="cuda", generator=gen)
+    v = torch.randn(seqs * length // page, page, 2, 128, device="cuda", generator=gen) + 1.0
+    (k8, ks), (v8, vs) = quantize_fp8(k), quantize_fp8(v)
+    q8, qs = quantize_fp8(torch.randn(seqs, 8, 128, device="cuda", generator=gen))
+    table = torch.randperm(k.shape[0], device="cuda", generator=gen).to(torch.int32).view(seqs, -1)
+    lens = torch.tensor([length, 1000, 20001], dtype=torch.int32, device="cuda")
+    cache = PagedKVCache(k8, v8, table, lens)
+    out = paged_decode(
+        q8, cache, max_seq_len=length, q_scale=qs, k_scale=ks, v_scale=vs, out_dtype=torch.float32,
+        config=DecodeConfig(upcast_values=upcast_values),
+    )  # fmt: skip
+    ref = paged_decode_reference(q8, k8, v8, table, lens, q_scale=qs, k_scale=ks, v_scale=vs)
+    error, shrink = row_errors(out, ref)
     assert error < 1e-2 and abs(shrink) < 2e-3
