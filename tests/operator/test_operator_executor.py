@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from fake_kube import FakeKubeApi
+from kvpolicy import metrics
 from kvpolicy.controller import builders as b
 from kvpolicy.controller.executor import (
     StaleObservationError,
@@ -130,6 +131,11 @@ async def test_reconciler_takes_a_policy_from_planning_to_its_canary() -> None:
     assert stored["status"]["phase"] == "CanaryStarting"
     assert ("deployments", NAMESPACE, "llama-fp8-canary-g1") in api.objects
     assert "Planned" in [event["reason"] for event in api.events]
+    registry = metrics.OPERATOR_METRICS.registry
+    assert registry.get_sample_value("kvpolicy_policies", {"phase": "CanaryStarting"}) >= 1
+    labels = {"namespace": NAMESPACE, "policy": "llama-fp8", "phase": "CanaryStarting"}
+    deadline = NOW.timestamp() + 600  # the helper's progressDeadlineSeconds
+    assert registry.get_sample_value("kvpolicy_policy_phase_deadline_timestamp_seconds", labels) == deadline
     api.put(PODS, NAMESPACE, {"metadata": {"name": "c", "labels": {b.POLICY_LABEL: "llama-fp8"}}})
     assert await reconciler.reconcile_once(NAMESPACE, "llama-fp8") == CONFIG.poll_seconds
     assert ("jobs", NAMESPACE, "llama-fp8-accuracy-g1") not in api.objects, "no ready canary pod yet"

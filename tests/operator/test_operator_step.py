@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kvpolicy.analysis import SideMetrics, Verdict, VerdictKind
 from kvpolicy.controller.state import Create, Delete, Kind, Patch, PodView
-from kvpolicy.controller.step import latency_check_due, parse_gate_output, rollout_hash, step
+from kvpolicy.controller.step import latency_check_due, parse_gate_output, phase_deadline, rollout_hash, step
 from operator_helpers import (
     CONFIG,
     PATCHED_IMAGE,
@@ -495,3 +495,18 @@ def test_canary_pods_count_only_when_ready() -> None:
     assert driver.now > T0
     rolled = [a for a in driver.results[-1].actions if isinstance(a, Delete)]
     assert not rolled
+
+
+def test_phase_deadlines_for_the_stuck_rollout_alert() -> None:
+    driver = Driver(make_policy(**{"rollout.progressDeadlineSeconds": 120, "gates.accuracy.timeoutSeconds": 900}))
+    driver.tick()
+    assert phase_deadline(driver.policy) == driver.now + timedelta(seconds=120)
+    driver.world.canary_up()
+    driver.tick()
+    assert phase_deadline(driver.policy) == driver.now + timedelta(seconds=900)
+    driver.edit({"rollout.paused": True})
+    driver.tick()
+    assert phase_deadline(driver.policy) is None, "a paused rollout is not stuck"
+    held = Driver(make_policy(**{"workload.typicalContextTokens": 2048}))
+    held.tick()
+    assert phase_deadline(held.policy) is None

@@ -25,7 +25,7 @@ from kvpolicy.controller.executor import apply_actions, post_events, write_statu
 from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, label_selector
 from kvpolicy.controller.observe import LatencyAnalyser, Observer
 from kvpolicy.controller.state import Event, Observations, Phase, StepConfig, StepResult
-from kvpolicy.controller.step import step
+from kvpolicy.controller.step import phase_deadline, step
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -142,6 +142,9 @@ class Reconciler:
             metrics.record_gate_result(
                 name, namespace, metrics.GATE_ACCURACY, new.verdict, new.recovery, new.canary_score, new.baseline_score
             )
+        updated = policy.model_copy(update={"status": after})
+        deadline = phase_deadline(updated)
+        metrics.set_phase_deadline(namespace, name, after.phase or "", deadline.timestamp() if deadline else None)
         if observations.latency_verdict is not None:
             metrics.record_analysis(namespace, name, observations.latency_verdict)
         elif after.phase != Phase.LATENCY_ANALYSIS.value and before.phase == Phase.LATENCY_ANALYSIS.value:

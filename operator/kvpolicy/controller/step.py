@@ -137,6 +137,27 @@ def latency_check_due(policy: KVPolicy, now: datetime) -> bool:
     return last is None or now >= last + timedelta(seconds=policy.spec.gates.latency.interval_seconds)
 
 
+def phase_deadline(policy: KVPolicy) -> datetime | None:
+    """When the current phase must be over (the RolloutStuck alert fires past it); None for phases that may hold."""
+    status, spec = policy.status, policy.spec
+    entered = parse_timestamp(status.phase_entered_at)
+    if entered is None or not status.phase or any(c.type == PAUSED and c.status == "True" for c in status.conditions):
+        return None
+    phase = Phase(status.phase)
+    seconds: float
+    if phase == Phase.ACCURACY_GATE:
+        seconds = spec.gates.accuracy.timeout_seconds
+    elif phase == Phase.LATENCY_ANALYSIS:
+        latency = spec.gates.latency
+        seconds = spec.rollout.progress_deadline_seconds + spec.rollout.bake_seconds
+        seconds += latency.inconclusive_deadline_seconds if latency.enabled else 0
+    elif phase in (Phase.CANARY_STARTING, Phase.GPU_PREFLIGHT, Phase.PROMOTING, Phase.ROLLING_BACK):
+        seconds = spec.rollout.progress_deadline_seconds
+    else:
+        return None
+    return entered + timedelta(seconds=seconds)
+
+
 def parse_gate_output(job: JobView) -> dict[str, object] | None:
     """The JSON verdict a gate wrote to its termination log (with FallbackToLogsOnError, the last JSON line)."""
     if not job.termination_message:
