@@ -77,7 +77,11 @@ def test_deployment_pods_run_on_the_selected_pool_and_report_ready(
     assert {pod["spec"]["nodeName"] for pod in pods} == {"h200-0"}
     assert len({pod["status"]["podIP"] for pod in pods}) == 2
     assert all(pod["metadata"]["labels"]["track"] == "stable" for pod in pods)
-    assert all(pod["metadata"]["ownerReferences"][0]["kind"] == "Deployment" for pod in pods)
+    owners = {(ref["kind"], ref["name"]) for pod in pods for ref in pod["metadata"]["ownerReferences"]}
+    (replica_set,) = devcluster.list("apps/v1", "ReplicaSet", ns)
+    assert owners == {("ReplicaSet", replica_set["metadata"]["name"])}
+    assert replica_set["metadata"]["ownerReferences"][0]["name"] == "web"
+    assert (replica_set["status"]["readyReplicas"], replica_set["spec"]["replicas"]) == (2, 2)
 
 
 def test_pods_stay_pending_without_gpu_capacity(devcluster: ThreadedDevCluster, devcluster_namespace: str) -> None:
@@ -118,6 +122,10 @@ def test_template_change_rolls_the_pods(devcluster: ThreadedDevCluster, devclust
     pods = pods_of(devcluster, ns, "roll")
     assert len(pods) == 1 and pods[0]["metadata"]["name"] not in old
     assert pods[0]["metadata"]["labels"]["track"] == "fp8"
+    replicas = {
+        rs["metadata"]["labels"]["track"]: rs["spec"]["replicas"] for rs in devcluster.list("apps/v1", "ReplicaSet", ns)
+    }
+    assert replicas == {"stable": 0, "fp8": 1}  # the old ReplicaSet stays, scaled to 0
     devcluster.patch("apps/v1", "Deployment", "roll", {"spec": {"replicas": 0}}, ns)
     devcluster.wait_for("apps/v1", "Deployment", "roll", ns, lambda d: d["status"]["replicas"] == 0)
 

@@ -21,6 +21,7 @@ import aiohttp.web
 import attrs
 import kmock
 
+from kvpolicy.devcluster import protobuf
 from kvpolicy.devcluster.resources import ResourceType
 from kvpolicy.devcluster.selectors import Selector, SelectorError, parse_field_selector, parse_label_selector
 from kvpolicy.devcluster.store import ApiError, Store, WatchEvent
@@ -186,11 +187,14 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
         # kmock's own request parsing fails on some valid URLs (e.g. /api/v1/namespaces), so requests are parsed here.
         body = await raw_request.read()
         path = ApiPath.parse(raw_request.path)
-        if "protobuf" in raw_request.headers.get("Content-Type", ""):
-            message = "the dev cluster reads JSON bodies only (kubectl create GENERATOR sends protobuf; use apply -f)"
-            return _json(ApiError(415, "UnsupportedMediaType", message).status(), 415)
+        data: Any
         try:
-            data = json.loads(body) if body else None
+            if "protobuf" in raw_request.headers.get("Content-Type", ""):
+                data = protobuf.decode(body)
+            else:
+                data = json.loads(body) if body else None
+        except protobuf.ProtobufError as exc:
+            return _json(ApiError(415, "UnsupportedMediaType", str(exc)).status(), 415)
         except ValueError:
             return _json(ApiError(400, "BadRequest", "the request body is not valid JSON").status(), 400)
         request = kmock.Request(

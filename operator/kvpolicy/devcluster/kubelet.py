@@ -31,8 +31,9 @@ import aiohttp
 
 from kvpolicy.devcluster.nodes import POOL_LABEL, NodePool, PodIpAllocator, counts_against_capacity, schedule
 from kvpolicy.devcluster.nodes import rewrite_service_urls as rewrite_urls
+from kvpolicy.devcluster.resources import ResourceType
 from kvpolicy.devcluster.runners import ContainerRunner, container_port
-from kvpolicy.devcluster.store import ApiError, Obj, Store, now_timestamp
+from kvpolicy.devcluster.store import MERGE_PATCH, ApiError, Obj, Store, now_timestamp
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ def _kill_stray_process_groups() -> None:
 
 
 TERMINATION_LOG_ENV = "KVPOLICY_TERMINATION_LOG"
+HASH_LABEL = "pod-template-hash"
 TERMINATION_MESSAGE_LIMIT = 4096
 HEALTH_POLL_SECONDS = 0.05
 STOP_GRACE_SECONDS = 3.0
@@ -137,6 +139,7 @@ class Kubelet:
 
     def __post_init__(self) -> None:
         self._deployments = self.store.find_type("apps", "v1", "deployments")
+        self._replica_sets = self.store.find_type("apps", "v1", "replicasets")
         self._jobs = self.store.find_type("batch", "v1", "jobs")
         self._pods = self.store.find_type("", "v1", "pods")
         self._nodes = self.store.find_type("", "v1", "nodes")
@@ -196,6 +199,7 @@ class Kubelet:
     def reconcile(self) -> float | None:
         """One pass over everything; returns how soon a time-based step (a Job deadline) is due, if any."""
         wakes = [self._isolated(self._reconcile_deployment, dep) for dep in self.store.list_objects(self._deployments)]
+        wakes += [self._isolated(self._reconcile_replica_set, rs) for rs in self.store.list_objects(self._replica_sets)]
         wakes += [self._isolated(self._reconcile_job, job) for job in self.store.list_objects(self._jobs)]
         wakes.append(self._reconcile_pods())
         due = [wake for wake in wakes if wake is not None]
@@ -211,12 +215,6 @@ class Kubelet:
             logger.exception("dev cluster kubelet: %s %s/%s failed", obj["kind"], meta.get("namespace"), meta["name"])
             return 1.0
 
-    def _owned_pods(self, owner: Obj) -> list[Obj]:
-        uid = owner["metadata"]["uid"]
-        return [
-            pod for pod in self.store.list_objects(self._pods, owner["metadata"]["namespace"]) if owned_by(pod, uid)
-        ]
-
     def _create_pod(self, owner: Obj, template: Mapping[str, Any], name: str, labels: Mapping[str, str]) -> None:
         template_meta = template.get("metadata") or {}
         pod = {
@@ -226,20 +224,17 @@ class Kubelet:
                 "name": name,
                 "labels": {**(template_meta.get("labels") or {}), **labels},
                 "annotations": dict(template_meta.get("annotations") or {}),
-                "ownerReferences": [
-                    {
-                        "apiVersion": owner["apiVersion"],
-                        "kind": owner["kind"],
-                        "name": owner["metadata"]["name"],
-                        "uid": owner["metadata"]["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
+                "ownerReferences": [self._owner_reference(owner)],
             },
             "spec": copy.deepcopy(template.get("spec") or {}),
         }
         self.store.create(self._pods, owner["metadata"]["namespace"], pod)
+
+    @staticmethod
+    def _owner_reference(owner: Obj) -> dict[str, Any]:
+        meta = owner["metadata"]
+        return {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"], "uid": meta["uid"],
+                "controller": True, "blockOwnerDeletion": True}  # fmt: skip
 
     def _delete_pod(self, pod: Obj) -> None:
         with contextlib.suppress(ApiError):
@@ -251,40 +246,88 @@ class Kubelet:
             meta = rt_obj["metadata"]
             self.store.replace(rt, meta.get("namespace"), meta["name"], {**rt_obj, "status": status}, "status")
 
+    def _owned(self, rt: ResourceType, owner: Obj) -> list[Obj]:
+        uid = owner["metadata"]["uid"]
+        objects = self.store.list_objects(rt, owner["metadata"]["namespace"])
+        return [obj for obj in objects if owned_by(obj, uid) and not obj["metadata"].get("deletionTimestamp")]
+
     def _reconcile_deployment(self, deployment: Obj) -> float | None:
+        """Keep one ReplicaSet per pod template; the old ones go to 0 replicas once the new one is ready."""
         if deployment["metadata"].get("deletionTimestamp"):
             return None
         spec = deployment.get("spec") or {}
         template = spec.get("template") or {}
         desired = int(spec.get("replicas", 1))
         pod_hash = template_hash(template)
-        pods = [pod for pod in self._owned_pods(deployment) if not pod["metadata"].get("deletionTimestamp")]
-        current = [pod for pod in pods if pod["metadata"]["labels"].get("pod-template-hash") == pod_hash]
-        old = [pod for pod in pods if pod not in current]
+        replica_sets = self._owned(self._replica_sets, deployment)
+        current = next((rs for rs in replica_sets if rs["metadata"]["labels"].get(HASH_LABEL) == pod_hash), None)
+        if current is None:
+            current = self._create_replica_set(deployment, template, pod_hash, desired)
+        elif current["spec"].get("replicas") != desired:
+            current = self._scale(current, desired)
+        old = [rs for rs in replica_sets if rs["metadata"]["uid"] != current["metadata"]["uid"]]
         recreate = (spec.get("strategy") or {}).get("type") == "Recreate"
-        if old and (recreate or sum(map(is_ready, current)) >= desired):
-            for pod in old:
-                self._delete_pod(pod)
-        elif len(current) < desired:
-            name = deployment["metadata"]["name"]
-            for _ in range(desired - len(current)):
-                pod_name = f"{name}-{pod_hash}-{secrets.token_hex(3)[:5]}"
-                self._create_pod(deployment, template, pod_name, {"pod-template-hash": pod_hash})
-        # Scale down the pods least far along first: unready, then newest.
-        for pod in sorted(current, key=lambda p: (is_ready(p), p["metadata"]["creationTimestamp"]))[
-            : max(0, len(current) - desired)
-        ]:
-            self._delete_pod(pod)
-        self._write_deployment_status(deployment, desired, pod_hash)
+        if recreate or sum(map(is_ready, self._owned(self._pods, current))) >= desired:
+            for rs in old:
+                if rs["spec"].get("replicas") != 0:
+                    self._scale(rs, 0)
+        self._write_deployment_status(deployment, desired, current)
         return None
 
-    def _write_deployment_status(self, deployment: Obj, desired: int, pod_hash: str) -> None:
-        pods = self._owned_pods(deployment)
-        updated = [pod for pod in pods if pod["metadata"]["labels"].get("pod-template-hash") == pod_hash]
+    def _create_replica_set(self, deployment: Obj, template: Mapping[str, Any], pod_hash: str, replicas: int) -> Obj:
+        pod_template: dict[str, Any] = copy.deepcopy(dict(template))
+        pod_template.setdefault("metadata", {}).setdefault("labels", {})[HASH_LABEL] = pod_hash
+        selector = copy.deepcopy(deployment["spec"].get("selector") or {})
+        selector.setdefault("matchLabels", {})[HASH_LABEL] = pod_hash
+        replica_set = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {
+                "name": f"{deployment['metadata']['name']}-{pod_hash}",
+                "labels": dict(pod_template["metadata"]["labels"]),
+                "ownerReferences": [self._owner_reference(deployment)],
+            },
+            "spec": {"replicas": replicas, "selector": selector, "template": pod_template},
+        }
+        return self.store.create(self._replica_sets, deployment["metadata"]["namespace"], replica_set)
+
+    def _scale(self, replica_set: Obj, replicas: int) -> Obj:
+        meta = replica_set["metadata"]
+        return self.store.patch(self._replica_sets, meta["namespace"], meta["name"], MERGE_PATCH,
+                                {"spec": {"replicas": replicas}})  # fmt: skip
+
+    def _reconcile_replica_set(self, replica_set: Obj) -> float | None:
+        if replica_set["metadata"].get("deletionTimestamp"):
+            return None
+        spec = replica_set.get("spec") or {}
+        desired = int(spec.get("replicas", 1))
+        pods = self._owned(self._pods, replica_set)
+        for _ in range(desired - len(pods)):
+            pod_name = f"{replica_set['metadata']['name']}-{secrets.token_hex(3)[:5]}"
+            self._create_pod(replica_set, spec.get("template") or {}, pod_name, {})
+        # Scale down the pods least far along first: unready, then newest.
+        surplus = sorted(pods, key=lambda pod: (is_ready(pod), pod["metadata"]["creationTimestamp"]))
+        for pod in surplus[: max(0, len(pods) - desired)]:
+            self._delete_pod(pod)
+        pods = self._owned(self._pods, replica_set)
+        ready = sum(map(is_ready, pods))
+        status = {
+            "replicas": len(pods),
+            "fullyLabeledReplicas": len(pods),
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "observedGeneration": replica_set["metadata"].get("generation", 1),
+        }
+        self._write_status(replica_set, status)
+        return None
+
+    def _write_deployment_status(self, deployment: Obj, desired: int, current: Obj) -> None:
+        pods = [pod for rs in self._owned(self._replica_sets, deployment) for pod in self._owned(self._pods, rs)]
+        updated = self._owned(self._pods, current)
         ready = sum(map(is_ready, pods))
         updated_ready = sum(map(is_ready, updated))
         status = copy.deepcopy(deployment.get("status") or {})
-        replica_set = f'ReplicaSet "{deployment["metadata"]["name"]}-{pod_hash}"'
+        replica_set = f'ReplicaSet "{current["metadata"]["name"]}"'
         available = ready >= desired
         complete = updated_ready >= desired and len(pods) == len(updated) == desired
         conditions = with_condition(
@@ -323,7 +366,7 @@ class Kubelet:
         spec = job.get("spec") or {}
         uid = job["metadata"]["uid"]
         started = self._job_started.setdefault(uid, time.monotonic())
-        pods = self._owned_pods(job)
+        pods = self._owned(self._pods, job)
         succeeded = sum(pod.get("status", {}).get("phase") == "Succeeded" for pod in pods)
         failed = sum(pod.get("status", {}).get("phase") == "Failed" for pod in pods)
         active = [pod for pod in pods if pod.get("status", {}).get("phase") not in TERMINAL_PHASES]

@@ -203,7 +203,7 @@ class Store:
         name = metadata["name"]
         if rt.namespaced:
             namespace = namespace or metadata.get("namespace") or "default"
-            if metadata.get("namespace", namespace) != namespace:
+            if metadata.get("namespace") not in (None, "", namespace):
                 raise ApiError(400, "BadRequest", "the namespace of the object does not match the namespace of the URL")
             self._require_namespace(namespace)
             metadata["namespace"] = namespace
