@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import signal
 import sys
 from datetime import UTC, datetime
@@ -66,7 +67,9 @@ async def _run_until_signalled(options: DemoOptions) -> int:
     assert main is not None
     loop.add_signal_handler(signal.SIGTERM, main.cancel)
     try:
-        result = await run_demo(options, sys.stdout, live=sys.stdout.isatty())
+        live = sys.stdout.isatty()
+        width = shutil.get_terminal_size().columns if live else None
+        result = await run_demo(options, sys.stdout, live=live, width=width)
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
     return 0 if result.decided else 1

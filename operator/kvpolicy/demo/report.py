@@ -18,6 +18,15 @@ REPORT_FILE = "report.md"
 POLICIES_FILE = "kvpolicies.yaml"
 
 
+RATIO_NOTE = (
+    "TTFT and ITL ratios are the largest canary/baseline ratio over the compared quantiles in the last latency check, "
+    "estimated by `histogram_quantile` from vLLM's histograms. vLLM's buckets are fixed (its first ITL bucket ends at "
+    "10 ms), so when both sides decode faster than that, as the simulated 8B models here do, both quantiles land in "
+    "the same bucket and the ratio reads 1.00 whatever the difference: the analysis can then only catch regressions "
+    "that cross a bucket boundary."
+)
+
+
 @dataclass(frozen=True)
 class RunFacts:
     """How the run went, for the report's header."""
@@ -161,6 +170,8 @@ def report_markdown(
         "## Decisions",
         "",
         render_markdown(decision_rows(objects)),
+        "",
+        RATIO_NOTE,
         "",
         "## Policies",
         "",

@@ -44,6 +44,7 @@ POLL_SECONDS = 0.5
 SERVING_READY_TIMEOUT_SECONDS = 90.0
 FIGURES_WAIT_SECONDS = 120.0
 USER_MAX_TOKENS = 32
+DEFAULT_WIDTH = 160
 
 
 class DemoError(Exception):
@@ -207,10 +208,11 @@ def _figures(report_dir: Path, child: ChildProcess) -> dict[str, Any] | None:
     return data
 
 
-async def run_demo(options: DemoOptions, out: TextIO, *, live: bool) -> DemoResult:
+async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int | None = None) -> DemoResult:
+    """Run the demo, writing progress to `out` (redrawn in place when `live`, cut to `width` columns)."""
     clock = Clock()
     started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    display = ProgressDisplay(out, live=live, stamp=clock.stamp)
+    display = ProgressDisplay(out, live=live, width=width or DEFAULT_WIDTH, stamp=clock.stamp)
 
     def say(text: str) -> None:
         display.note(f"{clock.stamp()}{text}")
