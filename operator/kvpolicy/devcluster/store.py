@@ -25,7 +25,7 @@ Obj = dict[str, Any]
 ObjectKey = tuple[str, str]  # (namespace or "", name)
 
 # Watches may resume from any resourceVersion still in the log; older ones get 410 Gone, as on a real API server.
-EVENT_LOG_LIMIT = 50_000
+EVENT_LOG_LIMIT = 10_000
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
