@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
+import numpy as np
 
 T = TypeVar("T")
 RETRY_DELAYS_S = (0.2, 0.5, 1.0)
@@ -34,15 +35,20 @@ class _Transient(Exception):
 
 @dataclass(frozen=True)
 class StreamTiming:
-    """Client-side times of one streamed completion, in seconds from sending the request."""
+    """Client-side arrival times of one streamed completion's tokens, in seconds from sending the request."""
 
-    first_token_s: float
-    last_token_s: float
-    tokens: int
+    arrivals_s: tuple[float, ...]
 
     @property
-    def mean_itl_s(self) -> float:
-        return (self.last_token_s - self.first_token_s) / max(1, self.tokens - 1)
+    def ttft_s(self) -> float:
+        return self.arrivals_s[0]
+
+    @property
+    def itl_s(self) -> float:
+        """Mean gap between tokens, as the slope of arrival time against token index: one chunk delayed by a busy
+        client (and the burst that follows it) shifts a least-squares slope far less than it shifts last - first."""
+        slope, _ = np.polyfit(np.arange(len(self.arrivals_s)), self.arrivals_s, 1)
+        return float(slope)
 
 
 def _error_message(body: str) -> str:
@@ -181,8 +187,8 @@ class VllmClient:
                         raise _Transient(f"malformed stream chunk: {payload[:200]!r}") from error
                     if text:
                         arrivals.append(time.perf_counter() - start)
-            if not done or not arrivals:
-                raise _Transient("the stream ended without [DONE] or without tokens")
-            return StreamTiming(first_token_s=arrivals[0], last_token_s=arrivals[-1], tokens=len(arrivals))
+            if not done or len(arrivals) < 2:
+                raise _Transient("the stream ended without [DONE] or with fewer than two tokens")
+            return StreamTiming(tuple(arrivals))
 
         return await self._with_retries("streaming POST /v1/completions", attempt)

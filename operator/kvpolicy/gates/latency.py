@@ -118,7 +118,7 @@ async def _measure(client: VllmClient, options: LatencyOptions) -> list[Measurem
             prompt = (filler * repeats)[offset : offset + length]
             timing = await client.stream_timing(prompt, options.output_tokens)
             scale = 1000 / options.time_scale
-            measurements.append(Measurement(length, timing.first_token_s * scale, timing.mean_itl_s * scale))
+            measurements.append(Measurement(length, timing.ttft_s * scale, timing.itl_s * scale))
     return measurements
 
 

@@ -90,7 +90,7 @@ def _sentence_ends(filler_pieces: int) -> npt.NDArray[np.int64]:
     unit = _filler_pieces()
     in_unit = np.array([i + 1 for i, piece in enumerate(unit) if piece == "."])
     repeats = filler_pieces // len(unit) + 1
-    ends = (np.arange(repeats)[:, None] * len(unit) + in_unit).ravel()
+    ends: npt.NDArray[np.int64] = (np.arange(repeats)[:, None] * len(unit) + in_unit).ravel()
     return ends[ends <= filler_pieces]
 
 

@@ -1,0 +1,123 @@
+"""The latency probe against time-scaled simulators: fitted slopes, verdicts and failure paths."""
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gate_fakes import MODEL
+from kvpolicy.gates.latency import (
+    Fit,
+    LatencyOptions,
+    Measurement,
+    break_even_tokens,
+    fit_measurements,
+    run_latency_probe,
+)
+from kvpolicy.sim import SimConfig, free_port, start_simulator_subprocess
+from kvpolicy.sim.latency import latency_fit
+
+TIME_SCALE = 0.3
+LENGTHS = ["1024", "8192", "16384", "32768"]
+
+
+@pytest.fixture(scope="module")
+def timed_simulators() -> Iterator[dict[str, str]]:
+    common = [MODEL, "--time-scale", str(TIME_SCALE), "--max-model-len", "40000"]
+    with (
+        start_simulator_subprocess(common) as bf16,
+        start_simulator_subprocess([*common, "--kv-cache-dtype", "fp8", "--two-level-fix"]) as fp8,
+        start_simulator_subprocess([*common, "--latency-multiplier", "1.5"]) as slow,
+    ):
+        yield {"bf16": bf16, "fp8": fp8, "slow": slow}
+
+
+def probe_cli(canary: str, baseline: str, tmp_path: Path, *extra: str) -> tuple[int, dict]:
+    log = tmp_path / "termination-log"
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-m", "kvpolicy", "gate", "latency", "--canary", canary, "--baseline", baseline),
+            *("--model", MODEL, "--time-scale", str(TIME_SCALE), "--output-tokens", "64", *extra),
+        ],
+        capture_output=True,
+        text=True,
+        env={"KVPOLICY_TERMINATION_LOG": str(log), "PATH": ""},
+        timeout=300,
+    )
+    result = json.loads(completed.stdout)
+    assert json.loads(log.read_text()) == result
+    return completed.returncode, result
+
+
+def test_fits_recover_the_configured_curves(timed_simulators: dict[str, str], tmp_path: Path) -> None:
+    code, result = probe_cli(
+        timed_simulators["fp8"], timed_simulators["bf16"], tmp_path, "--lengths", *LENGTHS, "--requests-per-length", "2"
+    )
+    assert (code, result["verdict"]) == (0, "Pass"), result["message"]
+    for side, config in (("canary", SimConfig(kv_cache_dtype="fp8", two_level_fix=True)), ("baseline", SimConfig())):
+        fitted, truth = result[side], latency_fit(config)
+        assert fitted["itlSlopeMsPerToken"] == pytest.approx(truth.itl_slope_ms, rel=0.2)
+        assert fitted["itlInterceptMs"] == pytest.approx(truth.itl_intercept_ms, rel=0.1)
+        assert fitted["ttftQuadMsPerToken2"] == pytest.approx(truth.ttft_quad_ms, rel=0.25)
+    # Published H100 break-even: 7,010 tokens.
+    assert 3000 < result["breakEvenTokens"] < 15000
+    assert [entry["length"] for entry in result["atWorkloadLengths"]] == [int(length) for length in LENGTHS]
+    longest = int(LENGTHS[-1])
+    fp8, bf16 = latency_fit(SimConfig(kv_cache_dtype="fp8")), latency_fit(SimConfig())
+    expected_ratio = fp8.itl_ms(longest) / bf16.itl_ms(longest)
+    assert result["atWorkloadLengths"][-1]["itlRatio"] == pytest.approx(expected_ratio, rel=0.05)
+
+
+def test_a_slower_canary_breaches(timed_simulators: dict[str, str], tmp_path: Path) -> None:
+    code, result = probe_cli(
+        timed_simulators["slow"],
+        timed_simulators["bf16"],
+        tmp_path,
+        *("--lengths", "1024", "4096", "8192", "--requests-per-length", "1", "--workload-lengths", "2000"),
+    )
+    assert (code, result["verdict"], result["reason"]) == (1, "Breach", "LatencyAboveLimit")
+    assert result["atWorkloadLengths"][0]["itlRatio"] == pytest.approx(1.5, rel=0.15)
+    assert "ITL x1." in result["message"]
+
+
+def test_unreachable_endpoint_is_inconclusive(timed_simulators: dict[str, str], tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    code, result = probe_cli(dead, timed_simulators["bf16"], tmp_path, "--lengths", "1024", "2048", "4096")
+    assert (code, result["verdict"], result["reason"]) == (2, "Inconclusive", "EndpointUnavailable")
+
+
+async def test_lengths_past_max_model_len_are_inconclusive(timed_simulators: dict[str, str]) -> None:
+    options = LatencyOptions(
+        canary=timed_simulators["fp8"], baseline=timed_simulators["bf16"], lengths=(1024, 2048, 39990), model=MODEL
+    )
+    result = await run_latency_probe(options)
+    assert (result["verdict"], result["reason"]) == ("Inconclusive", "LengthExceedsMaxModelLen")
+
+
+def test_fewer_than_three_lengths_is_a_usage_error() -> None:
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-m", "kvpolicy", "gate", "latency", "--canary", "http://x", "--baseline", "http://y"),
+            *("--model", MODEL, "--lengths", "1024", "1024", "2048"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert completed.returncode == 2
+    assert "--lengths needs at least 3 distinct lengths" in completed.stderr
+
+
+def test_fit_and_break_even_from_exact_points() -> None:
+    def points(slope: float, intercept: float, quad: float) -> list[Measurement]:
+        return [Measurement(n, quad * n * n + 0.03 * n + 15, slope * n + intercept) for n in (1000, 20000, 60000)]
+
+    bf16 = fit_measurements(points(4.37e-5, 6.44, 4.6e-7))
+    fp8 = fit_measurements(points(2.37e-5, 6.58, 4.1e-7))
+    assert bf16.itl_slope_ms_per_token == pytest.approx(4.37e-5)
+    assert fp8.ttft_quad_ms_per_token2 == pytest.approx(4.1e-7)
+    assert break_even_tokens(fp8, bf16) == 7000
+    assert break_even_tokens(bf16, fp8) is None
+    faster_everywhere = Fit(2e-5, 6.0, 4e-7, 0.03, 15)
+    assert break_even_tokens(faster_everywhere, bf16) == 0
