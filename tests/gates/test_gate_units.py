@@ -1,0 +1,105 @@
+"""Pure parts of the gates: the recovery interval, RULER scoring, prompts, and the result report."""
+
+import json
+from pathlib import Path
+
+import pytest
+from kvpolicy.gates import niah, report
+from kvpolicy.gates.stats import PairedCounts, recovery_interval
+
+
+def test_identical_answers_narrow_the_interval_around_one_as_needles_accumulate() -> None:
+    widths = []
+    for needles in (20, 60, 200):
+        right = int(needles * 0.9)
+        interval = recovery_interval(PairedCounts(both=right, neither=needles - right), confidence=0.95)
+        assert interval.point == 1.0 and interval.low < 1.0 < interval.high
+        widths.append(interval.high - interval.low)
+    assert widths == sorted(widths, reverse=True)
+    # Jeffreys' prior: 18 clean needles cannot yet prove recovery above 0.95; 180 can.
+    assert recovery_interval(PairedCounts(both=18, neither=2), 0.95).low < 0.95
+    assert recovery_interval(PairedCounts(both=180, neither=20), 0.95).low > 0.95
+
+
+def test_a_canary_that_loses_most_needles_is_clearly_below() -> None:
+    interval = recovery_interval(PairedCounts(both=1, baseline_only=6, neither=1), confidence=0.95)
+    assert interval.point == pytest.approx(1 / 7)
+    assert interval.high < 0.95
+
+
+def test_pairing_counts_only_discordant_needles_as_evidence() -> None:
+    counts = PairedCounts().add(True, True).add(True, False).add(False, True).add(False, False)
+    assert (counts.both, counts.canary_only, counts.baseline_only, counts.neither) == (1, 1, 1, 1)
+    assert counts.canary_score == counts.baseline_score == 0.5
+
+
+def test_no_baseline_success_gives_no_point_estimate_and_a_wide_interval() -> None:
+    interval = recovery_interval(PairedCounts(neither=8), confidence=0.95)
+    assert interval.point is None
+    assert interval.low < 0.5 and interval.high > 2
+
+
+def test_confidence_outside_zero_one_is_rejected() -> None:
+    with pytest.raises(ValueError, match="confidence must be between 0 and 1"):
+        recovery_interval(PairedCounts(), confidence=1.0)
+
+
+def test_string_match_all_is_the_fraction_found_case_insensitively() -> None:
+    assert niah.string_match_all("The numbers are 1234567 and ABC.", ("1234567", "abc", "7654321")) == pytest.approx(
+        2 / 3
+    )
+    assert niah.matches_per_needle("x 42", ("42", "43")) == (True, False)
+    with pytest.raises(ValueError, match="at least one expected string"):
+        niah.string_match_all("anything", ())
+
+
+def test_samples_are_seeded_with_distinct_keys_spread_over_the_haystack() -> None:
+    sample = niah.draw_sample(seed=9, index=4, num_needles=8, num_asked=3)
+    assert sample == niah.draw_sample(seed=9, index=4, num_needles=8, num_asked=3)
+    assert sample != niah.draw_sample(seed=9, index=5, num_needles=8, num_asked=3)
+    assert len({needle.key for needle in sample.needles}) == 8
+    assert len(sample.asked) == 3 and set(sample.asked) <= set(sample.needles)
+    # One needle per eighth of the haystack.
+    assert [int(depth * 8) for depth in sample.depths] == list(range(8))
+    with pytest.raises(ValueError, match="num_asked must be between 1 and num_needles"):
+        niah.draw_sample(seed=0, index=0, num_needles=2, num_asked=3)
+
+
+def test_rendered_prompt_holds_every_needle_at_a_sentence_end_and_asks_its_keys() -> None:
+    sample = niah.draw_sample(seed=1, index=2)
+    prompt = niah.render(sample, 2400)
+    needles, asked = niah.parse_prompt(prompt)
+    assert needles == {needle.key: needle.value for needle in sample.needles}
+    assert asked == tuple(needle.key for needle in sample.asked)
+    assert prompt.startswith(niah.HEADER)
+    for needle in sample.needles:
+        text = niah.NEEDLE.format(key=needle.key, value=needle.value)
+        assert f". {text}" in prompt
+    # The needle sits near its depth in the haystack.
+    first = sample.needles[0]
+    position = prompt.index(first.key) / len(prompt)
+    assert abs(position - sample.depths[0]) < 0.1
+
+
+def test_report_prints_json_writes_the_termination_log_and_maps_verdicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "log"
+    monkeypatch.setenv(report.TERMINATION_LOG_ENV, str(log))
+    result = {"gate": "accuracy", "verdict": "Fail", "message": "x" * 10000}
+    assert report.emit(result) == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(log.read_text())
+    assert len(log.read_bytes()) <= 4096
+    assert printed["message"].endswith("...") and printed["verdict"] == "Fail"
+    assert [report.EXIT_CODES[v] for v in ("Pass", "Fail", "Breach", "Inconclusive")] == [0, 1, 1, 2]
+
+
+def test_termination_log_defaults_to_the_kubernetes_path_only_if_it_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(report.TERMINATION_LOG_ENV, raising=False)
+    monkeypatch.setattr(report, "DEFAULT_TERMINATION_LOG", tmp_path / "termination-log")
+    assert report.termination_log_path() is None
+    (tmp_path / "termination-log").touch()
+    assert report.termination_log_path() == tmp_path / "termination-log"
