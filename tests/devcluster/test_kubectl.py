@@ -71,6 +71,18 @@ def test_kubectl_applies_a_crd_and_prints_its_columns(
         devcluster.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", "rollouts.kubectl.example.dev")
 
 
+def test_kubectl_scales_a_deployment(devcluster: ThreadedDevCluster, devcluster_namespace: str) -> None:
+    ns = devcluster_namespace
+    devcluster.create({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": ns},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}}, "template": {
+            "metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "main", "image": "nginx"}]}}},
+    })  # fmt: skip
+    assert "scaled" in kubectl(devcluster, "scale", "--namespace", ns, "deployment/web", "--replicas=3")
+    devcluster.wait_for("apps/v1", "Deployment", "web", ns, lambda d: d.get("status", {}).get("readyReplicas") == 3)
+    assert "successfully rolled out" in kubectl(devcluster, "rollout", "status", "--namespace", ns, "deployment/web")
+
+
 def test_kubectl_get_pods_and_logs(devcluster: ThreadedDevCluster, devcluster_namespace: str) -> None:
     devcluster.create({
         "apiVersion": "batch/v1", "kind": "Job",

@@ -128,6 +128,7 @@ def test_template_change_rolls_the_pods(devcluster: ThreadedDevCluster, devclust
     assert replicas == {"stable": 0, "fp8": 1}  # the old ReplicaSet stays, scaled to 0
     devcluster.patch("apps/v1", "Deployment", "roll", {"spec": {"replicas": 0}}, ns)
     devcluster.wait_for("apps/v1", "Deployment", "roll", ns, lambda d: d["status"]["replicas"] == 0)
+    assert pods_of(devcluster, ns, "roll") == []
 
 
 class GatedHttpRunner:

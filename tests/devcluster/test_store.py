@@ -199,3 +199,24 @@ def test_merge_patch_follows_rfc_7386() -> None:
     patch = {"a": {"b": None, "d": 3}, "l": [3], "$setElementOrder/l": [3]}
     assert merge_patch(target, patch) == {"a": {"c": 2, "d": 3}, "l": [3]}
     assert target == {"a": {"b": 1, "c": 2}, "l": [1, 2]}
+
+
+def test_scale_subresource_reads_and_writes_spec_replicas(store: Store) -> None:
+    deployments = store.type_for("apps/v1", "Deployment")
+    store.create(deployments, "ns", {"metadata": {"name": "d"}, "spec": {"replicas": 1, "selector": {
+        "matchLabels": {"app": "d", "tier": "gpu"}}}})  # fmt: skip
+    scale = store.scale(deployments, "ns", "d")
+    assert (scale["kind"], scale["spec"]["replicas"], scale["status"]["selector"]) == ("Scale", 1, "app=d,tier=gpu")
+    assert store.patch(deployments, "ns", "d", MERGE_PATCH, {"spec": {"replicas": 3}}, "scale")["spec"]["replicas"] == 3
+    assert store.get(deployments, "ns", "d")["metadata"]["generation"] == 2
+    stale = {**scale, "spec": {"replicas": 5}}
+    with pytest.raises(ApiError) as exc:
+        store.replace(deployments, "ns", "d", stale, "scale")
+    assert exc.value.code == 409
+    with pytest.raises(ApiError, match="non-negative integer") as exc:
+        store.patch(deployments, "ns", "d", MERGE_PATCH, {"spec": {"replicas": -1}}, "scale")
+    assert exc.value.code == 422
+    configmaps = store.type_for("v1", "ConfigMap")
+    store.create(configmaps, "ns", {"metadata": {"name": "c"}})
+    with pytest.raises(ApiError, match="no subresource 'scale'"):
+        store.scale(configmaps, "ns", "c")

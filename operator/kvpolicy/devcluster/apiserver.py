@@ -255,6 +255,8 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
         if method == "GET" and path.name is None:
             items = self.store.list_objects(rt, path.namespace, *self._selectors(params))
             return self._listing(request, rt, items)
+        if method == "GET" and path.subresource == "scale":
+            return _json(self.store.scale(rt, path.namespace, path.name or ""))
         if method == "GET":
             obj = self.store.get(rt, path.namespace, path.name or "")
             return self._listing(request, rt, [obj]) if self._wants_table(request) else _json(obj)

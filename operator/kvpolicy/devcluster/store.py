@@ -236,6 +236,8 @@ class Store:
         new: Obj = copy.deepcopy(dict(body))
         if new.get("metadata", {}).get("name", name) != name:
             raise ApiError(400, "BadRequest", "the name of the object does not match the name in the URL")
+        if subresource == "scale":
+            return self._rescale(rt, old, new)
         return self._update(rt, old, new, subresource)
 
     def patch(
@@ -248,10 +250,11 @@ class Store:
         subresource: str | None = None,
     ) -> Obj:
         old = self.get(rt, namespace, name)
+        target = self.scale(rt, namespace, name) if subresource == "scale" else old
         media_type = content_type.split(";")[0].strip()
         if media_type == JSON_PATCH:
             try:
-                new = jsonpatch.apply_patch(old, patch)
+                new = jsonpatch.apply_patch(target, patch)
             except jsonpatch.JsonPatchTestFailed as exc:
                 raise ApiError(422, "Invalid", f"the server rejected our request due to an error: {exc}") from exc
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as exc:
@@ -259,10 +262,43 @@ class Store:
         elif media_type in (MERGE_PATCH, STRATEGIC_MERGE_PATCH, APPLY_PATCH):
             if not isinstance(patch, Mapping):
                 raise ApiError(400, "BadRequest", f"a {media_type} body must be a JSON object")
-            new = merge_patch(copy.deepcopy(old), patch)
+            new = merge_patch(copy.deepcopy(target), patch)
         else:
             raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {media_type!r}")
+        if subresource == "scale":
+            return self._rescale(rt, old, new)
         return self._update(rt, old, new, subresource)
+
+    def scale(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
+        """The autoscaling/v1 Scale view of a Deployment or ReplicaSet (what `kubectl scale` reads and writes)."""
+        obj = self.get(rt, namespace, name)
+        if "scale" not in rt.extra_subresources:
+            raise ApiError(404, "NotFound", f"{rt.plural} has no subresource 'scale'")
+        meta = obj["metadata"]
+        match_labels = ((obj.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        return {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {
+                key: meta[key] for key in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+            },
+            "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 1)},
+            "status": {
+                "replicas": (obj.get("status") or {}).get("replicas", 0),
+                "selector": ",".join(f"{key}={value}" for key, value in sorted(match_labels.items())),
+            },
+        }
+
+    def _rescale(self, rt: ResourceType, old: Obj, scale: Mapping[str, Any]) -> Obj:
+        self.scale(rt, old["metadata"].get("namespace"), old["metadata"]["name"])  # 404 unless scalable
+        replicas = (scale.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or replicas < 0:
+            raise ApiError(422, "Invalid", f"Scale.spec.replicas must be a non-negative integer, not {replicas!r}")
+        new = copy.deepcopy(old)
+        new["spec"]["replicas"] = replicas
+        new["metadata"]["resourceVersion"] = (scale.get("metadata") or {}).get("resourceVersion")
+        updated = self._update(rt, old, new, None)
+        return self.scale(rt, updated["metadata"].get("namespace"), updated["metadata"]["name"])
 
     def delete(self, rt: ResourceType, namespace: str | None, name: str, propagation: str = "Background") -> Obj:
         obj = self.get(rt, namespace, name)
