@@ -96,6 +96,17 @@ def _result(
     }
 
 
+def sequential_decision(interval: RecoveryInterval, samples: int, options: AccuracyOptions) -> tuple[str, str] | None:
+    """(verdict, reason) once the interval lies clearly on one side of min_recovery, else None (keep sampling)."""
+    if samples < options.min_samples:
+        return None
+    if interval.low > options.min_recovery:
+        return "Pass", "RecoveryAboveThreshold"
+    if interval.high < options.min_recovery:
+        return "Fail", "RecoveryBelowThreshold"
+    return None
+
+
 async def _check_endpoints(canary: VllmClient, baseline: VllmClient, length: int) -> None:
     limits = await asyncio.gather(canary.max_model_len(), baseline.max_model_len())
     for client, limit in zip((canary, baseline), limits, strict=True):
@@ -138,16 +149,16 @@ async def _evaluate(options: AccuracyOptions, canary: VllmClient, baseline: Vllm
                 counts = counts.add(canary_right, baseline_right)
             interval = recovery_interval(counts, options.confidence)
             samples = index + 1
-            if samples < options.min_samples:
-                continue
-            point = "n/a" if interval.point is None else f"{interval.point:.3f}"
-            summary = f"recovery {point} (interval {interval.low:.3f}-{interval.high:.3f}) after {samples} prompts"
-            if interval.low > options.min_recovery:
-                message = f"{summary} lies above {options.min_recovery}"
-                return _result(options, "Pass", "RecoveryAboveThreshold", message, samples, counts, interval)
-            if interval.high < options.min_recovery:
-                message = f"{summary} lies below {options.min_recovery}"
-                return _result(options, "Fail", "RecoveryBelowThreshold", message, samples, counts, interval)
+            decision = sequential_decision(interval, samples, options)
+            if decision is not None:
+                verdict, reason = decision
+                point = "n/a" if interval.point is None else f"{interval.point:.3f}"
+                side = "above" if verdict == "Pass" else "below"
+                message = (
+                    f"recovery {point} (interval {interval.low:.3f}-{interval.high:.3f}) after {samples} prompts "
+                    f"lies {side} {options.min_recovery}"
+                )
+                return _result(options, verdict, reason, message, samples, counts, interval)
     finally:
         upcoming.cancel()
     message = (
