@@ -23,6 +23,7 @@ RELEASE = "kvp"
 RELEASE_NAMESPACE = "kvpolicy-system"
 
 Manifest = dict[str, Any]
+Triple = tuple[str, str, str]  # an RBAC permission: (API group, resource[/subresource], verb)
 Renderer = Callable[..., list[Manifest]]
 
 
@@ -60,3 +61,21 @@ def only(manifests: list[Manifest], kind: str) -> Manifest:
 
 def of_kind(manifests: list[Manifest], kind: str) -> list[Manifest]:
     return [manifest for manifest in manifests if manifest["kind"] == kind]
+
+
+def operator_container(manifests: list[Manifest]) -> dict[str, Any]:
+    containers = only(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [container["name"] for container in containers] == ["operator"]
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def granted(role: Manifest) -> set[Triple]:
+    """Every permission a Role or ClusterRole grants."""
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }

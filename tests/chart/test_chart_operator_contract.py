@@ -7,22 +7,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from chart_helpers import RELEASE_NAMESPACE, Manifest, Renderer, of_kind, only
+from chart_helpers import RELEASE_NAMESPACE, Manifest, Renderer, Triple, granted, of_kind, only, operator_container
 from kopf.testing import KopfRunner
 from kvpolicy.controller import handlers
 from kvpolicy.controller.run import _parser as run_parser
 from kvpolicy.devcluster import POOL_LABEL, SimulatorRunner, ThreadedDevCluster
 from kvpolicy.devcluster.apiserver import ApiPath
 
-Triple = tuple[str, str, str]  # (API group, resource[/subresource], verb)
 FIXED_IMAGE = "vllm-fp8-twolevel:rbac-test"
 # Checked by admission (ownerReferences with blockOwnerDeletion), never requested: no request can show it is used.
 ADMISSION_ONLY = {("kvpolicy.dev", "kvpolicies/finalizers", "update")}
-
-
-def operator_container(manifests: list[Manifest]) -> dict[str, Any]:
-    container: dict[str, Any] = only(manifests, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    return container
 
 
 @pytest.mark.parametrize("manifests_fixture", ["default_manifests", "custom_manifests"])
@@ -65,16 +59,6 @@ def requested(method: str, path: ApiPath, params: dict[str, str]) -> tuple[Tripl
     else:
         verb = VERBS[method]
     return (path.group, resource, verb), path.namespace
-
-
-def granted(role: Manifest) -> set[Triple]:
-    return {
-        (group, resource, verb)
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
 
 
 def rollout_objects(namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:

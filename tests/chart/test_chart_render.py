@@ -15,12 +15,13 @@ from chart_helpers import (
     Manifest,
     Renderer,
     RenderError,
+    Triple,
+    granted,
     of_kind,
     only,
+    operator_container,
     run_tool,
 )
-
-Triple = tuple[str, str, str]
 
 
 @pytest.mark.parametrize("values", [[], ["--values", CUSTOM_VALUES]], ids=["default", "custom"])
@@ -84,13 +85,6 @@ def test_defaults_render_only_the_core_objects(default_manifests: list[Manifest]
 def test_custom_values_render_every_optional_object(custom_manifests: list[Manifest]) -> None:
     kinds = {manifest["kind"] for manifest in custom_manifests}
     assert {"ServiceMonitor", "PrometheusRule", "ConfigMap", "Role", "RoleBinding"} <= kinds
-
-
-def operator_container(manifests: list[Manifest]) -> dict[str, Any]:
-    containers = only(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
-    assert [container["name"] for container in containers] == ["operator"]
-    container: dict[str, Any] = containers[0]
-    return container
 
 
 def flag_value(args: list[str], flag: str) -> str:
@@ -197,16 +191,6 @@ def documented_rbac() -> dict[str, set[Triple]]:
             by_scope.setdefault(row["scope"].strip(), set()).update(triples)
     assert set(by_scope) == {"namespaced", "cluster", "cluster, with watchNamespaces"}, by_scope.keys()
     return by_scope
-
-
-def granted(role: Manifest) -> set[Triple]:
-    return {
-        (group, resource, verb)
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
 
 
 def test_readme_rbac_table_parses_into_every_scope() -> None:
