@@ -14,6 +14,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from kvpolicy.demo.processes import ChildExitedError
 from kvpolicy.demo.run import DemoError, DemoOptions, run_demo
 from kvpolicy.demo.scenarios import DEMO_TIMING, FAST_TIMING
 
@@ -47,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from_args(args: argparse.Namespace, now: datetime) -> DemoOptions:
     default_dir = Path(f"demo-report-{now.strftime('%Y%m%d-%H%M%S')}")
-    deadline = args.deadline_seconds or (FAST_DEADLINE_SECONDS if args.fast else DEMO_DEADLINE_SECONDS)
+    deadline = args.deadline_seconds
+    if deadline is None:
+        deadline = FAST_DEADLINE_SECONDS if args.fast else DEMO_DEADLINE_SECONDS
     if deadline <= 0 or args.requests_per_second <= 0:
         raise ValueError("--deadline-seconds and --requests-per-second must be above 0")
     return DemoOptions(
@@ -84,7 +87,7 @@ def main(argv: list[str]) -> int:
         parser.error(str(error))
     try:
         return asyncio.run(_run_until_signalled(options))
-    except DemoError as error:
+    except (DemoError, ChildExitedError) as error:
         print(f"kvpolicy demo: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,0 +1,86 @@
+"""The demo's failure paths, run in-process: they must fail loudly, report honestly and leave nothing running."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from demo_helpers import processes_mentioning
+from kvpolicy.demo import run as demo_run
+from kvpolicy.demo import scenarios
+from kvpolicy.demo.processes import ChildExitedError
+from kvpolicy.demo.run import DemoError, DemoOptions, all_decided, in_scenario_order, run_demo
+
+
+def _options(report_dir: Path, deadline_seconds: float = 120.0) -> DemoOptions:
+    return DemoOptions(
+        report_dir=report_dir,
+        timing=scenarios.FAST_TIMING,
+        mode="test",
+        use_prometheus=False,
+        deadline_seconds=deadline_seconds,
+        requests_per_second=1.0,
+    )
+
+
+@pytest.fixture
+def no_figures_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The figures take CPU-seconds; these tests are about what happens around them.
+    monkeypatch.setattr(demo_run, "FIGURES_WAIT_SECONDS", 0.1)
+
+
+async def test_without_the_operator_nothing_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(demo_run, "operator_available", lambda: False)
+    with pytest.raises(DemoError, match=r"operator .* is not part of this install.*nothing was started"):
+        await run_demo(_options(tmp_path / "report"), io.StringIO(), live=False)
+    assert not (tmp_path / "report").exists()
+
+
+async def test_an_operator_that_dies_stops_the_demo_with_its_log(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_figures_wait: None
+) -> None:
+    crash = [sys.executable, "-c", "import sys; print('cannot reach the API server'); sys.exit(3)"]
+    monkeypatch.setattr(demo_run, "operator_argv", lambda: crash)
+    report_dir = tmp_path / "report"
+    with pytest.raises(ChildExitedError, match=r"operator exited with code 3(.|\n)*cannot reach the API server"):
+        await run_demo(_options(report_dir), io.StringIO(), live=False)
+    assert processes_mentioning(str(report_dir)) == []
+
+
+async def test_undecided_policies_are_reported_as_they_stand(tmp_path: Path, no_figures_wait: None) -> None:
+    report_dir = tmp_path / "report"
+    out = io.StringIO()
+    result = await run_demo(_options(report_dir, deadline_seconds=0.1), out, live=False)
+    assert not result.decided
+    assert "not every policy was decided within 0 s" in out.getvalue()
+    saved = list(yaml.safe_load_all((report_dir / "kvpolicies.yaml").read_text()))
+    assert len(saved) == len(scenarios.SCENARIOS)
+    # Whatever the operator had written by then is shown, and nothing claims a decision it did not make.
+    report = result.report.read_text()
+    for obj in saved:
+        decision = (obj.get("status") or {}).get("decision")
+        assert decision is None or decision["result"] in report
+    assert "figures could not be drawn" in report
+    assert processes_mentioning(str(report_dir)) == []
+
+
+def test_all_decided_needs_a_terminal_phase_and_a_decision() -> None:
+    decision = {"result": "Promoted", "reason": "GatesPassed"}
+    assert all_decided([{"status": {"phase": "Promoted", "decision": decision}}])
+    assert not all_decided([{"status": {"phase": "Promoting", "decision": decision}}])
+    assert not all_decided([{"status": {"phase": "Promoted"}}])
+    assert not all_decided([])
+
+
+def test_policies_follow_the_scenario_order() -> None:
+    names = ["zzz-extra", "gpt-oss-20b", "llama-longdoc-unfixed", "aaa-extra"]
+    ordered = in_scenario_order([{"metadata": {"name": name}} for name in names])
+    assert [obj["metadata"]["name"] for obj in ordered] == [
+        "llama-longdoc-unfixed",
+        "gpt-oss-20b",
+        "aaa-extra",
+        "zzz-extra",
+    ]
