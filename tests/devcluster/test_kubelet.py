@@ -244,6 +244,41 @@ def test_job_runs_with_service_urls_resolved_and_reports_its_termination_message
     assert json.loads(terminated["message"]) == {"arg": f"http://{pod_ip}:8000/v1", "env": f"http://{pod_ip}:8000"}
 
 
+def waiting_message(pod: dict) -> str:
+    statuses = pod.get("status", {}).get("containerStatuses", [])
+    return statuses[0]["state"].get("waiting", {}).get("message", "") if statuses else ""
+
+
+def test_job_waits_for_the_service_it_calls(devcluster: ThreadedDevCluster, devcluster_namespace: str) -> None:
+    ns = devcluster_namespace
+    script = f"import os, sys; open(os.environ['{TERMINATION_LOG_ENV}'], 'w').write(sys.argv[1])"
+    devcluster.create(job("early", ns, ["python", "-c", script, f"http://late.{ns}.svc:80/v1"]))
+    devcluster.wait_for("batch/v1", "Job", "early", ns, lambda j: j.get("status", {}).get("active") == 1)
+    pod_name = devcluster.list("v1", "Pod", ns, label_selector="job-name=early")[0]["metadata"]["name"]
+    pod = devcluster.wait_for("v1", "Pod", pod_name, ns, lambda p: "waiting for a ready pod" in waiting_message(p))
+    assert waiting_message(pod) == f"waiting for a ready pod behind http://late.{ns}.svc:80"
+    devcluster.create(deployment("late", ns))
+    devcluster.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "late", "namespace": ns},
+                       "spec": {"selector": {"app": "late"}, "ports": [{"port": 80, "targetPort": 8000}]}})  # fmt: skip
+    devcluster.wait_for("batch/v1", "Job", "early", ns, job_finished)
+    pod_ip = pods_of(devcluster, ns, "late")[0]["status"]["podIP"]
+    terminated = devcluster.get("v1", "Pod", pod_name, ns)["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["message"] == f"http://{pod_ip}:8000/v1"
+
+
+def test_job_gives_up_waiting_for_a_missing_service(devcluster: ThreadedDevCluster, devcluster_namespace: str) -> None:
+    ns = devcluster_namespace
+    kubelet = devcluster.cluster.kubelet
+    devcluster.call(setattr, kubelet, "service_wait_seconds", 0.2)
+    try:
+        script = "import sys; sys.exit(0 if sys.argv[1].startswith('http://nowhere.') else 1)"
+        devcluster.create(job("hopeless", ns, ["python", "-c", script, f"http://nowhere.{ns}.svc/"]))
+        status = devcluster.wait_for("batch/v1", "Job", "hopeless", ns, job_finished)["status"]
+        assert status["succeeded"] == 1  # it ran, with the URL as written: a real cluster's DNS would fail it
+    finally:
+        devcluster.call(setattr, kubelet, "service_wait_seconds", 30.0)
+
+
 def test_failing_job_retries_up_to_its_backoff_limit(devcluster: ThreadedDevCluster, devcluster_namespace: str) -> None:
     ns = devcluster_namespace
     script = "import sys; print('x' * 5000 + 'the gate failed'); sys.exit(4)"

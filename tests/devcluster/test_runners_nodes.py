@@ -7,7 +7,7 @@ import sys
 import pytest
 from kvpolicy.devcluster import GPU_MODELS, POOL_LABEL, NodePool, SimulatorRunner
 from kvpolicy.devcluster.kubelet import job_argv, template_hash, with_condition
-from kvpolicy.devcluster.nodes import PodIpAllocator, rewrite_service_urls, schedule
+from kvpolicy.devcluster.nodes import PodIpAllocator, rewrite_service_urls, schedule, unresolved_service_urls
 from kvpolicy.devcluster.runners import vllm_serve_args
 
 H200_LABELS = NodePool("h200", "NVIDIA-H200").labels()
@@ -110,6 +110,15 @@ def test_service_urls_resolve_to_a_ready_pod() -> None:
         "--url http://127.1.1.1:8000/v1 http://127.1.1.1:8000/v1 http://127.1.1.2:8080 http://vllm:81 "
         "http://other:80 http://gate:9000 http://vllm.a.svc.example.com"
     )
+
+
+def test_unresolved_service_urls() -> None:
+    services = [service("vllm", "a", 80, 8000, app="vllm"), service("idle", "a", 80, 8000, app="idle")]
+    pods = [ready_pod("p1", "a", "127.1.1.1", app="vllm")]
+    text = ("http://vllm.a.svc:80 http://late.a.svc.cluster.local:8080/x http://idle:80 http://idle.a.svc "
+            "http://localhost:8000 http://vllm")  # fmt: skip
+    assert unresolved_service_urls(text, "a", services, pods) == [
+        "http://late.a.svc.cluster.local:8080", "http://idle:80", "http://idle.a.svc"]  # fmt: skip
 
 
 def test_job_commands() -> None:

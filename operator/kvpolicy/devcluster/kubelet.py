@@ -29,7 +29,14 @@ from typing import Any
 
 import aiohttp
 
-from kvpolicy.devcluster.nodes import POOL_LABEL, NodePool, PodIpAllocator, counts_against_capacity, schedule
+from kvpolicy.devcluster.nodes import (
+    POOL_LABEL,
+    NodePool,
+    PodIpAllocator,
+    counts_against_capacity,
+    schedule,
+    unresolved_service_urls,
+)
 from kvpolicy.devcluster.nodes import rewrite_service_urls as rewrite_urls
 from kvpolicy.devcluster.resources import ResourceType
 from kvpolicy.devcluster.runners import ContainerRunner, container_port
@@ -132,8 +139,10 @@ class Kubelet:
     workdir: Path
     ips: PodIpAllocator = field(default_factory=PodIpAllocator)
     restart_backoff_seconds: float = 0.2
+    service_wait_seconds: float = 30.0
     _runtimes: dict[str, PodRuntime] = field(default_factory=dict, init=False)
     _job_started: dict[str, float] = field(default_factory=dict, init=False)
+    _first_seen: dict[str, float] = field(default_factory=dict, init=False)
     _stopping_tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False)
     _http: aiohttp.ClientSession | None = field(default=None, init=False)
 
@@ -424,6 +433,9 @@ class Kubelet:
         live_uids = {pod["metadata"]["uid"] for pod in pods}
         for uid in [uid for uid in self._runtimes if uid not in live_uids]:
             self._stop_later(self._runtimes.pop(uid))
+        for uid in [uid for uid in self._first_seen if uid not in live_uids]:
+            del self._first_seen[uid]
+        wakes: list[float] = []
         for pod in pods:
             if pod["metadata"].get("deletionTimestamp") or pod.get("status", {}).get("phase") in TERMINAL_PHASES:
                 continue
@@ -433,9 +445,36 @@ class Kubelet:
                 node = next((n for n in nodes if n["metadata"]["name"] == pod["spec"]["nodeName"]), None)
                 if node is None:
                     self._node_missing(pod)
+                elif (wait := self._wait_for_services(pod)) is not None:
+                    wakes.append(wait)
                 else:
                     self._isolated(functools.partial(self._start, node=node), pod)
-        return None
+        return min(wakes) if wakes else None
+
+    def _wait_for_services(self, pod: Obj) -> float | None:
+        """Hold a pod whose Service URLs cannot reach a ready pod yet, for up to `service_wait_seconds`.
+
+        On a real cluster DNS and a few seconds of container start hide the order in which a Job and the Service
+        it calls appear; here a process starts within milliseconds, so it waits for them instead. Returns how
+        long to wait before looking again, or None to start the pod now.
+        """
+        container = (pod["spec"].get("containers") or [{}])[0]
+        texts = [str(variable.get("value", "")) for variable in container.get("env") or []]
+        if pod["spec"].get("restartPolicy", "Always") in ("Never", "OnFailure"):
+            texts += [str(part) for part in (container.get("command") or []) + (container.get("args") or [])]
+        namespace = pod["metadata"]["namespace"]
+        services, pods = self.store.list_objects(self._services), self.store.list_objects(self._pods)
+        unresolved = [url for text in texts for url in unresolved_service_urls(text, namespace, services, pods)]
+        first_seen = self._first_seen.setdefault(pod["metadata"]["uid"], time.monotonic())
+        remaining = first_seen + self.service_wait_seconds - time.monotonic()
+        if not unresolved or remaining <= 0:
+            return None
+        status = copy.deepcopy(pod.get("status") or {})
+        status.setdefault("phase", "Pending")
+        waiting = {"reason": "ContainerCreating", "message": f"waiting for a ready pod behind {unresolved[0]}"}
+        status["containerStatuses"] = [self._container_status(container, False, {"waiting": waiting})]
+        self._write_status(pod, status)
+        return remaining
 
     def _node_missing(self, pod: Obj) -> None:
         """A pod bound to a node that does not exist stays Pending, saying so (as on a real cluster)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,18 +136,15 @@ def _target_port(service_port: Mapping[str, Any], pod: Mapping[str, Any]) -> int
     raise LookupError(f"no container port named {target!r}")
 
 
-def rewrite_service_urls(text: str, namespace: str, services: Iterable[Obj], pods: Iterable[Obj]) -> str:
-    """Replace Service URLs with `http://<ready pod IP>:<targetPort>`: the stand-in for cluster DNS + kube-proxy.
-
-    URLs naming no known Service, or a Service with no ready pod, are left as they are.
-    """
+def _resolver(namespace: str, services: Iterable[Obj], pods: Iterable[Obj]) -> Callable[[re.Match[str]], str | None]:
+    """Resolve one matched Service URL to `http://<ready pod IP>:<targetPort>`, or None when it cannot be."""
     by_key = {(svc["metadata"]["namespace"], svc["metadata"]["name"]): svc for svc in services}
     ready_pods = sorted((pod for pod in pods if _is_ready(pod)), key=lambda pod: pod["metadata"]["name"])
 
-    def replace(match: re.Match[str]) -> str:
+    def resolve(match: re.Match[str]) -> str | None:
         service = by_key.get((match["namespace"] or namespace, match["name"]))
         if service is None:
-            return match[0]
+            return None
         port = int(match["port"] or 80)
         service_ports = [p for p in service["spec"].get("ports") or [] if int(p["port"]) == port]
         selector = service["spec"].get("selector")
@@ -158,6 +155,31 @@ def rewrite_service_urls(text: str, namespace: str, services: Iterable[Obj], pod
                     return f"http://{pod['status']['podIP']}:{_target_port(service_ports[0], pod)}"
                 except LookupError:
                     continue
-        return match[0]
+        return None
 
-    return _SERVICE_URL.sub(replace, text)
+    return resolve
+
+
+def rewrite_service_urls(text: str, namespace: str, services: Iterable[Obj], pods: Iterable[Obj]) -> str:
+    """Replace Service URLs with `http://<ready pod IP>:<targetPort>`: the stand-in for cluster DNS + kube-proxy.
+
+    URLs naming no known Service, or a Service with no ready pod, are left as they are.
+    """
+    resolve = _resolver(namespace, services, pods)
+    return _SERVICE_URL.sub(lambda match: resolve(match) or match[0], text)
+
+
+def unresolved_service_urls(text: str, namespace: str, services: Iterable[Obj], pods: Iterable[Obj]) -> list[str]:
+    """Service URLs in `text` that cannot reach a ready pod yet.
+
+    That is every `NAME.NAMESPACE.svc` URL that does not resolve, and short `http://NAME` URLs naming an existing
+    Service without a ready pod (other short URLs, like http://localhost:8000, are not Service URLs).
+    """
+    services = list(services)
+    resolve = _resolver(namespace, services, pods)
+    names = {(svc["metadata"]["namespace"], svc["metadata"]["name"]) for svc in services}
+    return [
+        match[0]
+        for match in _SERVICE_URL.finditer(text)
+        if (match["namespace"] or (namespace, match["name"]) in names) and resolve(match) is None
+    ]
