@@ -26,7 +26,7 @@ class FakeKubeApi:
     objects: dict[tuple[str, str | None, str], Obj] = field(default_factory=dict)
     events: list[Obj] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
-    fail: dict[str, ApiError] = field(default_factory=dict)  # verb -> error raised once
+    fail: dict[str, Exception] = field(default_factory=dict)  # verb -> error raised once
 
     def put(self, resource: Resource, namespace: str | None, obj: Obj) -> None:
         self.objects[(resource.plural, namespace, obj["metadata"]["name"])] = copy.deepcopy(obj)

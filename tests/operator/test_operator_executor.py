@@ -165,6 +165,36 @@ async def test_reconciler_retries_retryable_errors_and_stops_when_the_policy_is_
     assert api.calls == ["get", "get"], "one failure, then the policy was found gone"
 
 
+async def test_reconciler_survives_an_unexpected_error() -> None:
+    api = FakeKubeApi()
+    api.put(KVPOLICIES, NAMESPACE, raw_policy())
+    api.fail["get"] = RuntimeError("a bug")
+    reconciler = Reconciler(api, CONFIG, max_backoff_seconds=0.01)
+    del api.objects[("kvpolicies", NAMESPACE, "llama-fp8")]
+
+    class NeverStopped:
+        def __bool__(self) -> bool:
+            return False
+
+        async def wait(self) -> None:
+            await asyncio.Event().wait()
+
+    await asyncio.wait_for(reconciler.run_policy(NAMESPACE, "llama-fp8", "uid-1", NeverStopped()), timeout=5)
+    assert api.calls == ["get", "get"]
+
+
+async def test_observer_ignores_a_canary_being_deleted() -> None:
+    api = FakeKubeApi()
+    api.put(DEPLOYMENTS, NAMESPACE, target_deployment())
+    canary = target_deployment()
+    canary["metadata"] = {"name": "llama-fp8-canary-g1", "deletionTimestamp": "2026-01-01T00:00:00Z"}
+    api.put(DEPLOYMENTS, NAMESPACE, canary)
+    canary_ref = {"deployment": "llama-fp8-canary-g1", "service": "llama-fp8-canary-g1", "generation": 1}
+    status = {"phase": "Promoting", "specHash": rollout_hash(make_policy().spec), "canary": canary_ref}
+    observed = await Observer(api).observe(make_policy(status=status), NOW)
+    assert observed.target is not None and observed.canary is None
+
+
 async def test_reconciler_raises_errors_that_will_not_pass() -> None:
     api = FakeKubeApi(fail={"get": ApiError(403, "Forbidden", "no RBAC")})
 

@@ -167,7 +167,7 @@ class Observer:
         return Observations(
             now=now,
             target=target,
-            canary=live([canary])[0] if canary else None,
+            canary=next(iter(live([canary] if canary else [])), None),
             canary_pods=canary_pods,
             services=services,
             jobs=jobs,

@@ -95,15 +95,24 @@ class Reconciler:
                     if not error.retryable:
                         raise
                     failures += 1
-                    delay = min(self.max_backoff_seconds, self.config.poll_seconds * 2 ** min(failures, 10) / 4)
+                    delay = self._backoff(failures)
                     metrics.record_reconcile_error(error.reason or str(error.code))
                     logger.warning("%s/%s: %s; retrying in %.1f s", namespace, name, error, delay)
+                except Exception:
+                    # A bug must not end the policy's loop for good: say so loudly and try again later.
+                    failures += 1
+                    delay = self._backoff(failures)
+                    metrics.record_reconcile_error("Unexpected")
+                    logger.exception("%s/%s: unexpected error; retrying in %.1f s", namespace, name, delay)
                 if delay is None:
                     return
                 await self._sleep(uid, stopped, delay)
         finally:
             self._wake.pop(uid, None)
             self._generations.pop(uid, None)
+
+    def _backoff(self, failures: int) -> float:
+        return min(self.max_backoff_seconds, self.config.poll_seconds * 2.0 ** min(failures, 10) / 4)
 
     async def reconcile_once(self, namespace: str, name: str) -> float | None:
         """One pass; the seconds until the next one, or None when the policy is gone or being deleted."""
