@@ -452,16 +452,17 @@ class Kubelet:
         return min(wakes) if wakes else None
 
     def _wait_for_services(self, pod: Obj) -> float | None:
-        """Hold a pod whose Service URLs cannot reach a ready pod yet, for up to `service_wait_seconds`.
+        """Hold a Job's pod whose Service URLs cannot reach a ready pod yet, for up to `service_wait_seconds`.
 
         On a real cluster DNS and a few seconds of container start hide the order in which a Job and the Service
         it calls appear; here a process starts within milliseconds, so it waits for them instead. Returns how
         long to wait before looking again, or None to start the pod now.
         """
+        if pod["spec"].get("restartPolicy", "Always") not in ("Never", "OnFailure"):
+            return None
         container = (pod["spec"].get("containers") or [{}])[0]
         texts = [str(variable.get("value", "")) for variable in container.get("env") or []]
-        if pod["spec"].get("restartPolicy", "Always") in ("Never", "OnFailure"):
-            texts += [str(part) for part in (container.get("command") or []) + (container.get("args") or [])]
+        texts += [str(part) for part in (container.get("command") or []) + (container.get("args") or [])]
         namespace = pod["metadata"]["namespace"]
         services, pods = self.store.list_objects(self._services), self.store.list_objects(self._pods)
         unresolved = [url for text in texts for url in unresolved_service_urls(text, namespace, services, pods)]
