@@ -37,18 +37,34 @@ F = torch.nn.functional
 MODES = [AccumulationMode.SINGLE_LEVEL, AccumulationMode.TWO_LEVEL, AccumulationMode.TWO_LEVEL_SPLIT]
 PREFILL_CONFIGS = {
     64: [TileConfig(64, 128, 4, 3), TileConfig(128, 64, 4, 3), TileConfig(128, 128, 8, 3), TileConfig(64, 64, 4, 3)],
-    128: [TileConfig(64, 128, 4, 3), TileConfig(128, 64, 4, 3), TileConfig(128, 128, 8, 3), TileConfig(128, 64, 8, 3)],
-    256: [TileConfig(128, 128, 8, 3), TileConfig(128, 64, 8, 2), TileConfig(64, 128, 4, 3), TileConfig(64, 64, 4, 2)],
+    128: [
+        TileConfig(64, 128, 4, 3),
+        TileConfig(128, 64, 4, 3),
+        TileConfig(128, 128, 8, 3),
+        TileConfig(64, 64, 4, 3),
+        TileConfig(64, 128, 4, 4),
+    ],
+    256: [
+        TileConfig(128, 128, 8, 3),
+        TileConfig(128, 64, 8, 2),
+        TileConfig(64, 128, 4, 3),
+        TileConfig(64, 64, 4, 2),
+        TileConfig(128, 128, 8, 2),
+    ],
 }
 DECODE_CONFIGS = [
     DecodeConfig(64, 4, 3),
     DecodeConfig(128, 4, 3),
-    DecodeConfig(128, 4, 4),
-    DecodeConfig(128, 8, 3),
-    DecodeConfig(256, 8, 3),
-    DecodeConfig(256, 4, 2),
+    DecodeConfig(128, 2, 3),
+    DecodeConfig(256, 8, 2),
+    DecodeConfig(64, 4, 1),
+    DecodeConfig(128, 4, 1),
+    DecodeConfig(128, 8, 1),
+    DecodeConfig(256, 4, 1),
 ]
-DECODE_SPLIT_TARGETS = (2, 4, 8)  # programs per multiprocessor
+# FP8 caches: products in FP8 (mma.sync on converted operands), or keys and/or values converted to bf16 first.
+UPCASTS = ((False, False), (False, True), (True, True))
+DECODE_SPLIT_TARGETS = (4, 8, 16)  # programs per multiprocessor
 
 
 def bench_ms(fn: Callable[[], Any], rep: int = 200) -> float:
@@ -134,7 +150,10 @@ def precompile(workers: int) -> dict[str, str]:
     ]
     decode_tasks = [(name, cfg) for name in ("triton-bf16", "single-level", "two-level") for cfg in DECODE_CONFIGS]
     decode_tasks += [
-        (name, replace(cfg, upcast_values=True)) for name in ("single-level", "two-level") for cfg in DECODE_CONFIGS
+        (name, replace(cfg, upcast_keys=keys, upcast_values=values))
+        for name in ("single-level", "two-level")
+        for cfg in DECODE_CONFIGS
+        for keys, values in UPCASTS[1:]
     ]
     failures = {}
     ctx = __import__("multiprocessing").get_context("spawn")
@@ -240,12 +259,13 @@ def bench_decode(results: Results, failures: dict[str, str], copy_gbs: float) ->
         mode = AccumulationMode.TWO_LEVEL
         best: tuple[float, DecodeConfig] | None = None
         for cfg in DECODE_CONFIGS:
-            if repr((name, cfg)) in failures or repr((name, replace(cfg, upcast_values=True))) in failures:
-                continue
-            for per_sm, upcast in itertools.product(
-                DECODE_SPLIT_TARGETS, (False, True) if name != "triton-bf16" else (False,)
+            for per_sm, (keys, values) in itertools.product(
+                DECODE_SPLIT_TARGETS, UPCASTS if name != "triton-bf16" else UPCASTS[:1]
             ):
-                c = DecodeConfig(cfg.block_n, cfg.num_warps, cfg.num_stages, per_sm * sms, upcast)
+                compiled_as = replace(cfg, upcast_keys=keys, upcast_values=values)
+                if repr((name, compiled_as)) in failures:
+                    continue
+                c = replace(compiled_as, target_programs=per_sm * sms)
                 ms = bench_ms(partial(paged_decode, q, cache, max_seq_len=131072, mode=mode, config=c), rep=100)
                 if best is None or ms < best[0]:
                     best = (ms, c)
@@ -305,29 +325,54 @@ def bench_accuracy(results: Results, max_len: int) -> None:
         lengths = probe_lengths(4096, max_len) if head_dim == 128 else [131072, max_len]
         for length in lengths:
             entry = {}
-            for mode in MODES:
+            variants = [(mode.value, mode, None) for mode in MODES]
+            variants.append(("two-level/64-key tiles", AccumulationMode.TWO_LEVEL, TileConfig(64, 64, 4, 3)))
+            for label, mode, cfg in variants:
 
-                def fp8(q: Any, k: Any, v: Any, s: tuple[float, float, float], mode: AccumulationMode = mode) -> Any:
+                def fp8(
+                    q: Any,
+                    k: Any,
+                    v: Any,
+                    s: tuple[float, float, float],
+                    mode: AccumulationMode = mode,
+                    cfg: TileConfig | None = cfg,
+                ) -> Any:
                     return attention_prefill(
-                        q, k, v, mode=mode, q_scale=s[0], k_scale=s[1], v_scale=s[2], out_dtype=torch.float32
+                        q,
+                        k,
+                        v,
+                        mode=mode,
+                        q_scale=s[0],
+                        k_scale=s[1],
+                        v_scale=s[2],
+                        out_dtype=torch.float32,
+                        config=cfg,
                     )
 
                 r = measure_length(
                     length, head_dim=head_dim, heads=4, queries=128, v_mean=1.0, device="cuda", seed=1,
                     fp8_attention=fp8, bf16_attention=partial(attention_prefill, out_dtype=torch.float32),
                 )  # fmt: skip
-                entry[mode.value] = r.as_json()
+                entry[label] = r.as_json()
                 torch.cuda.empty_cache()
             data[f"d{head_dim}-{length}"] = entry
             rows.append(
                 [str(head_dim), f"{length:,}", f"{entry['two-level']['bf16MeanRelError']:.2e}"]
-                + [f"{entry[m.value]['meanRelError']:.2e} ({entry[m.value]['signedShrink']:+.2%})" for m in MODES]
+                + [f"{e['meanRelError']:.2e} ({e['signedShrink']:+.2%})" for e in entry.values()]
             )
             results.data["accuracy_prefill"] = data
             results.save()
     results.table(
         "Prefill accuracy: mean relative error vs float64 (mean signed shrink); 4 heads x 128 queries, V ~ N(1, 1)",
-        ["head_dim", "keys", "Triton BF16", "FP8 1-level", "FP8 2-level", "FP8 2-level split"],
+        [
+            "head_dim",
+            "keys",
+            "Triton BF16",
+            "FP8 1-level",
+            "FP8 2-level",
+            "FP8 2-level split",
+            "FP8 2-level, 64-key tiles",
+        ],
         rows,
     )
 
@@ -346,13 +391,20 @@ def bench_decode_accuracy(results: Results, max_len: int) -> None:
         cache8 = PagedKVCache(k8, v8, table, lens)
         ref = paged_decode_reference(q8, k8, v8, table, lens, q_scale=qs, k_scale=ks, v_scale=vs)
         entry = {}
-        for mode, splits in (("single-level", 1), ("two-level", 1), ("two-level", None)):
+        for mode, splits, bf16_products in (
+            ("single-level", 1, False),
+            ("two-level", 1, False),
+            ("two-level", None, False),
+            ("two-level", None, True),
+        ):
             out = paged_decode(
                 q8, cache8, max_seq_len=length, mode=mode, q_scale=qs, k_scale=ks, v_scale=vs,
                 out_dtype=torch.float32, num_splits=splits,
+                config=DecodeConfig(upcast_keys=bf16_products, upcast_values=bf16_products),
             )  # fmt: skip
             err, shrink = row_errors(out, ref)
-            entry[f"{mode}/{'1 split' if splits == 1 else 'auto splits'}"] = {
+            label = f"{mode}/{'1 split' if splits == 1 else 'auto splits'}{'/bf16 products' if bf16_products else ''}"
+            entry[label] = {
                 "meanRelError": err,
                 "signedShrink": shrink,
             }
@@ -372,7 +424,14 @@ def bench_decode_accuracy(results: Results, max_len: int) -> None:
         results.save()
     results.table(
         "Decode accuracy (2 sequences, GQA 8/2, head_dim 128): mean relative error vs float64 (signed shrink)",
-        ["context", "Triton BF16", "FP8 1-level, 1 split", "FP8 2-level, 1 split", "FP8 2-level, auto splits"],
+        [
+            "context",
+            "Triton BF16",
+            "FP8 1-level, 1 split",
+            "FP8 2-level, 1 split",
+            "FP8 2-level, auto splits",
+            "FP8 cache, bf16 products",
+        ],
         rows,
     )
 

@@ -98,12 +98,13 @@ def prefill_variants(target: GPUTarget) -> None:
 def decode_variants(target: GPUTarget) -> None:
     for dtype in ("fp8", "bf16"):
         element = ELEMENT[dtype]
+        fp8 = dtype == "fp8"
         for head_dim in (64, 128, 256):
             for two_level, upcast in ((False, False), (True, False), (True, True)):
                 for block_n, warps, stages in ((64, 4, 3), (128, 4, 3), (256, 4, 2)):
                     constants = {
                         "GROUP_PAD": 16, "HEAD_DIM": head_dim, "PAGE_SIZE": 16, "BLOCK_N": block_n,
-                        "TWO_LEVEL": two_level, "UPCAST_V": upcast and dtype == "fp8",
+                        "TWO_LEVEL": two_level, "UPCAST_K": upcast and fp8, "UPCAST_V": upcast and fp8,
                         "P_LOG2_SCALE": math.log2(448.0) if dtype == "fp8" else 0.0,
                     }  # fmt: skip
                     pointers = {

@@ -36,6 +36,7 @@ def paged_decode_partial_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
+    UPCAST_K: tl.constexpr,
     UPCAST_V: tl.constexpr,
     P_LOG2_SCALE: tl.constexpr,
 ):
@@ -56,6 +57,8 @@ def paged_decode_partial_kernel(
     heads = kv_head * group + offs_g
     head_ok = offs_g < group
     q = tl.load(Q + seq.to(tl.int64) * s_qs + heads[:, None] * s_qh + offs_d[None, :], mask=head_ok[:, None], other=0.0)
+    if UPCAST_K:
+        q = q.to(tl.bfloat16)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
@@ -69,6 +72,9 @@ def paged_decode_partial_kernel(
         slot = toks % PAGE_SIZE
         kt_ptrs = k_head + page[None, :] * s_kb + slot[None, :] * s_kt + offs_d[:, None]
         kt = tl.load(kt_ptrs, mask=tok_ok[None, :], other=0.0)
+        if UPCAST_K:
+            # bf16 products from the FP8 cache: mma.sync's 8-bit operand layouts need shuffles that bf16's do not.
+            kt = kt.to(tl.bfloat16)
         s = tl.where(tok_ok[None, :], tl.dot(q, kt), float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         p = tl.math.exp2(s * qk_scale - (m_new - P_LOG2_SCALE)[:, None])
@@ -78,7 +84,6 @@ def paged_decode_partial_kernel(
         v_ptrs = v_head + page[:, None] * s_vb + slot[:, None] * s_vt + offs_d[None, :]
         v = tl.load(v_ptrs, mask=tok_ok[:, None], other=0.0)
         if UPCAST_V:
-            # bf16 P·V: the group's few rows make this cheap, and V needs no FP8 operand transpose.
             v = v.to(tl.bfloat16)
         p = p.to(v.dtype)
         acc = acc * alpha[:, None] + tl.dot(p, v) if TWO_LEVEL else tl.dot(p, v, acc * alpha[:, None])

@@ -19,13 +19,14 @@ MIN_GROUP_ROWS = 16
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Tokens per tile, launch parameters, programs to aim for (None: 4 per multiprocessor), and whether FP8 V is
-    converted to bf16 for the P·V product (the cache stays FP8; only the arithmetic changes)."""
+    """Tokens per tile, launch parameters, programs to aim for (None: 4 per multiprocessor), and whether FP8 keys
+    and values are converted to bf16 for the matrix products (the cache stays FP8; only the arithmetic changes)."""
 
     block_n: int = 128
     num_warps: int = 4
     num_stages: int = 3
     target_programs: int | None = None
+    upcast_keys: bool = False
     upcast_values: bool = False
 
 
@@ -123,7 +124,8 @@ def paged_decode(
         part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
         part_max.stride(0), part_max.stride(1),
         GROUP_PAD=max(MIN_GROUP_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim, PAGE_SIZE=page_size,
-        BLOCK_N=cfg.block_n, TWO_LEVEL=mode.two_level, UPCAST_V=cfg.upcast_values and q.dtype == FP8_DTYPE,
+        BLOCK_N=cfg.block_n, TWO_LEVEL=mode.two_level, UPCAST_K=cfg.upcast_keys and q.dtype == FP8_DTYPE,
+        UPCAST_V=cfg.upcast_values and q.dtype == FP8_DTYPE,
         P_LOG2_SCALE=math.log2(FP8_MAX) if q.dtype == FP8_DTYPE else 0.0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip

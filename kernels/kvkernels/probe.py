@@ -275,7 +275,13 @@ def _device_description(device: str) -> str:
 def run_probe(args: argparse.Namespace) -> ProbeReport:
     """Measures every length and judges; raises ProbeUnavailable when it cannot run here."""
     started = time.perf_counter()
-    if args.device == "cpu":
+    mode = AccumulationMode(args.mode)
+    if args.backend == "vllm-fa3":
+        if args.device != "cuda":
+            raise ProbeUnavailable("backend vllm-fa3 runs on CUDA only")
+        fp8_attention, bf16_attention = _vllm_fa3_backend()
+        mode_name = "backend's own (FA3 as built into this vLLM)"
+    elif args.device == "cpu":
         if "kvkernels._prefill_kernels" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             raise ProbeUnavailable("--device cpu needs a fresh process: the GPU kernels are already compiled here")
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined
@@ -287,13 +293,7 @@ def run_probe(args: argparse.Namespace) -> ProbeReport:
         major, minor = torch.cuda.get_device_capability(0)
         if (major, minor) < (8, 9):
             raise ProbeUnavailable(f"this GPU (sm_{major}{minor}) has no FP8 tensor cores; FP8 KV needs sm_89+")
-    mode = AccumulationMode(args.mode)
-    if args.backend == "vllm-fa3":
-        if args.device != "cuda":
-            raise ProbeUnavailable("backend vllm-fa3 runs on CUDA only")
-        fp8_attention, bf16_attention = _vllm_fa3_backend()
-        mode_name = "backend's own (FA3 as built into this vLLM)"
-    else:
+    if args.backend == "triton":
         fp8_attention, bf16_attention = _triton_backend(args.device, mode)
         mode_name = mode.value
     report = ProbeReport(

@@ -94,7 +94,7 @@ def test_vllm_backend_without_vllm_cannot_run(capsys: pytest.CaptureFixture[str]
         pytest.skip("vLLM is installed here")
     except ImportError:
         pass
-    code = probe.main(["--max-len", "8192", "--head-dim", "128", "--backend", "vllm-fa3", "--device", "cpu"])
+    code = probe.main(["--max-len", "8192", "--head-dim", "128", "--backend", "vllm-fa3"])
     assert code == 2
     assert "vllm-fa3" in capsys.readouterr().out
 
