@@ -2,7 +2,11 @@
 
 import asyncio
 import contextlib
+import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 from aiohttp import web
 from kvpolicy.gates import niah
@@ -87,3 +91,19 @@ async def in_process_simulator(**overrides: object) -> AsyncIterator[str]:
     config = SimConfig(**{"served_model_name": MODEL, "time_scale": 0.0, "max_model_len": MAX_MODEL_LEN, **overrides})  # type: ignore[arg-type]
     async with serve(config) as url:
         yield url
+
+
+def run_gate(gate: str, canary: str, baseline: str, tmp_path: Path, *extra: str) -> tuple[int, dict]:
+    """`kvpolicy gate GATE` as a child process: its exit code and JSON, checked against the termination log."""
+    log = tmp_path / "termination-log"
+    completed = subprocess.run(
+        [sys.executable, "-m", "kvpolicy", "gate", gate, "--canary", canary, "--baseline", baseline, *extra],
+        capture_output=True,
+        text=True,
+        env={"KVPOLICY_TERMINATION_LOG": str(log), "PATH": ""},
+        timeout=300,
+    )
+    result: dict = json.loads(completed.stdout)
+    assert json.loads(log.read_text()) == result
+    assert len(log.read_bytes()) <= 4096
+    return completed.returncode, result

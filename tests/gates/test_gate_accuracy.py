@@ -1,13 +1,22 @@
 """The accuracy gate against simulators and misbehaving servers over loopback HTTP."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
-from gate_fakes import MODEL, answer_correctly, fake_vllm, flaky, garbage, hang, in_process_simulator, truncated
+from gate_fakes import (
+    MODEL,
+    answer_correctly,
+    fake_vllm,
+    flaky,
+    garbage,
+    hang,
+    in_process_simulator,
+    run_gate,
+    truncated,
+)
 from kvpolicy.gates import niah
 from kvpolicy.gates.accuracy import AccuracyOptions, run_accuracy_gate, sized_prompt
 from kvpolicy.gates.client import VllmClient
@@ -20,22 +29,9 @@ RESULT_KEYS = {
 
 
 def gate_cli(canary: str, baseline: str, length: int, tmp_path: Path, *extra: str) -> tuple[int, dict]:
-    log = tmp_path / "termination-log"
-    completed = subprocess.run(
-        [
-            *(sys.executable, "-m", "kvpolicy", "gate", "accuracy", "--canary", canary, "--baseline", baseline),
-            *("--length", str(length), "--model", MODEL, *extra),
-        ],
-        capture_output=True,
-        text=True,
-        env={"KVPOLICY_TERMINATION_LOG": str(log), "PATH": ""},
-        timeout=300,
-    )
-    result = json.loads(completed.stdout)
+    code, result = run_gate("accuracy", canary, baseline, tmp_path, "--length", str(length), "--model", MODEL, *extra)
     assert set(result) == RESULT_KEYS
-    assert json.loads(log.read_text()) == result
-    assert len(log.read_bytes()) <= 4096
-    return completed.returncode, result
+    return code, result
 
 
 def options(canary: str, baseline: str, length: int, **overrides: object) -> AccuracyOptions:

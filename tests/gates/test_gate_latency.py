@@ -1,13 +1,12 @@
 """The latency probe against time-scaled simulators: fitted slopes, verdicts and failure paths."""
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gate_fakes import MODEL
+from gate_fakes import MODEL, run_gate
 from kvpolicy.gates.latency import (
     Fit,
     LatencyOptions,
@@ -35,20 +34,8 @@ def timed_simulators() -> Iterator[dict[str, str]]:
 
 
 def probe_cli(canary: str, baseline: str, tmp_path: Path, *extra: str) -> tuple[int, dict]:
-    log = tmp_path / "termination-log"
-    completed = subprocess.run(
-        [
-            *(sys.executable, "-m", "kvpolicy", "gate", "latency", "--canary", canary, "--baseline", baseline),
-            *("--model", MODEL, "--time-scale", str(TIME_SCALE), "--output-tokens", "64", *extra),
-        ],
-        capture_output=True,
-        text=True,
-        env={"KVPOLICY_TERMINATION_LOG": str(log), "PATH": ""},
-        timeout=300,
-    )
-    result = json.loads(completed.stdout)
-    assert json.loads(log.read_text()) == result
-    return completed.returncode, result
+    settings = ("--model", MODEL, "--time-scale", str(TIME_SCALE), "--output-tokens", "64")
+    return run_gate("latency", canary, baseline, tmp_path, *settings, *extra)
 
 
 def test_fits_recover_the_configured_curves(timed_simulators: dict[str, str], tmp_path: Path) -> None:
