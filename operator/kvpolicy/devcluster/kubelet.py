@@ -1,4 +1,4 @@
-"""The kubelet stand-in: Deployment and Job controllers, a scheduler over node pools, and pod processes.
+"""The kubelet stand-in: Deployment, ReplicaSet and Job controllers, a scheduler over node pools, pod processes.
 
 It works on the `Store` directly (same event loop, no HTTP) and is level-triggered: after every change in the cluster
 it reconciles everything once more; a pass that changes nothing writes nothing, so it settles.
@@ -209,7 +209,10 @@ class Kubelet:
         """One pass over everything; returns how soon a time-based step (a Job deadline) is due, if any."""
         wakes = [self._isolated(self._reconcile_deployment, dep) for dep in self.store.list_objects(self._deployments)]
         wakes += [self._isolated(self._reconcile_replica_set, rs) for rs in self.store.list_objects(self._replica_sets)]
-        wakes += [self._isolated(self._reconcile_job, job) for job in self.store.list_objects(self._jobs)]
+        jobs = self.store.list_objects(self._jobs)
+        wakes += [self._isolated(self._reconcile_job, job) for job in jobs]
+        for uid in self._job_started.keys() - {job["metadata"]["uid"] for job in jobs}:
+            del self._job_started[uid]
         wakes.append(self._reconcile_pods())
         due = [wake for wake in wakes if wake is not None]
         return max(0.0, min(due)) if due else None
