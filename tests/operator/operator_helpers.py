@@ -12,6 +12,7 @@ from typing import Any
 
 import jsonpatch
 from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy
+from kvpolicy.controller.observe import PHASE_NEEDS
 from kvpolicy.controller.state import (
     Create,
     Delete,
@@ -19,11 +20,12 @@ from kvpolicy.controller.state import (
     Kind,
     Observations,
     Patch,
+    Phase,
     PodView,
     StepConfig,
     StepResult,
 )
-from kvpolicy.controller.step import step
+from kvpolicy.controller.step import rollout_hash, step
 from kvpolicy.gpu import KNOWN_PRODUCTS, gpu_facts
 
 NAMESPACE = "serving"
@@ -168,17 +170,19 @@ class World:
             termination_message=output,
         )
 
-    def observe(self, now: datetime, **extra: Any) -> Observations:
+    def observe(self, now: datetime, phase: str | None = None, **extra: Any) -> Observations:
+        """What observe.py would read in this phase (everything when no phase is given)."""
+        needs = PHASE_NEEDS.get(Phase(phase), frozenset()) if phase else {"canary", "pods", "services", "jobs"}
         canary = next(iter(self.deployments.values()), None)
         views = {name: self.job_views.get(name, JobView(name)) for name in self.jobs}
         return Observations(
             now=now,
             target=copy.deepcopy(self.target),
             gpu=self.gpu,
-            canary=copy.deepcopy(canary),
-            canary_pods=tuple(self.pods.values()),
-            services=frozenset(self.services),
-            jobs=views,
+            canary=copy.deepcopy(canary) if "canary" in needs else None,
+            canary_pods=tuple(self.pods.values()) if "pods" in needs else (),
+            services=frozenset(self.services) if "services" in needs else frozenset(),
+            jobs=views if "jobs" in needs else {},
             **extra,
         )
 
@@ -192,9 +196,23 @@ class Driver:
     now: datetime = T0
     results: list[StepResult] = field(default_factory=list)
 
-    def tick(self, seconds: float = 1.0, **extra: Any) -> StepResult:
+    def tick(self, seconds: float = 1.0, settle: bool = True, **extra: Any) -> StepResult:
+        """One pass after `seconds`; with `settle`, further passes right away while the step asks for them (requeue
+        0), as the operator's loop does. Returns the first pass's result."""
         self.now += timedelta(seconds=seconds)
-        result = step(self.policy, self.world.observe(self.now, **extra), CONFIG)
+        first = self._pass(**extra)
+        result = first
+        for _ in range(10):
+            if not settle or result.requeue_after > 0:
+                break
+            result = self._pass()
+        return first
+
+    def _pass(self, **extra: Any) -> StepResult:
+        status = self.policy.status
+        planning = status.spec_hash != rollout_hash(self.policy.spec) or not status.phase
+        phase = "Planning" if planning else status.phase
+        result = step(self.policy, self.world.observe(self.now, phase, **extra), CONFIG)
         self.world.apply(result)
         self.policy = self.policy.model_copy(update={"status": result.status})
         self.results.append(result)

@@ -25,6 +25,15 @@ from kvpolicy.gpu import gpu_facts
 Obj = dict[str, Any]
 GPU_PRESENT = {"nvidia.com/gpu.present": "true"}
 JOB_NAME_LABEL = "job-name"
+# What each phase's step looks at beyond the target (fewer requests per pass: 1,000 policies poll one API server).
+PHASE_NEEDS: dict[Phase, frozenset[str]] = {
+    Phase.CANARY_STARTING: frozenset({"canary", "pods", "services"}),
+    Phase.GPU_PREFLIGHT: frozenset({"pods", "jobs"}),
+    Phase.ACCURACY_GATE: frozenset({"pods", "jobs"}),
+    Phase.LATENCY_ANALYSIS: frozenset({"canary", "pods", "jobs"}),
+    Phase.PROMOTING: frozenset({"canary", "services"}),
+    Phase.ROLLING_BACK: frozenset({"canary", "services", "jobs"}),
+}
 
 
 def _condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
@@ -147,17 +156,19 @@ class Observer:
         if phase == Phase.HELD_BF16:
             return Observations(now=now, target=target)
 
+        needs = PHASE_NEEDS.get(phase, frozenset())
         by_policy = label_selector({b.POLICY_LABEL: name})
         canary = None
-        if status.canary is not None:
+        if "canary" in needs and status.canary is not None:
             canary = await self.api.get(DEPLOYMENTS, namespace, status.canary.deployment)
-        pods = live(await self.api.list_objects(PODS, namespace, by_policy))
+        pods = live(await self.api.list_objects(PODS, namespace, by_policy)) if "pods" in needs else []
         canary_pods = tuple(pod_view(pod) for pod in pods if b.CANARY_LABEL in (pod["metadata"].get("labels") or {}))
-        services = frozenset(
-            svc["metadata"]["name"] for svc in live(await self.api.list_objects(SERVICES, namespace, by_policy))
-        )
+        services: frozenset[str] = frozenset()
+        if "services" in needs:
+            services_found = live(await self.api.list_objects(SERVICES, namespace, by_policy))
+            services = frozenset(service["metadata"]["name"] for service in services_found)
         jobs = {}
-        for job in await self.api.list_objects(JOBS, namespace, by_policy):
+        for job in await self.api.list_objects(JOBS, namespace, by_policy) if "jobs" in needs else []:
             job_name = job["metadata"]["name"]
             job_pods = [pod for pod in pods if (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == job_name]
             jobs[job_name] = job_view(job, job_pods)

@@ -361,7 +361,8 @@ def _rollback(t: _Tick, reason: str, message: str) -> None:
     t.condition(ROLLED_BACK, "False", reason, f"rolling back: {message}")
     t.event("Warning", "RollingBack", f"{reason}: {message}")
     t.enter(Phase.ROLLING_BACK)
-    _rolling_back(t)
+    # The rollback itself starts with the next pass, which observes everything it must remove.
+    t.requeue = 0
 
 
 def _gate_sequence(p: Plan) -> list[Phase]:
@@ -375,7 +376,7 @@ def _gate_sequence(p: Plan) -> list[Phase]:
 
 
 def _advance(t: _Tick) -> None:
-    """Enter the phase after the current one and start its work in the same step."""
+    """Enter the phase after the current one. Its work starts with the next pass, on observations made for it."""
     sequence = _gate_sequence(t.plan)
     position = sequence.index(t.phase) if t.phase in sequence else len(sequence) - 1
     if position + 1 < len(sequence):
@@ -383,13 +384,11 @@ def _advance(t: _Tick) -> None:
         t.enter(following)
         if following == Phase.GPU_PREFLIGHT:
             t.status.preflight = GateResult(verdict="Running", job=t.job("preflight"))
-            _gpu_preflight(t)
         elif following == Phase.ACCURACY_GATE:
             t.status.accuracy = GateResult(verdict="Running", job=t.job("accuracy"))
-            _accuracy_gate(t)
         else:
             t.status.latency = LatencyAnalysis()
-            _latency_analysis(t)
+        t.requeue = 0
         return
     if t.spec.rollout.approval == Approval.MANUAL and not t.spec.rollout.approved:
         t.enter(Phase.AWAITING_APPROVAL)
@@ -402,7 +401,7 @@ def _advance(t: _Tick) -> None:
 def _start_promotion(t: _Tick) -> None:
     t.enter(Phase.PROMOTING)
     t.event("Normal", "Promoting", f"gates passed: promoting {t.spec.target_ref.name} to FP8 KV")
-    _promoting(t)
+    t.requeue = 0
 
 
 # ------------------------------------------------------------------------------------------------------------ phases
