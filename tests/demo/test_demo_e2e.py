@@ -67,11 +67,9 @@ def test_the_decision_table_shows_each_scenario_decided_as_the_issue_asks(demo_r
     assert demo_run.returncode == 0, demo_run.stdout[-3000:] + demo_run.stderr[-3000:]
     table = decision_table(demo_run.stdout)
     assert set(table) == set(EXPECTED)
-    for policy, (plan, decision, reason) in EXPECTED.items():
-        row = table[policy]
-        assert (row["plan"], row["decision"]) == (plan, decision), row
-        if reason is not None:
-            assert row["reason"] == reason, row
+    got = {policy: (row["plan"], row["decision"], row["reason"]) for policy, row in table.items()}
+    want = {policy: (plan, decision, reason or got[policy][2]) for policy, (plan, decision, reason) in EXPECTED.items()}
+    assert got == want, demo_run.stdout[-4000:]
     # The accuracy gate caught the mislabelled image: the canary scored well below the baseline.
     canary, baseline = (
         int(score.rstrip("%")) for score in table["llama-longdoc-unfixed"]["NIAH canary/baseline"].split(" / ")
@@ -122,17 +120,22 @@ def _read_until(process: subprocess.Popen[str], text: str, within: float) -> str
     return seen
 
 
-def test_ctrl_c_stops_everything_and_a_second_run_works(demo_run: DemoRun, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("stop", "code", "said"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
+def test_ctrl_c_or_sigterm_stops_everything_and_another_run_works(
+    demo_run: DemoRun, tmp_path: Path, stop: signal.Signals, code: int, said: str
+) -> None:
     report_dir = tmp_path / "interrupted"
     process = subprocess.Popen(_demo_argv(report_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _read_until(process, "KVPolicies applied", within=120)
         assert processes_mentioning(str(report_dir)), "the demo should have pods and an operator running"
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop)
         _, stderr = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 130, stderr
-    assert "interrupted" in stderr
+    assert process.returncode == code, stderr
+    assert said in stderr
     assert processes_mentioning(str(report_dir)) == []
