@@ -74,8 +74,8 @@ def test_log_mode_prints_a_line_per_milestone_only(make_policy: Any) -> None:
     display.update(progress_of([make_policy("llama-longdoc", decided)], NOW))
     lines = stream.getvalue().splitlines()
     assert lines == [
-        "llama-longdoc  AccuracyGate     accuracy gate",
-        "llama-longdoc  Promoted         Promoted: GatesPassed",
+        "llama-longdoc  AccuracyGate      accuracy gate",
+        "llama-longdoc  Promoted          Promoted: GatesPassed",
     ]
     assert "\x1b" not in stream.getvalue()
 

@@ -12,13 +12,14 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from kvpolicy.api.v1alpha1 import KVPolicy
+from kvpolicy.controller.state import Phase
 
 BAR_WIDTH = 20
 RUNNING = "Running"
-ACCURACY_PHASE = "AccuracyGate"
-LATENCY_PHASE = "LatencyAnalysis"
+ACCURACY_PHASE = Phase.ACCURACY_GATE.value
+LATENCY_PHASE = Phase.LATENCY_ANALYSIS.value
 # Wide enough for every phase the operator writes, so lines printed at different times line up.
-PHASE_WIDTH = len(LATENCY_PHASE)
+PHASE_WIDTH = max(len(phase.value) for phase in Phase)
 
 
 @dataclass(frozen=True)

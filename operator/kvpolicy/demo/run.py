@@ -25,6 +25,7 @@ import aiohttp
 
 from kvpolicy.api.crd import crd_object
 from kvpolicy.api.v1alpha1 import API_VERSION, KIND
+from kvpolicy.controller.state import TERMINAL_PHASES
 from kvpolicy.demo import scenarios as world
 from kvpolicy.demo.figures import DATA_FILE
 from kvpolicy.demo.gate_progress import SCRAPE_TIMEOUT_SECONDS, canary_requests
@@ -37,7 +38,6 @@ from kvpolicy.demo.traffic import Route, TrafficGenerator
 from kvpolicy.devcluster import DevCluster, SimulatorRunner
 
 OPERATOR_MODULE = "kvpolicy.controller.run"
-DECIDED_PHASES = frozenset({"Promoted", "RolledBack", "HeldBF16"})
 # Simulated latencies run 1000x faster than real time: a 128k-token prefill takes milliseconds, not seconds.
 TIME_SCALE = 0.001
 POLL_SECONDS = 0.5
@@ -63,7 +63,6 @@ class DemoOptions:
 
 @dataclass(frozen=True)
 class DemoResult:
-    objects: list[dict[str, Any]]
     report: Path
     decided: bool
 
@@ -77,7 +76,7 @@ def all_decided(objects: Sequence[Mapping[str, Any]]) -> bool:
 
     def decided(obj: Mapping[str, Any]) -> bool:
         status = obj.get("status") or {}
-        return status.get("phase") in DECIDED_PHASES and bool(status.get("decision"))
+        return status.get("phase") in TERMINAL_PHASES and bool(status.get("decision"))
 
     return bool(objects) and all(decided(obj) for obj in objects)
 
@@ -303,4 +302,4 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int 
         report = write_report(report_dir, facts, objects, world.SCENARIOS, events, _figures(report_dir, figures))
     say(f"report: {report}")
     say("everything stopped")
-    return DemoResult(objects, report, decided)
+    return DemoResult(report, decided)
