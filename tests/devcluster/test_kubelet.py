@@ -279,7 +279,9 @@ def test_job_gives_up_waiting_for_a_missing_service(devcluster: ThreadedDevClust
         devcluster.call(setattr, kubelet, "service_wait_seconds", 30.0)
 
 
-def test_failing_job_retries_up_to_its_backoff_limit(devcluster: ThreadedDevCluster, devcluster_namespace: str) -> None:
+def test_failing_job_retries_up_to_its_backoff_limit(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
     ns = devcluster_namespace
     script = "import sys; print('x' * 5000 + 'the gate failed'); sys.exit(4)"
     devcluster.create(job("bad", ns, ["python", "-c", script], backoffLimit=1,
@@ -292,6 +294,7 @@ def test_failing_job_retries_up_to_its_backoff_limit(devcluster: ThreadedDevClus
     assert [pod["status"]["phase"] for pod in pods] == ["Failed", "Failed"]
     message = pods[0]["status"]["containerStatuses"][0]["state"]["terminated"]["message"]
     assert message.endswith("the gate failed\n") and len(message.encode()) == 4096
+    assert f"dev cluster pod {ns}/{pods[0]['metadata']['name']} exited with 4" in caplog.text  # with its log tail
 
 
 def test_job_past_its_deadline_fails_and_is_killed(devcluster: ThreadedDevCluster, devcluster_namespace: str) -> None:

@@ -62,6 +62,7 @@ TERMINATION_MESSAGE_LIMIT = 4096
 HEALTH_POLL_SECONDS = 0.05
 STOP_GRACE_SECONDS = 3.0
 LOG_READ_LIMIT = 1 << 20
+LOG_TAIL_ON_FAILURE = 2000
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
@@ -185,10 +186,8 @@ class Kubelet:
 
     def read_log(self, namespace: str, name: str) -> str:
         for runtime in self._runtimes.values():
-            if (runtime.namespace, runtime.name) == (namespace, name) and runtime.log_path.exists():
-                with runtime.log_path.open("rb") as log:
-                    log.seek(max(0, runtime.log_path.stat().st_size - LOG_READ_LIMIT))
-                    return log.read().decode(errors="replace")
+            if (runtime.namespace, runtime.name) == (namespace, name):
+                return self._log_tail(runtime, LOG_READ_LIMIT)
         return ""
 
     def rewrite_service_urls(self, text: str, namespace: str) -> str:
@@ -624,6 +623,9 @@ class Kubelet:
             if runtime.stopping:
                 return
             message = self._termination_message(runtime, container, exit_code)
+            if exit_code != 0:  # in the test's captured log, where a failure's cause is otherwise out of sight
+                logger.warning("dev cluster pod %s/%s exited with %d; log tail:\n%s", runtime.namespace,
+                               runtime.name, exit_code, self._log_tail(runtime, LOG_TAIL_ON_FAILURE))  # fmt: skip
             terminated = {
                 "exitCode": exit_code,
                 "reason": "Completed" if exit_code == 0 else "Error",
@@ -647,10 +649,16 @@ class Kubelet:
             if message:
                 return message
         if exit_code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
-            with runtime.log_path.open("rb") as log:
-                log.seek(max(0, runtime.log_path.stat().st_size - TERMINATION_MESSAGE_LIMIT))
-                return log.read().decode(errors="replace")
+            return self._log_tail(runtime, TERMINATION_MESSAGE_LIMIT)
         return ""
+
+    @staticmethod
+    def _log_tail(runtime: PodRuntime, limit: int) -> str:
+        if not runtime.log_path.exists():
+            return ""
+        with runtime.log_path.open("rb") as log:
+            log.seek(max(0, runtime.log_path.stat().st_size - limit))
+            return log.read().decode(errors="replace")
 
     async def _probe(self, runtime: PodRuntime, container: Mapping[str, Any], restarts: int) -> None:
         """Mark the pod ready once its process answers GET /health with 200."""
