@@ -67,6 +67,19 @@ async def test_undecided_policies_are_reported_as_they_stand(tmp_path: Path, no_
     assert processes_mentioning(str(report_dir)) == []
 
 
+async def test_a_prometheus_that_cannot_start_is_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_figures_wait: None
+) -> None:
+    broken = tmp_path / "prometheus"
+    broken.write_text("#!/bin/sh\necho 'err: bind: address already in use' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(demo_run, "find_prometheus", lambda: str(broken))
+    options = DemoOptions(**{**_options(tmp_path / "report").__dict__, "use_prometheus": True})
+    with pytest.raises(DemoError, match=r"Prometheus \(.*\) did not start(.|\n)*address already in use"):
+        await run_demo(options, io.StringIO(), live=False)
+    assert processes_mentioning(str(tmp_path / "report")) == []
+
+
 def test_all_decided_needs_a_terminal_phase_and_a_decision() -> None:
     decision = {"result": "Promoted", "reason": "GatesPassed"}
     assert all_decided([{"status": {"phase": "Promoted", "decision": decision}}])

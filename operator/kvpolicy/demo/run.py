@@ -29,7 +29,7 @@ from kvpolicy.controller.state import TERMINAL_PHASES
 from kvpolicy.demo import scenarios as world
 from kvpolicy.demo.figures import DATA_FILE
 from kvpolicy.demo.gate_progress import SCRAPE_TIMEOUT_SECONDS, canary_requests
-from kvpolicy.demo.processes import ChildProcess
+from kvpolicy.demo.processes import ChildExitedError, ChildProcess
 from kvpolicy.demo.progress import ACCURACY_PHASE, ProgressDisplay, progress_of
 from kvpolicy.demo.prometheus import LocalPrometheus, find_prometheus
 from kvpolicy.demo.report import RunFacts, policy_events, write_report
@@ -243,7 +243,10 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int 
         prometheus_url: str | None = None
         binary = find_prometheus() if options.use_prometheus else None
         if binary is not None:
-            prometheus = await stack.enter_async_context(LocalPrometheus(binary, report_dir / "prometheus"))
+            try:
+                prometheus = await stack.enter_async_context(LocalPrometheus(binary, report_dir / "prometheus"))
+            except (ChildExitedError, TimeoutError) as error:
+                raise DemoError(f"Prometheus ({binary}) did not start: {error or 'not ready in time'}") from error
             await _background(stack, _every(POLL_SECONDS, lambda: prometheus.write_targets(cluster.list("v1", "Pod"))))
             prometheus_url = prometheus.url
             latency_source = f"Prometheus at {prometheus_url} (scraping every pod's /metrics each second)"
