@@ -265,6 +265,7 @@ class ThreadedDevCluster:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._failure: BaseException | None = None
+        self._running = False
 
     def __enter__(self) -> Self:
         self.start()
@@ -284,21 +285,24 @@ class ThreadedDevCluster:
             raise RuntimeError("the dev cluster failed to start") from self._failure
 
     def stop(self) -> None:
-        if self._loop is not None and self._stop is not None:
+        """Shut the cluster down; raises if it failed while running or stopping (a start failure raised already)."""
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
             self._thread.join()
+        if self._failure is not None and self._running:
+            raise RuntimeError("the dev cluster failed") from self._failure
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         try:
             async with self.cluster:
+                self._running = True
                 self._started.set()
                 await self._stop.wait()
-        except BaseException as exc:
+        except Exception as exc:  # handed to start() or stop(), in the caller's thread
             self._failure = exc
-            raise
         finally:
             self._started.set()
 
