@@ -53,15 +53,10 @@ PREFILL_CONFIGS = {
     ],
 }
 DECODE_CONFIGS = [
-    DecodeConfig(64, 4, 3),
-    DecodeConfig(128, 4, 3),
-    DecodeConfig(128, 2, 3),
-    DecodeConfig(256, 8, 2),
-    DecodeConfig(64, 4, 1),
-    DecodeConfig(128, 4, 1),
-    DecodeConfig(128, 8, 1),
-    DecodeConfig(256, 4, 1),
-]
+    DecodeConfig(block_n, warps, stages, upcast_values=False)
+    for block_n, warps, stages in ((64, 4, 3), (128, 4, 3), (128, 2, 3), (256, 8, 2), (64, 4, 1), (128, 4, 1),
+                                   (128, 8, 1), (256, 4, 1))
+]  # fmt: skip
 # FP8 caches: products in FP8 (mma.sync on converted operands), or keys and/or values converted to bf16 first.
 UPCASTS = ((False, False), (False, True), (True, True))
 DECODE_SPLIT_TARGETS = (4, 8, 16)  # programs per multiprocessor

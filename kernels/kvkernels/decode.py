@@ -15,19 +15,25 @@ from kvkernels.quant import FP8_DTYPE, FP8_MAX
 
 # mma instructions need at least 16 rows: the GQA group of query heads is padded to this.
 MIN_GROUP_ROWS = 16
+# Split-KV programs to launch per multiprocessor when the caller names no target (best measured on an H200).
+PROGRAMS_PER_MULTIPROCESSOR = 16
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Tokens per tile, launch parameters, programs to aim for (None: 4 per multiprocessor), and whether FP8 keys
-    and values are converted to bf16 for the matrix products (the cache stays FP8; only the arithmetic changes)."""
+    """Tokens per tile, launch parameters, programs to aim for (None: 16 per multiprocessor), and whether FP8 keys
+    and values are converted to bf16 for the matrix products (the cache stays FP8; only the arithmetic changes).
+
+    The defaults were the fastest on an H200 (kernels/BENCHMARKS.md); bf16 P·V is also the more accurate choice,
+    since P then keeps 8 mantissa bits instead of e4m3's 3.
+    """
 
     block_n: int = 128
     num_warps: int = 4
     num_stages: int = 3
     target_programs: int | None = None
     upcast_keys: bool = False
-    upcast_values: bool = False
+    upcast_values: bool = True
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,7 @@ def paged_decode(
     group = heads // kv_heads
     cfg = config or DecodeConfig()
     if num_splits is None:
-        target = cfg.target_programs or 4 * _multiprocessors(q.device)
+        target = cfg.target_programs or PROGRAMS_PER_MULTIPROCESSOR * _multiprocessors(q.device)
         num_splits = choose_num_splits(seqs, kv_heads, max_seq_len, cfg.block_n, target)
     tiles_per_split = -(-max_seq_len // (num_splits * cfg.block_n))
     part_acc = torch.empty(seqs, heads, num_splits, head_dim, device=q.device, dtype=torch.float32)

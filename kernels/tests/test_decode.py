@@ -1,4 +1,8 @@
-"""Paged split-KV decode against the float64 reference (CPU interpreter without a GPU, compiled on a GPU)."""
+"""Paged split-KV decode against the float64 reference (CPU interpreter without a GPU, compiled on a GPU).
+
+The interpreter cannot compute in bf16, so these tests keep the products in FP8 (upcast_values=False); the bf16
+products are checked on a GPU (test_gpu.py).
+"""
 
 import pytest
 import torch
@@ -9,6 +13,7 @@ from kvkernels.reference import gather_paged, paged_decode_reference, row_errors
 
 LENGTHS = [5, 77, 130]  # shorter than a page, and not multiples of the page or the tile
 PAGE = 16
+FP8_PRODUCTS = DecodeConfig(block_n=32, upcast_values=False)
 
 
 def _sequences(device: str, head_dim: int, hk: int = 2):
@@ -34,7 +39,7 @@ def test_fp8_paged_decode_matches_reference(
     q8, qs = quantize_fp8(torch.randn(len(LENGTHS), 8, head_dim, device=device))
     out = paged_decode(
         q8, cache, max_seq_len=max(LENGTHS), mode=mode, q_scale=qs, k_scale=ks, v_scale=vs,
-        out_dtype=torch.float32, num_splits=num_splits, config=DecodeConfig(block_n=32),
+        out_dtype=torch.float32, num_splits=num_splits, config=FP8_PRODUCTS,
     )  # fmt: skip
     ref = paged_decode_reference(
         q8, cache.key_cache, cache.value_cache, cache.block_table, cache.seq_lens, q_scale=qs, k_scale=ks, v_scale=vs
@@ -50,7 +55,7 @@ def test_fp16_baseline_and_automatic_splits(device: str) -> None:
     keys, values = _sequences(device, 64)
     cache = build_paged_cache([k.half() for k in keys], [v.half() for v in values], PAGE)
     q = torch.randn(len(LENGTHS), 4, 64, device=device).half()
-    out = paged_decode(q, cache, max_seq_len=max(LENGTHS), out_dtype=torch.float32, config=DecodeConfig(block_n=32))
+    out = paged_decode(q, cache, max_seq_len=max(LENGTHS), out_dtype=torch.float32, config=FP8_PRODUCTS)
     ref = paged_decode_reference(q, cache.key_cache, cache.value_cache, cache.block_table, cache.seq_lens)
     assert row_errors(out, ref)[0] < 2e-3
 
