@@ -12,7 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-import kmock
+import aiohttp.web
 import yaml
 
 from kvpolicy.devcluster.apiserver import EmulatedApiServer, Fault
@@ -78,13 +78,24 @@ class DevCluster:
         self.api = EmulatedApiServer(store=self.store)
         self._runner = runner if runner is not None else SimulatorRunner()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        self._server: kmock.Server | None = None
+        self._http: aiohttp.web.ServerRunner | None = None
+        self._url: str | None = None
         self._kubelet: Kubelet | None = None
         self._kubelet_task: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
+        # The cluster's contents first: a bad pool fails here, before anything needs cleaning up.
+        for namespace in self._namespaces:
+            self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        nodes = self.store.type_for("v1", "Node")
+        for pool in self.pools.values():
+            for node in pool.node_objects():
+                status = node.pop("status")
+                self.store.replace(
+                    nodes, None, node["metadata"]["name"], {**self.create(node), "status": status}, "status"
+                )
         if self._requested_workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="kvpolicy-devcluster-")
         self.workdir = Path(self._tmp.name if self._tmp else str(self._requested_workdir))
@@ -92,21 +103,19 @@ class DevCluster:
         self._kubelet = Kubelet(self.store, self.pools, self._runner, self.workdir, PodIpAllocator())
         self.api.pod_log_reader = self._kubelet.read_log
         await self.api.__aenter__()
-        self._server = kmock.Server(self.api, port=self._port)
-        await self._server.__aenter__()
-        for namespace in self._namespaces:
-            self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-        for pool in self.pools.values():
-            for node in pool.node_objects():
-                status = node.pop("status")
-                self.store.replace(
-                    self.store.type_for("v1", "Node"),
-                    None,
-                    node["metadata"]["name"],
-                    {**self.create(node), "status": status},
-                    "status",
-                )
-        self.kubeconfig.write_text(kubeconfig_text(self.url))
+        try:
+            # aiohttp's own server rather than kmock.Server: that one also patches aiohttp's DNS resolution
+            # process-wide, which breaks when clusters in different threads stop out of order.
+            server = aiohttp.web.Server(self.api, handler_cancellation=True)
+            self._http = aiohttp.web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
+            await self._http.setup()
+            await aiohttp.web.TCPSite(self._http, "127.0.0.1", self._port or 0).start()
+            host, port = self._http.addresses[0][:2]
+            self._url = f"http://{host}:{port}"
+            self.kubeconfig.write_text(kubeconfig_text(self._url))
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
         self._kubelet_task = asyncio.create_task(self._kubelet.run())
         return self
 
@@ -117,8 +126,8 @@ class DevCluster:
         if self._kubelet_task is not None:
             self._kubelet_task.cancel()
             await asyncio.gather(self._kubelet_task, return_exceptions=True)
-        if self._server is not None:
-            await self._server.__aexit__(exc_type, exc, traceback)
+        if self._http is not None:
+            await self._http.cleanup()
         await self.api.__aexit__(exc_type, exc, traceback)
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -126,9 +135,9 @@ class DevCluster:
     @property
     def url(self) -> str:
         """The API server's base URL, e.g. http://127.0.0.1:PORT."""
-        if self._server is None:
+        if self._url is None:
             raise RuntimeError("the cluster is not started: use `async with DevCluster() as cluster`")
-        return str(self._server.url).rstrip("/")
+        return self._url
 
     @property
     def kubeconfig(self) -> Path:
