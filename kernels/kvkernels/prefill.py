@@ -14,7 +14,7 @@ from kvkernels.quant import FP8_DTYPE, FP8_MAX
 
 LOG2_E = 1.4426950408889634
 SUPPORTED_DTYPES = (FP8_DTYPE, torch.bfloat16, torch.float16)
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
 
 
 @dataclass(frozen=True)
