@@ -132,6 +132,8 @@ def test_ctrl_c_or_sigterm_stops_everything_and_another_run_works(
         _read_until(process, "KVPolicies applied", within=120)
         assert processes_mentioning(str(report_dir)), "the demo should have pods and an operator running"
         process.send_signal(stop)
+        time.sleep(0.3)
+        process.send_signal(stop)  # an impatient second Ctrl-C must not cut the cleanup short
         _, stderr = process.communicate(timeout=60)
     finally:
         if process.poll() is None:

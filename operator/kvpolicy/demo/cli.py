@@ -63,18 +63,39 @@ def options_from_args(args: argparse.Namespace, now: datetime) -> DemoOptions:
     )
 
 
+STOP_MESSAGES = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+EXIT_CODES = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_TERMINATED}
+
+
 async def _run_until_signalled(options: DemoOptions) -> int:
-    """Run the demo; SIGTERM cancels it like Ctrl-C does, so the same cleanup runs."""
+    """Run the demo; the first Ctrl-C or SIGTERM cancels it and the cleanup runs to the end, whatever follows."""
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     assert main is not None
-    loop.add_signal_handler(signal.SIGTERM, main.cancel)
+    received: list[signal.Signals] = []
+
+    def on_signal(signum: signal.Signals) -> None:
+        # Only the first signal cancels: a second Ctrl-C must not cut the cleanup short and orphan processes.
+        if not received:
+            main.cancel()
+        received.append(signum)
+
+    for signum in STOP_MESSAGES:
+        loop.add_signal_handler(signum, on_signal, signum)
     try:
         live = sys.stdout.isatty()
         width = shutil.get_terminal_size().columns if live else None
         result = await run_demo(options, sys.stdout, live=live, width=width)
+    except asyncio.CancelledError:
+        if not received:
+            raise
+        print(f"\nkvpolicy demo: {STOP_MESSAGES[received[0]]}; everything it started is stopped", file=sys.stderr)
+        return EXIT_CODES[received[0]]
     finally:
-        loop.remove_signal_handler(signal.SIGTERM)
+        for signum in STOP_MESSAGES:
+            loop.remove_signal_handler(signum)
+            if received:  # stopping anyway: a late Ctrl-C must not turn a clean exit into a traceback
+                signal.signal(signum, signal.SIG_IGN)
     return 0 if result.decided else 1
 
 
@@ -90,9 +111,3 @@ def main(argv: list[str]) -> int:
     except (DemoError, ChildExitedError) as error:
         print(f"kvpolicy demo: {error}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("\nkvpolicy demo: interrupted; everything it started is stopped", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except asyncio.CancelledError:
-        print("\nkvpolicy demo: terminated; everything it started is stopped", file=sys.stderr)
-        return EXIT_TERMINATED
