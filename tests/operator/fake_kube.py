@@ -25,24 +25,24 @@ def _matches(labels: Mapping[str, str], selector: str) -> bool:
 class FakeKubeApi:
     objects: dict[tuple[str, str | None, str], Obj] = field(default_factory=dict)
     events: list[Obj] = field(default_factory=list)
-    calls: list[str] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)  # "verb plural", e.g. "get kvpolicies"
     fail: dict[str, Exception] = field(default_factory=dict)  # verb -> error raised once
 
     def put(self, resource: Resource, namespace: str | None, obj: Obj) -> None:
         self.objects[(resource.plural, namespace, obj["metadata"]["name"])] = copy.deepcopy(obj)
 
-    def _maybe_fail(self, verb: str) -> None:
-        self.calls.append(verb)
+    def _maybe_fail(self, verb: str, resource: Resource | None = None) -> None:
+        self.calls.append(f"{verb} {resource.plural}" if resource else verb)
         if verb in self.fail:
             raise self.fail.pop(verb)
 
     async def get(self, resource: Resource, namespace: str | None, name: str) -> Obj | None:
-        self._maybe_fail("get")
+        self._maybe_fail("get", resource)
         found = self.objects.get((resource.plural, namespace, name))
         return copy.deepcopy(found) if found else None
 
     async def list_objects(self, resource: Resource, namespace: str | None, label_selector: str = "") -> list[Obj]:
-        self._maybe_fail("list")
+        self._maybe_fail("list", resource)
         return [
             copy.deepcopy(obj)
             for (plural, ns, _), obj in sorted(self.objects.items())
@@ -52,7 +52,7 @@ class FakeKubeApi:
         ]
 
     async def create(self, resource: Resource, namespace: str, body: Obj) -> bool:
-        self._maybe_fail("create")
+        self._maybe_fail("create", resource)
         key = (resource.plural, namespace, body["metadata"]["name"])
         if key in self.objects:
             return False
@@ -68,7 +68,7 @@ class FakeKubeApi:
         patch_type: PatchType = "merge",
         subresource: str | None = None,
     ) -> Obj | None:
-        self._maybe_fail("patch")
+        self._maybe_fail("patch", resource)
         key = (resource.plural, namespace, name)
         if key not in self.objects:
             return None
@@ -84,7 +84,7 @@ class FakeKubeApi:
         return copy.deepcopy(self.objects[key])
 
     async def delete(self, resource: Resource, namespace: str, name: str) -> bool:
-        self._maybe_fail("delete")
+        self._maybe_fail("delete", resource)
         return self.objects.pop((resource.plural, namespace, name), None) is not None
 
     async def post_event(self, namespace: str, body: Obj) -> None:

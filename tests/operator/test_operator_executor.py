@@ -137,7 +137,12 @@ async def test_reconciler_takes_a_policy_from_planning_to_its_canary() -> None:
     deadline = NOW.timestamp() + 600  # the helper's progressDeadlineSeconds
     assert registry.get_sample_value("kvpolicy_policy_phase_deadline_timestamp_seconds", labels) == deadline
     api.put(PODS, NAMESPACE, {"metadata": {"name": "c", "labels": {b.POLICY_LABEL: "llama-fp8"}}})
-    assert await reconciler.reconcile_once(NAMESPACE, "llama-fp8") == CONFIG.poll_seconds
+    api.calls.clear()
+    assert await reconciler.reconcile_once(NAMESPACE, "llama-fp8", "uid-1") == CONFIG.poll_seconds
+    assert "get kvpolicies" not in api.calls, "the object its own status write returned is fresh enough"
+    reconciler.notice("uid-1", generation=2, deleting=False)
+    await reconciler.reconcile_once(NAMESPACE, "llama-fp8", "uid-1")
+    assert "get kvpolicies" in api.calls, "a new generation is read from the API"
     assert ("jobs", NAMESPACE, "llama-fp8-accuracy-g1") not in api.objects, "no ready canary pod yet"
     assert not [key for key in api.objects if key[0] == JOBS.plural]
 
@@ -162,7 +167,7 @@ async def test_reconciler_retries_retryable_errors_and_stops_when_the_policy_is_
             await asyncio.Event().wait()
 
     await asyncio.wait_for(reconciler.run_policy(NAMESPACE, "llama-fp8", "uid-1", NeverStopped()), timeout=5)
-    assert api.calls == ["get", "get"], "one failure, then the policy was found gone"
+    assert api.calls == ["get kvpolicies", "get kvpolicies"], "one failure, then the policy was found gone"
 
 
 async def test_reconciler_survives_an_unexpected_error() -> None:
@@ -180,7 +185,7 @@ async def test_reconciler_survives_an_unexpected_error() -> None:
             await asyncio.Event().wait()
 
     await asyncio.wait_for(reconciler.run_policy(NAMESPACE, "llama-fp8", "uid-1", NeverStopped()), timeout=5)
-    assert api.calls == ["get", "get"]
+    assert api.calls == ["get kvpolicies", "get kvpolicies"]
 
 
 async def test_observer_ignores_a_canary_being_deleted() -> None:

@@ -62,15 +62,16 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> Obj:
     return patch
 
 
-async def write_status(api: KubeApi, policy: Obj, status: Obj) -> None:
-    """Write the step's status through the /status subresource, sending only what changed."""
+async def write_status(api: KubeApi, policy: Obj, status: Obj) -> Obj | None:
+    """Write the step's status through the /status subresource, sending only what changed. Returns the policy as
+    the API server now has it (the same object when nothing changed), or None when it is gone."""
     patch = merge_patch(policy.get("status") or {}, status)
     if "kopf" in patch:  # kopf's own bookkeeping is not the step's business
         del patch["kopf"]
     if not patch:
-        return
+        return policy
     meta = policy["metadata"]
-    await api.patch(KVPOLICIES, meta["namespace"], meta["name"], {"status": patch}, subresource="status")
+    return await api.patch(KVPOLICIES, meta["namespace"], meta["name"], {"status": patch}, subresource="status")
 
 
 def event_body(policy: Obj, event: Event, now: datetime) -> Obj:

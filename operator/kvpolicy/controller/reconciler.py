@@ -53,6 +53,9 @@ class Reconciler:
     _wake: dict[str, asyncio.Event] = field(default_factory=dict, init=False)
     _generations: dict[str, int] = field(default_factory=dict, init=False)
     _phases: dict[str, str] = field(default_factory=dict, init=False)
+    # The policy as the API server returned it to this loop's last status write: the next pass starts from it
+    # instead of reading the policy again, unless a watch event says the spec changed (or a write failed).
+    _known: dict[str, Obj] = field(default_factory=dict, init=False)
 
     @property
     def observer(self) -> Observer:
@@ -64,6 +67,8 @@ class Reconciler:
         """A watch event for a policy: wake its loop early when the spec changed or it is being deleted."""
         seen = self._generations.get(uid)
         if deleting or (generation is not None and seen is not None and generation != seen):
+            # What the loop last wrote is no longer the whole truth: read the policy again.
+            self._known.pop(uid, None)
             self._wake.setdefault(uid, asyncio.Event()).set()
 
     async def _sleep(self, uid: str, stopped: StopFlag, delay: float) -> None:
@@ -89,9 +94,10 @@ class Reconciler:
         try:
             while not stopped:
                 try:
-                    delay = await self.reconcile_once(namespace, name)
+                    delay = await self.reconcile_once(namespace, name, uid)
                     failures = 0
                 except ApiError as error:
+                    self._known.pop(uid, None)
                     if not error.retryable:
                         raise
                     failures += 1
@@ -100,6 +106,7 @@ class Reconciler:
                     logger.warning("%s/%s: %s; retrying in %.1f s", namespace, name, error, delay)
                 except Exception:
                     # A bug must not end the policy's loop for good: say so loudly and try again later.
+                    self._known.pop(uid, None)
                     failures += 1
                     delay = self._backoff(failures)
                     metrics.record_reconcile_error("Unexpected")
@@ -110,13 +117,16 @@ class Reconciler:
         finally:
             self._wake.pop(uid, None)
             self._generations.pop(uid, None)
+            self._known.pop(uid, None)
 
     def _backoff(self, failures: int) -> float:
         return min(self.max_backoff_seconds, self.config.poll_seconds * 2.0 ** min(failures, 10) / 4)
 
-    async def reconcile_once(self, namespace: str, name: str) -> float | None:
+    async def reconcile_once(self, namespace: str, name: str, uid: str | None = None) -> float | None:
         """One pass; the seconds until the next one, or None when the policy is gone or being deleted."""
-        raw = await self.api.get(KVPOLICIES, namespace, name)
+        raw = self._known.pop(uid, None) if uid else None
+        if raw is None:
+            raw = await self.api.get(KVPOLICIES, namespace, name)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             return None
         uid = raw["metadata"]["uid"]
@@ -133,7 +143,10 @@ class Reconciler:
         result = step(policy, observations, self.config)
         await apply_actions(self.api, namespace, result.actions)
         status = result.status.to_k8s()
-        await write_status(self.api, raw, status)
+        written = await write_status(self.api, raw, status)
+        if written is None:
+            return None
+        self._known[uid] = written
         await post_events(self.api, raw, result.events, now)
         self._record_metrics(policy, observations, result)
         return result.requeue_after

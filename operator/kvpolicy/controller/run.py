@@ -33,7 +33,9 @@ def main(argv: list[str]) -> int:
     except ValueError as error:
         _parser().error(str(error))
     kopf.configure(verbose=args.verbose, log_prefix=True)
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if not args.verbose:
+        # kopf logs every watch-event handler call at INFO: one line per status write of every policy.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     asyncio.run(
         kopf.operator(
