@@ -9,6 +9,7 @@ failing makes the result inconclusive, never a pass.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -160,7 +161,10 @@ async def _evaluate(options: AccuracyOptions, canary: VllmClient, baseline: Vllm
                 )
                 return _result(options, verdict, reason, message, samples, counts, interval)
     finally:
+        # A prompt sized ahead but not needed: stop it, and do not leave its error unretrieved.
         upcoming.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await upcoming
     message = (
         f"after {options.max_samples} prompts the recovery interval {interval.low:.3f}-{interval.high:.3f} "
         f"still contains {options.min_recovery}"

@@ -45,10 +45,12 @@ class StreamTiming:
 
     @property
     def itl_s(self) -> float:
-        """Mean gap between tokens, as the slope of arrival time against token index: one chunk delayed by a busy
-        client (and the burst that follows it) shifts a least-squares slope far less than it shifts last - first."""
-        slope, _ = np.polyfit(np.arange(len(self.arrivals_s)), self.arrivals_s, 1)
-        return float(slope)
+        """Mean gap between tokens as the Theil-Sen slope of arrival time against token index (the median of all
+        pairwise slopes). A stalled client or server delays a run of chunks and then catches up in a burst; those
+        late points bend a least-squares line or last - first, but not a median."""
+        times = np.asarray(self.arrivals_s)
+        first, second = np.triu_indices(len(times), k=1)
+        return float(np.median((times[second] - times[first]) / (second - first)))
 
 
 def _error_message(body: str) -> str:

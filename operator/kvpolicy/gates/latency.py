@@ -67,9 +67,12 @@ class Measurement:
 
 
 def fit_measurements(measurements: list[Measurement]) -> Fit:
-    lengths = np.array([m.length for m in measurements], dtype=float)
-    itl_slope, itl_intercept = np.polyfit(lengths, [m.itl_ms for m in measurements], 1)
-    quad, linear, const = np.polyfit(lengths, [m.ttft_ms for m in measurements], 2)
+    """Least-squares fits through the per-length medians (one stalled request does not bend the curve)."""
+    lengths = sorted({m.length for m in measurements})
+    ttft = [float(np.median([m.ttft_ms for m in measurements if m.length == length])) for length in lengths]
+    itl = [float(np.median([m.itl_ms for m in measurements if m.length == length])) for length in lengths]
+    itl_slope, itl_intercept = np.polyfit(lengths, itl, 1)
+    quad, linear, const = np.polyfit(lengths, ttft, 2)
     return Fit(float(itl_slope), float(itl_intercept), float(quad), float(linear), float(const))
 
 
@@ -99,8 +102,8 @@ async def _filler_ids(client: VllmClient) -> list[int]:
     return ids
 
 
-async def _measure(client: VllmClient, options: LatencyOptions) -> list[Measurement]:
-    """Requests one at a time; each prompt starts at a different filler offset so no prefix cache can help."""
+async def _prepare(client: VllmClient, options: LatencyOptions) -> list[int]:
+    """Check the lengths fit the endpoint and return its filler token ids."""
     limit = await client.max_model_len()
     longest = max(options.lengths)
     if longest + options.output_tokens > limit:
@@ -109,16 +112,24 @@ async def _measure(client: VllmClient, options: LatencyOptions) -> list[Measurem
             f"{client.base_url} serves at most {limit} tokens; {longest} input plus {options.output_tokens} output "
             "tokens do not fit (lower --lengths or --output-tokens)",
         )
-    filler = await _filler_ids(client)
-    measurements = []
+    return await _filler_ids(client)
+
+
+async def _measure(clients: list[VllmClient], options: LatencyOptions) -> list[list[Measurement]]:
+    """One request at a time, alternating between the endpoints so both see the same conditions (and neither
+    client's work delays the other's token timestamps). Each prompt starts at a different filler offset so no
+    prefix cache can help."""
+    fillers = await asyncio.gather(*(_prepare(client, options) for client in clients))
+    measurements: list[list[Measurement]] = [[] for _ in clients]
+    scale = 1000 / options.time_scale
     for length in options.lengths:
         for request in range(options.requests_per_length):
-            offset = request % len(filler)
-            repeats = -(-(length + offset) // len(filler))
-            prompt = (filler * repeats)[offset : offset + length]
-            timing = await client.stream_timing(prompt, options.output_tokens)
-            scale = 1000 / options.time_scale
-            measurements.append(Measurement(length, timing.ttft_s * scale, timing.itl_s * scale))
+            for client, filler, runs in zip(clients, fillers, measurements, strict=True):
+                offset = request % len(filler)
+                repeats = -(-(length + offset) // len(filler))
+                prompt = (filler * repeats)[offset : offset + length]
+                timing = await client.stream_timing(prompt, options.output_tokens)
+                runs.append(Measurement(length, timing.ttft_s * scale, timing.itl_s * scale))
     return measurements
 
 
@@ -165,14 +176,14 @@ def _inconclusive(options: LatencyOptions, reason: str, message: str) -> dict[st
 
 
 async def run_latency_probe(options: LatencyOptions) -> dict[str, Any]:
-    """Probe both sides (each at concurrency 1, the two in parallel); endpoint trouble gives Inconclusive."""
+    """Probe both sides at concurrency 1; endpoint trouble gives Inconclusive."""
     async with aiohttp.ClientSession() as session:
         clients = [
             VllmClient(session, url, options.model, options.timeout_s, options.retry_delays_s)
             for url in (options.canary, options.baseline)
         ]
         try:
-            canary_runs, baseline_runs = await asyncio.gather(*(_measure(client, options) for client in clients))
+            canary_runs, baseline_runs = await _measure(clients, options)
         except GateError as error:
             return _inconclusive(options, error.reason, str(error))
         except EndpointUnavailable as error:
