@@ -138,7 +138,11 @@ def run_once(count: int, poll_seconds: float, give_up_after: float) -> dict[str,
                     cpu = cpu_seconds(operator.pid)
                 finally:
                     operator.terminate()
-                    operator.wait(timeout=60)
+                    try:
+                        operator.wait(timeout=60)
+                    except subprocess.TimeoutExpired:
+                        operator.kill()
+                        operator.wait()
     finally:
         kubelet.job_argv = original_job_argv
     return {

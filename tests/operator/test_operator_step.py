@@ -509,3 +509,19 @@ def test_phase_deadlines_for_the_stuck_rollout_alert() -> None:
     held = Driver(make_policy(**{"workload.typicalContextTokens": 2048}))
     held.tick()
     assert phase_deadline(held.policy) is None
+
+
+def test_a_target_already_on_fp8_is_recorded_as_bf16_for_the_rollback() -> None:
+    fp8_args = [*TARGET_ARGS, "--kv-cache-dtype", "fp8"]
+    world = World(target=target_deployment(args=fp8_args))
+    driver = Driver(make_policy(**{"gates.accuracy.enabled": False, "rollout.traffic": "Synthetic"}), world)
+    run_to_canary(driver)
+    driver.tick()
+    driver.tick()
+    assert driver.phase == "Promoted"
+    assert driver.policy.status.previous_template.args == TARGET_ARGS
+    driver.edit({"rollout.abort": True})
+    driver.tick()  # restores the target
+    driver.tick()  # observes it restored
+    assert driver.phase == "RolledBack"
+    assert container(world.target)["args"] == TARGET_ARGS and container(world.target)["image"] == TARGET_IMAGE

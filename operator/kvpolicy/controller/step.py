@@ -851,8 +851,9 @@ def _promoting(t: _Tick) -> None:
     current = _current(t)
     assert current is not None
     if t.status.previous_template is None:
-        # Recorded (and persisted with this step's status) before the target is touched in the next step.
-        t.status.previous_template = current
+        # Recorded (and persisted with this step's status) before the target is touched in the next step. A target
+        # someone had already set to FP8 by hand is recorded without those flags: a rollback must land on BF16.
+        t.status.previous_template = b.without_fp8(current) if b.runs_fp8(current) else current
         t.status.message = f"recorded the configuration of {t.spec.target_ref.name} for a later rollback"
         t.requeue = 0
         return
