@@ -9,7 +9,6 @@ failing makes the result inconclusive, never a pass.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -161,10 +160,9 @@ async def _evaluate(options: AccuracyOptions, canary: VllmClient, baseline: Vllm
                 )
                 return _result(options, verdict, reason, message, samples, counts, interval)
     finally:
-        # A prompt sized ahead but not needed: stop it, and do not leave its error unretrieved.
+        # A prompt sized ahead but not needed: stop it, and mark any error it ended with as retrieved.
         upcoming.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await upcoming
+        upcoming.add_done_callback(lambda task: task.cancelled() or task.exception())
     message = (
         f"after {options.max_samples} prompts the recovery interval {interval.low:.3f}-{interval.high:.3f} "
         f"still contains {options.min_recovery}"
