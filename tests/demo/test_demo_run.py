@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from demo_helpers import processes_mentioning
 from kvpolicy.demo import run as demo_run
 from kvpolicy.demo import scenarios
 from kvpolicy.demo.processes import ChildExitedError
-from kvpolicy.demo.run import DemoError, DemoOptions, all_decided, in_scenario_order, run_demo
+from kvpolicy.demo.run import DemoError, DemoOptions, all_decided, in_scenario_order, log_records_to, run_demo
 
 
 def _options(report_dir: Path, deadline_seconds: float = 120.0) -> DemoOptions:
@@ -97,3 +98,12 @@ def test_policies_follow_the_scenario_order() -> None:
         "aaa-extra",
         "zzz-extra",
     ]
+
+
+def test_log_records_go_to_the_file_while_the_demo_runs(tmp_path: Path) -> None:
+    log = tmp_path / "demo.log"
+    handlers = list(logging.getLogger().handlers)
+    with log_records_to(log):
+        logging.getLogger("kvpolicy.devcluster.kubelet").warning("pod exited with 1")
+    assert "WARNING kvpolicy.devcluster.kubelet: pod exited with 1" in log.read_text()
+    assert logging.getLogger().handlers == handlers

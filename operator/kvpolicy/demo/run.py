@@ -11,11 +11,12 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 import platform
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -134,6 +135,20 @@ class Clock:
         return f"[{self.elapsed:5.1f}s] "
 
 
+@contextlib.contextmanager
+def log_records_to(path: Path) -> Iterator[None]:
+    """Send this process's log records (the dev cluster's, kmock's, aiohttp's) to a file, not over the progress."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
 async def _every(seconds: float, action: Callable[[], None]) -> None:
     while True:
         action()
@@ -226,6 +241,8 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int 
     (report_dir / "cluster").mkdir(parents=True, exist_ok=True)
     say(f"report folder: {report_dir}")
     async with contextlib.AsyncExitStack() as stack:
+        logs.mkdir(parents=True, exist_ok=True)
+        stack.enter_context(log_records_to(logs / "demo.log"))
         figures = await stack.enter_async_context(
             ChildProcess(
                 "figures", [sys.executable, "-m", "kvpolicy.demo.figures", str(report_dir)], logs / "figures.log"
