@@ -1,9 +1,12 @@
 """The real kubectl (installed by tools/install_k8s_binaries.py) against the dev cluster."""
 
 import os
+import queue
 import shutil
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,27 +51,53 @@ def kubectl(cluster: ThreadedDevCluster, *args: str, stdin: str = "") -> str:
     return result.stdout
 
 
+@pytest.fixture
+def rollout_crd(devcluster: ThreadedDevCluster) -> Iterator[None]:
+    yield
+    devcluster.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", "rollouts.kubectl.example.dev")
+
+
 def test_kubectl_applies_a_crd_and_prints_its_columns(
-    devcluster: ThreadedDevCluster, devcluster_namespace: str
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, rollout_crd: None
 ) -> None:
     ns = ["--namespace", devcluster_namespace]
+    assert "created" in kubectl(devcluster, "apply", "-f", "-", stdin=CRD_YAML)
+    assert "created" in kubectl(devcluster, "apply", *ns, "-f", "-", stdin=ROLLOUT_YAML)
+    devcluster.patch("kubectl.example.dev/v1alpha1", "Rollout", "llama",
+                     {"status": {"phase": "Canary", "conditions": [{"type": "Ready", "status": "False"}]}},
+                     devcluster_namespace, subresource="status")  # fmt: skip
+    header, row = kubectl(devcluster, "get", "ro", *ns).splitlines()
+    assert header.split() == ["NAME", "MODEL", "PHASE", "READY"]
+    assert row.split() == ["llama", "meta-llama/Llama-3.1-8B-Instruct", "Canary", "False"]
+    # A second apply is a patch of the live object (kubectl's client-side apply).
+    changed = ROLLOUT_YAML.replace("Llama-3.1-8B-Instruct", "Llama-3.1-70B-Instruct")
+    assert "configured" in kubectl(devcluster, "apply", *ns, "-f", "-", stdin=changed)
+    live = devcluster.get("kubectl.example.dev/v1alpha1", "Rollout", "llama", devcluster_namespace)
+    assert live["spec"]["model"].endswith("70B-Instruct") and live["metadata"]["generation"] == 2
+    assert live["status"]["phase"] == "Canary"
+
+
+def test_kubectl_get_watch_prints_rows_as_they_change(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, rollout_crd: None
+) -> None:
+    assert KUBECTL is not None
+    ns = devcluster_namespace
+    kubectl(devcluster, "apply", "-f", "-", stdin=CRD_YAML)
+    kubectl(devcluster, "apply", "--namespace", ns, "-f", "-", stdin=ROLLOUT_YAML)
+    env = {**os.environ, **devcluster.environ(), "HOME": str(devcluster.kubeconfig.parent)}
+    watch = subprocess.Popen([KUBECTL, "get", "ro", "--namespace", ns, "--watch"], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in watch.stdout or []], daemon=True).start()
     try:
-        assert "created" in kubectl(devcluster, "apply", "-f", "-", stdin=CRD_YAML)
-        assert "created" in kubectl(devcluster, "apply", *ns, "-f", "-", stdin=ROLLOUT_YAML)
-        devcluster.patch("kubectl.example.dev/v1alpha1", "Rollout", "llama",
-                         {"status": {"phase": "Canary", "conditions": [{"type": "Ready", "status": "False"}]}},
-                         devcluster_namespace, subresource="status")  # fmt: skip
-        header, row = kubectl(devcluster, "get", "ro", *ns).splitlines()
-        assert header.split() == ["NAME", "MODEL", "PHASE", "READY"]
-        assert row.split() == ["llama", "meta-llama/Llama-3.1-8B-Instruct", "Canary", "False"]
-        # A second apply is a patch of the live object (kubectl's client-side apply).
-        changed = ROLLOUT_YAML.replace("Llama-3.1-8B-Instruct", "Llama-3.1-70B-Instruct")
-        assert "configured" in kubectl(devcluster, "apply", *ns, "-f", "-", stdin=changed)
-        live = devcluster.get("kubectl.example.dev/v1alpha1", "Rollout", "llama", devcluster_namespace)
-        assert live["spec"]["model"].endswith("70B-Instruct") and live["metadata"]["generation"] == 2
-        assert live["status"]["phase"] == "Canary"
+        assert lines.get(timeout=30).split() == ["NAME", "MODEL", "PHASE", "READY"]
+        assert lines.get(timeout=30).split() == ["llama", "meta-llama/Llama-3.1-8B-Instruct"]
+        devcluster.patch("kubectl.example.dev/v1alpha1", "Rollout", "llama", {"status": {"phase": "Promoted"}}, ns,
+                         subresource="status")  # fmt: skip
+        assert lines.get(timeout=30).split() == ["llama", "meta-llama/Llama-3.1-8B-Instruct", "Promoted"]
     finally:
-        devcluster.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", "rollouts.kubectl.example.dev")
+        watch.terminate()
+        watch.wait()
 
 
 def test_kubectl_scales_a_deployment(devcluster: ThreadedDevCluster, devcluster_namespace: str) -> None:

@@ -336,6 +336,13 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
                 return "MODIFIED" if was_visible else "ADDED"
             return "DELETED" if was_visible else None
 
+        def as_table(obj: dict[str, Any]) -> dict[str, Any]:
+            """`kubectl get -w` watches Tables: each event carries a one-row Table."""
+            if not self._wants_table(request):
+                return obj
+            now = datetime.datetime.now(datetime.UTC)
+            return render_table([obj], rt.printer_columns, obj["metadata"]["resourceVersion"], now)
+
         requested_version = params.get("resourceVersion", "")
         if not requested_version.isdigit() and requested_version != "":
             raise ApiError(400, "BadRequest", f"invalid resourceVersion {requested_version!r}")
@@ -348,7 +355,7 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
                 if requested_version in ("", "0"):
                     position = self.store.resource_version
                     for obj in self.store.list_objects(rt, path.namespace, label_selector, field_selector):
-                        await self._send(response, "ADDED", obj)
+                        await self._send(response, "ADDED", as_table(obj))
                 else:
                     position = int(requested_version)
                 while not self._closing:
@@ -356,7 +363,7 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
                         position = event.resource_version
                         kind = event_type(event)
                         if kind is not None:
-                            await self._send(response, kind, event.obj)
+                            await self._send(response, kind, as_table(event.obj))
                     await self.store.wait_for_change(position)
         except TimeoutError:
             pass  # the client's timeoutSeconds: end the stream normally
