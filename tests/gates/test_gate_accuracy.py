@@ -60,8 +60,9 @@ def test_unfixed_fp8_on_h100_passes_at_16k(simulators: dict[str, str], tmp_path:
     assert result["recoveryLow"] > 0.95
 
 
-@pytest.mark.parametrize(("canary", "length"), [("fixed", 131072), ("b200", 131072), ("bf16", 131072)])
-def test_fp8_without_the_hopper_shrink_passes_at_long_context(
+# The 128k probabilities of B200 and BF16 canaries are checked in tests/sim; here the gate runs them cheaper, at 16k.
+@pytest.mark.parametrize(("canary", "length"), [("fixed", 131072), ("b200", 16384), ("bf16", 16384)])
+def test_canaries_without_the_hopper_shrink_pass(
     canary: str, length: int, simulators: dict[str, str], tmp_path: Path
 ) -> None:
     code, result = gate_cli(simulators[canary], simulators["bf16"], length, tmp_path)
