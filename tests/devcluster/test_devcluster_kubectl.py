@@ -112,6 +112,32 @@ def test_kubectl_scales_a_deployment(devcluster: ThreadedDevCluster, devcluster_
     assert "successfully rolled out" in kubectl(devcluster, "rollout", "status", "--namespace", ns, "deployment/web")
 
 
+def test_kubectl_reapply_merges_containers_by_name(devcluster: ThreadedDevCluster, devcluster_namespace: str) -> None:
+    manifest = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: vllm}
+spec:
+  selector: {matchLabels: {app: vllm}}
+  template:
+    metadata: {labels: {app: vllm}}
+    spec:
+      containers:
+      - {name: vllm, image: "vllm:1", args: [serve, m], env: [{name: A, value: "1"}]}
+      - {name: sidecar, image: "proxy:1"}
+"""
+    ns = ["--namespace", devcluster_namespace]
+    kubectl(devcluster, "apply", *ns, "-f", "-", stdin=manifest)
+    kubectl(devcluster, "apply", *ns, "-f", "-", stdin=manifest.replace("vllm:1", "vllm:2"))
+    containers = devcluster.get("apps/v1", "Deployment", "vllm", devcluster_namespace)["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert containers == [
+        {"name": "vllm", "image": "vllm:2", "args": ["serve", "m"], "env": [{"name": "A", "value": "1"}]},
+        {"name": "sidecar", "image": "proxy:1"},
+    ]
+
+
 def test_kubectl_get_pods_and_logs(devcluster: ThreadedDevCluster, devcluster_namespace: str) -> None:
     devcluster.create({
         "apiVersion": "batch/v1", "kind": "Job",

@@ -7,6 +7,7 @@ from kvpolicy.devcluster.store import (
     ApiError,
     Store,
     merge_patch,
+    strategic_merge_patch,
 )
 
 CRD = {
@@ -196,27 +197,30 @@ def test_event_log_replays_from_a_resource_version_and_expires(store: Store, mon
 
 def test_merge_patch_follows_rfc_7386() -> None:
     target = {"a": {"b": 1, "c": 2}, "l": [1, 2]}
-    patch = {"a": {"b": None, "d": 3}, "l": [3], "$setElementOrder/l": [3]}
-    assert merge_patch(target, patch) == {"a": {"c": 2, "d": 3}, "l": [3]}
+    assert merge_patch(target, {"a": {"b": None, "d": 3}, "l": [3]}) == {"a": {"c": 2, "d": 3}, "l": [3]}
     assert target == {"a": {"b": 1, "c": 2}, "l": [1, 2]}
 
 
-def test_scale_subresource_reads_and_writes_spec_replicas(store: Store) -> None:
-    deployments = store.type_for("apps/v1", "Deployment")
-    store.create(deployments, "ns", {"metadata": {"name": "d"}, "spec": {"replicas": 1, "selector": {
-        "matchLabels": {"app": "d", "tier": "gpu"}}}})  # fmt: skip
-    scale = store.scale(deployments, "ns", "d")
-    assert (scale["kind"], scale["spec"]["replicas"], scale["status"]["selector"]) == ("Scale", 1, "app=d,tier=gpu")
-    assert store.patch(deployments, "ns", "d", MERGE_PATCH, {"spec": {"replicas": 3}}, "scale")["spec"]["replicas"] == 3
-    assert store.get(deployments, "ns", "d")["metadata"]["generation"] == 2
-    stale = {**scale, "spec": {"replicas": 5}}
-    with pytest.raises(ApiError) as exc:
-        store.replace(deployments, "ns", "d", stale, "scale")
-    assert exc.value.code == 409
-    with pytest.raises(ApiError, match="non-negative integer") as exc:
-        store.patch(deployments, "ns", "d", MERGE_PATCH, {"spec": {"replicas": -1}}, "scale")
-    assert exc.value.code == 422
-    configmaps = store.type_for("v1", "ConfigMap")
-    store.create(configmaps, "ns", {"metadata": {"name": "c"}})
-    with pytest.raises(ApiError, match="no subresource 'scale'"):
-        store.scale(configmaps, "ns", "c")
+def test_strategic_merge_patch_merges_lists_by_the_key_kubectl_names() -> None:
+    live = {"spec": {"containers": [
+        {"name": "vllm", "image": "v:1", "env": [{"name": "A", "value": "1"}], "args": ["serve", "m"]},
+        {"name": "sidecar", "image": "s:1"},
+    ], "finalizers": ["a", "b"], "tolerations": [{"key": "x"}]}}  # fmt: skip
+    patch = {"spec": {
+        "$setElementOrder/containers": [{"name": "sidecar"}, {"name": "vllm"}, {"name": "proxy"}],
+        "containers": [{"name": "vllm", "image": "v:2", "env": [{"name": "B", "value": "2"}],
+                        "$setElementOrder/env": [{"name": "A"}, {"name": "B"}]},
+                       {"name": "proxy", "image": "p:1"}],
+        "$deleteFromPrimitiveList/finalizers": ["a"],
+        "tolerations": [{"key": "y"}],
+    }}  # fmt: skip
+    merged = strategic_merge_patch(live, patch)["spec"]
+    assert [c["name"] for c in merged["containers"]] == ["sidecar", "vllm", "proxy"]
+    vllm = merged["containers"][1]
+    assert vllm["image"] == "v:2" and vllm["args"] == ["serve", "m"]  # fields the patch does not name survive
+    assert vllm["env"] == [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]
+    assert merged["finalizers"] == ["b"] and merged["tolerations"] == [{"key": "y"}]  # no directive: replaced
+    removal = {"spec": {"containers": [{"name": "sidecar", "$patch": "delete"}],
+                        "$setElementOrder/containers": [{"name": "vllm"}]}}  # fmt: skip
+    assert [c["name"] for c in strategic_merge_patch(live, removal)["spec"]["containers"]] == ["vllm"]
+    assert strategic_merge_patch(live, {"spec": {"$patch": "replace", "x": 1}}) == {"spec": {"x": 1}}

@@ -72,18 +72,61 @@ def conflict(rt: ResourceType, name: str) -> ApiError:
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch; `$`-directives of strategic merge patches are dropped (lists are replaced)."""
+    """RFC 7386 JSON merge patch: objects merge, `null` deletes, anything else (lists too) replaces."""
     if not isinstance(patch, Mapping):
         return copy.deepcopy(patch)
     result = dict(target) if isinstance(target, Mapping) else {}
     for key, value in patch.items():
-        if key.startswith("$"):
-            continue
         if value is None:
             result.pop(key, None)
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
+
+
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """A strategic merge patch as kubectl sends one, without Go's type schemas.
+
+    kubectl names the merge key of every list it merges in a `$setElementOrder/LIST` directive (`[{"name": ...}]`),
+    so lists with one are merged by that key (`$patch: delete` items removed) and put in that order; other lists
+    are replaced. `$deleteFromPrimitiveList/LIST` and `$patch: replace` are honoured too.
+    """
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    content = {key: value for key, value in patch.items() if not key.startswith("$")}
+    if patch.get("$patch") == "replace":
+        return copy.deepcopy(content)
+    orders = {key.split("/", 1)[1]: value for key, value in patch.items() if key.startswith("$setElementOrder/")}
+    removals = {key.split("/", 1)[1]: v for key, v in patch.items() if key.startswith("$deleteFromPrimitiveList/")}
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in content.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, list) and key in orders:
+            result[key] = _merge_list(result.get(key) or [], value, orders[key])
+        else:
+            result[key] = strategic_merge_patch(result.get(key), value)
+    for key, order in orders.items():
+        if key not in content and isinstance(result.get(key), list):
+            result[key] = _merge_list(result[key], [], order)
+    for key, removed in removals.items():
+        result[key] = [item for item in result.get(key) or [] if item not in removed]
+    return result
+
+
+def _merge_list(current: list[Any], patch_items: list[Any], order: list[Any]) -> list[Any]:
+    if not all(isinstance(entry, Mapping) and len(entry) == 1 for entry in order):
+        # Primitives: the directive lists the final contents in order.
+        return [item for item in order if item in current or item in patch_items]
+    merge_key = next(iter(order[0])) if order else "name"
+    by_key = {item.get(merge_key): item for item in current if isinstance(item, Mapping)}
+    for item in patch_items:
+        if item.get("$patch") == "delete":
+            by_key.pop(item.get(merge_key), None)
+        else:
+            by_key[item.get(merge_key)] = strategic_merge_patch(by_key.get(item.get(merge_key)), item)
+    ordered = [by_key.pop(entry[merge_key]) for entry in order if entry[merge_key] in by_key]
+    return ordered + list(by_key.values())
 
 
 def _spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -262,7 +305,8 @@ class Store:
         elif media_type in (MERGE_PATCH, STRATEGIC_MERGE_PATCH, APPLY_PATCH):
             if not isinstance(patch, Mapping):
                 raise ApiError(400, "BadRequest", f"a {media_type} body must be a JSON object")
-            new = merge_patch(copy.deepcopy(target), patch)
+            merge = strategic_merge_patch if media_type == STRATEGIC_MERGE_PATCH else merge_patch
+            new = merge(copy.deepcopy(target), patch)
         else:
             raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {media_type!r}")
         if subresource == "scale":
