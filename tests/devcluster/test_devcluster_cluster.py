@@ -38,3 +38,16 @@ async def test_threaded_cluster_keeps_real_time_under_looptime(
     await asyncio.sleep(600)  # fake time: instant for the test, nothing for the cluster
     pod = await devcluster.await_for("v1", "Pod", "p", ns, lambda p: p.get("status", {}).get("phase") == "Running")
     assert pod["spec"]["nodeName"] == "cpu-0"
+
+
+async def test_purging_a_namespace_removes_what_finalizers_hold() -> None:
+    async with DevCluster(pools=[], runner=NoProcessRunner(), namespaces=("a", "b")) as c:
+        for namespace in ("a", "b"):
+            c.create({"apiVersion": "v1", "kind": "ConfigMap",
+                      "metadata": {"name": "held", "namespace": namespace, "finalizers": ["example.dev/stuck"]}})  # fmt: skip
+        c.delete("v1", "Namespace", "a")
+        assert c.get("v1", "ConfigMap", "held", "a")["metadata"]["deletionTimestamp"]  # held, as on a real cluster
+        c.purge_namespace("a")
+        c.purge_namespace("a")  # nothing left to do: no error
+        assert c.find("v1", "ConfigMap", "held", "a") is None
+        assert c.find("v1", "ConfigMap", "held", "b") is not None

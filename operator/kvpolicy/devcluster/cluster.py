@@ -221,6 +221,17 @@ class DevCluster:
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj:
         return copy.deepcopy(self.store.delete(self.resource(api_version, kind), namespace, name))
 
+    def purge_namespace(self, namespace: str) -> None:
+        """Delete a namespace and everything in it, finalizers or not (no operator may be left to release them)."""
+        if self.store.find(self.resource("v1", "Namespace"), None, namespace) is not None:
+            self.store.delete(self.resource("v1", "Namespace"), None, namespace)
+        for rt, obj in list(self.store.all_objects()):
+            if rt.namespaced and obj["metadata"].get("namespace") == namespace:
+                name = obj["metadata"]["name"]
+                self.store.patch(rt, namespace, name, MERGE_PATCH, {"metadata": {"finalizers": None}})
+                if self.store.find(rt, namespace, name) is not None:
+                    self.store.delete(rt, namespace, name)
+
     async def wait_for(
         self,
         api_version: str,
@@ -377,6 +388,9 @@ class ThreadedDevCluster:
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj:
         return self.call(self.cluster.delete, api_version, kind, name, namespace)
+
+    def purge_namespace(self, namespace: str) -> None:
+        self.call(self.cluster.purge_namespace, namespace)
 
     def set_pool_capacity(self, pool: str, capacity_pods: int | None) -> None:
         self.call(self.cluster.set_pool_capacity, pool, capacity_pods)

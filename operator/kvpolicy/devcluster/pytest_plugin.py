@@ -2,8 +2,8 @@
 
 - `devcluster`: one `ThreadedDevCluster` for the whole session; KUBECONFIG points at it, so kubectl, helm, kopf and
   the kubernetes library all talk to it.
-- `devcluster_namespace`: a fresh namespace per test. On teardown it is deleted (with everything in it, pod processes
-  included), and injected faults, pool capacities and the container runner are reset.
+- `devcluster_namespace`: a fresh namespace per test. On teardown it is deleted with everything in it (pod processes
+  and objects held by finalizers included), and injected faults, pool capacities and the container runner are reset.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def devcluster_namespace(devcluster: ThreadedDevCluster, request: pytest.Fixture
     try:
         yield name
     finally:
-        devcluster.delete("v1", "Namespace", name)
+        devcluster.purge_namespace(name)
         devcluster.clear_faults()
         devcluster.call(devcluster.cluster.reset_pool_capacities)
         devcluster.set_runner(runner)
