@@ -88,7 +88,7 @@ def flaky(failures: int) -> Handler:
 
 @contextlib.asynccontextmanager
 async def in_process_simulator(**overrides: object) -> AsyncIterator[str]:
-    config = SimConfig(**{"served_model_name": MODEL, "time_scale": 0.0, "max_model_len": MAX_MODEL_LEN, **overrides})  # type: ignore[arg-type]
+    config = SimConfig(**{"served_model_name": MODEL, "time_scale": 0.0, "max_model_len": MAX_MODEL_LEN, **overrides})
     async with serve(config) as url:
         yield url
 

@@ -43,7 +43,7 @@ def options(canary: str, baseline: str, length: int, **overrides: object) -> Acc
             "model": MODEL,
             "retry_delays_s": (0.01, 0.01),
             **overrides,
-        }  # type: ignore[arg-type]
+        }
     )
 
 
@@ -107,7 +107,7 @@ def test_bad_arguments_exit_2_with_a_message(argv: list[str]) -> None:
     ("behaviour", "reason"), [(garbage, "EndpointUnavailable"), (truncated, "EndpointUnavailable")]
 )
 async def test_malformed_or_truncated_answers_are_inconclusive(behaviour: object, reason: str) -> None:
-    async with fake_vllm(behaviour) as bad, fake_vllm(answer_correctly) as good:  # type: ignore[arg-type]
+    async with fake_vllm(behaviour) as bad, fake_vllm(answer_correctly) as good:
         result = await run_accuracy_gate(options(bad, good, 2048))
     assert (result["verdict"], result["reason"]) == ("Inconclusive", reason)
     assert bad in result["message"] and "failed 3 times" in result["message"]

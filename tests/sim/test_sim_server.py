@@ -14,7 +14,7 @@ MODEL = "test/model"
 
 
 def config(**overrides: object) -> SimConfig:
-    return SimConfig(**{"served_model_name": MODEL, "time_scale": 0.0, "max_model_len": 4096, **overrides})  # type: ignore[arg-type]
+    return SimConfig(**{"served_model_name": MODEL, "time_scale": 0.0, "max_model_len": 4096, **overrides})
 
 
 async def post(session: aiohttp.ClientSession, url: str, body: object) -> tuple[int, dict]:
