@@ -43,8 +43,8 @@ async def test_threaded_cluster_keeps_real_time_under_looptime(
 async def test_purging_a_namespace_removes_what_finalizers_hold() -> None:
     async with DevCluster(pools=[], runner=NoProcessRunner(), namespaces=("a", "b")) as c:
         for namespace in ("a", "b"):
-            c.create({"apiVersion": "v1", "kind": "ConfigMap",
-                      "metadata": {"name": "held", "namespace": namespace, "finalizers": ["example.dev/stuck"]}})  # fmt: skip
+            meta = {"name": "held", "namespace": namespace, "finalizers": ["example.dev/stuck"]}
+            c.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta})
         c.delete("v1", "Namespace", "a")
         assert c.get("v1", "ConfigMap", "held", "a")["metadata"]["deletionTimestamp"]  # held, as on a real cluster
         c.purge_namespace("a")
