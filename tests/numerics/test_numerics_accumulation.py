@@ -4,7 +4,6 @@ import functools
 
 import numpy as np
 import pytest
-
 from kvpolicy.numerics import HOPPER, Accumulation, MmaModel, attention_row, quantize
 from kvpolicy.numerics.accumulation import reference_attention
 from kvpolicy.numerics.probe import attention_error as emulate
