@@ -73,7 +73,7 @@ def _compile(label: str, src: ASTSource, warps: int, stages: int, target: GPUTar
     print(f"{label}\tok\tsmem:{kernel.metadata.shared}\t{_resources(kernel.asm['cubin'])}\t{mma}")
 
 
-def prefill_variants(target: GPUTarget, exact_row_sum: bool) -> None:
+def prefill_variants(target: GPUTarget) -> None:
     configs = {64: (64, 128, 4, 3), 128: (128, 64, 4, 3), 256: (128, 128, 8, 3)}
     for dtype in ("fp8", "bf16"):
         element = ELEMENT[dtype]
@@ -87,7 +87,7 @@ def prefill_variants(target: GPUTarget, exact_row_sum: bool) -> None:
                     constants = {
                         "BLOCK_M": bm, "BLOCK_N": bn, "HEAD_DIM": head_dim, "CAUSAL": causal,
                         "TWO_LEVEL": mode != "single", "SPLIT_D": mode == "split", "MASK_TAIL": causal,
-                        "EXACT_ROW_SUM": exact_row_sum, "P_LOG2_SCALE": math.log2(448.0) if dtype == "fp8" else 0.0,
+                        "P_LOG2_SCALE": math.log2(448.0) if dtype == "fp8" else 0.0,
                     }  # fmt: skip
                     pointers = {"Q": f"*{element}", "K": f"*{element}", "V": f"*{element}", "Out": "*bf16"}
                     src = _signature(prefill_kernel, pointers, ones, constants)
@@ -121,12 +121,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability as an integer (default 90)")
     parser.add_argument("--only", choices=("prefill", "decode"), help="compile one family only")
-    parser.add_argument("--exact-row-sum", action="store_true", help="prefill normalised by the FP8-rounded P")
     args = parser.parse_args()
     target = GPUTarget("cuda", args.arch, 32)
     print(f"triton {triton.__version__}, target sm_{args.arch}")
     if args.only != "decode":
-        prefill_variants(target, args.exact_row_sum)
+        prefill_variants(target)
     if args.only != "prefill":
         decode_variants(target)
 

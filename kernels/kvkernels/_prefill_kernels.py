@@ -36,14 +36,11 @@ def _softmax_step(
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     P_LOG2_SCALE: tl.constexpr,
-    P_DTYPE: tl.constexpr,
-    EXACT_ROW_SUM: tl.constexpr,
 ):
-    """One online-softmax step over a key tile: (p, alpha, m_new, l_new); the caller casts p to P_DTYPE.
+    """One online-softmax step over a key tile: (p, alpha, m_new, l_new).
 
-    p is multiplied by 2**P_LOG2_SCALE (448 for e4m3) before its cast, so probabilities down to ~1e-5 of the row
-    maximum survive the FP8 cast instead of flushing to zero; l carries the same factor, which cancels. With
-    EXACT_ROW_SUM, l sums the cast p, so the weights that multiply V and the normaliser are the same numbers.
+    p is multiplied by 2**P_LOG2_SCALE (448 for e4m3) before the caller casts it, so probabilities down to ~1e-5 of
+    the row maximum survive the FP8 cast instead of flushing to zero; l carries the same factor, which cancels.
     qk_scale folds the softmax scale, log2(e) and the q and k dequantisation scales.
     """
     s = tl.dot(q, kt)
@@ -55,11 +52,7 @@ def _softmax_step(
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     p = tl.math.exp2(s * qk_scale - (m_new - P_LOG2_SCALE)[:, None])
     alpha = tl.math.exp2(m_i - m_new)
-    if EXACT_ROW_SUM:
-        p = p.to(P_DTYPE)
-        l_new = l_i * alpha + tl.sum(p.to(tl.float32), 1)
-    else:
-        l_new = l_i * alpha + tl.sum(p, 1)
+    l_new = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_new
 
 
@@ -86,7 +79,6 @@ def _prefill_tiles(
     CAUSAL: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
     P_LOG2_SCALE: tl.constexpr,
-    EXACT_ROW_SUM: tl.constexpr,
 ):
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -94,9 +86,8 @@ def _prefill_tiles(
         v_ptrs = v_base + offs_n[:, None] * s_vn + offs_d[None, :] * s_vd
         kt = tl.load(kt_ptrs, mask=offs_n[None, :] < seq_k, other=0.0) if MASKED else tl.load(kt_ptrs)
         p, alpha, m_i, l_i = _softmax_step(
-            q, kt, qk_scale, m_i, l_i, offs_m, offs_n, seq_k, causal_shift, MASKED, CAUSAL, P_LOG2_SCALE,
-            v_base.dtype.element_ty, EXACT_ROW_SUM,
-        )  # fmt: skip
+            q, kt, qk_scale, m_i, l_i, offs_m, offs_n, seq_k, causal_shift, MASKED, CAUSAL, P_LOG2_SCALE
+        )
         v = tl.load(v_ptrs, mask=offs_n[:, None] < seq_k, other=0.0) if MASKED else tl.load(v_ptrs)
         p = p.to(v.dtype)
         # Two-level: a fresh fp32 partial per tile, added on the CUDA cores; single-level feeds acc to the MMA.
@@ -128,7 +119,6 @@ def _prefill_tiles_split(
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     P_LOG2_SCALE: tl.constexpr,
-    EXACT_ROW_SUM: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     offs_half = tl.arange(0, HALF)
@@ -139,9 +129,8 @@ def _prefill_tiles_split(
         v_hi_ptrs = v_lo_ptrs + HALF * s_vd
         kt = tl.load(kt_ptrs, mask=offs_n[None, :] < seq_k, other=0.0) if MASKED else tl.load(kt_ptrs)
         p, alpha, m_i, l_i = _softmax_step(
-            q, kt, qk_scale, m_i, l_i, offs_m, offs_n, seq_k, causal_shift, MASKED, CAUSAL, P_LOG2_SCALE,
-            v_base.dtype.element_ty, EXACT_ROW_SUM,
-        )  # fmt: skip
+            q, kt, qk_scale, m_i, l_i, offs_m, offs_n, seq_k, causal_shift, MASKED, CAUSAL, P_LOG2_SCALE
+        )
         v_lo = tl.load(v_lo_ptrs, mask=offs_n[:, None] < seq_k, other=0.0) if MASKED else tl.load(v_lo_ptrs)
         p = p.to(v_lo.dtype)
         acc_lo = acc_lo * alpha[:, None] + tl.dot(p, v_lo)
@@ -184,7 +173,6 @@ def prefill_kernel(
     SPLIT_D: tl.constexpr,
     MASK_TAIL: tl.constexpr,
     P_LOG2_SCALE: tl.constexpr,
-    EXACT_ROW_SUM: tl.constexpr,
 ):
     """One tile of BLOCK_M queries of one head against all the keys it may see. Grid: (query tiles, batch × heads)."""
     # Causal tiles near the end of the sequence do the most work: start them first.
@@ -209,12 +197,12 @@ def prefill_kernel(
         acc_hi = tl.zeros([BLOCK_M, HALF], tl.float32)
         acc_lo, acc_hi, m_i, l_i = _prefill_tiles_split(
             acc_lo, acc_hi, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
-            0, full_end, seq_k, causal_shift, BLOCK_N, HEAD_DIM, False, CAUSAL, P_LOG2_SCALE, EXACT_ROW_SUM,
+            0, full_end, seq_k, causal_shift, BLOCK_N, HEAD_DIM, False, CAUSAL, P_LOG2_SCALE,
         )  # fmt: skip
         if MASK_TAIL:
             acc_lo, acc_hi, m_i, l_i = _prefill_tiles_split(
                 acc_lo, acc_hi, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
-                full_end, end, seq_k, causal_shift, BLOCK_N, HEAD_DIM, True, CAUSAL, P_LOG2_SCALE, EXACT_ROW_SUM,
+                full_end, end, seq_k, causal_shift, BLOCK_N, HEAD_DIM, True, CAUSAL, P_LOG2_SCALE,
             )  # fmt: skip
         out_base = Out + batch * s_ob + head.to(tl.int64) * s_oh + offs_m[:, None] * s_om
         row_ok = offs_m[:, None] < seq_q
@@ -226,12 +214,12 @@ def prefill_kernel(
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         acc, m_i, l_i = _prefill_tiles(
             acc, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
-            0, full_end, seq_k, causal_shift, BLOCK_N, False, CAUSAL, TWO_LEVEL, P_LOG2_SCALE, EXACT_ROW_SUM,
+            0, full_end, seq_k, causal_shift, BLOCK_N, False, CAUSAL, TWO_LEVEL, P_LOG2_SCALE,
         )  # fmt: skip
         if MASK_TAIL:
             acc, m_i, l_i = _prefill_tiles(
                 acc, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
-                full_end, end, seq_k, causal_shift, BLOCK_N, True, CAUSAL, TWO_LEVEL, P_LOG2_SCALE, EXACT_ROW_SUM,
+                full_end, end, seq_k, causal_shift, BLOCK_N, True, CAUSAL, TWO_LEVEL, P_LOG2_SCALE,
             )  # fmt: skip
         acc = acc * (out_scale / l_i)[:, None]
         out_base = Out + batch * s_ob + head.to(tl.int64) * s_oh + offs_m[:, None] * s_om

@@ -74,13 +74,11 @@ def attention_prefill(
     softmax_scale: float | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     config: TileConfig | None = None,
-    exact_row_sum: bool = False,
 ) -> torch.Tensor:
     """Attention of q [B, Hq, Lq, D] over k, v [B, Hkv, Lk, D] (GQA when Hq > Hkv), output [B, Hq, Lq, D].
 
     q, k and v are FP8 e4m3 with per-tensor scales (`x ≈ x8 * scale`), or bf16/fp16 (scales 1) for a baseline of
     the same design. Lengths need not be multiples of the tile. Causal masking is aligned to the bottom right.
-    exact_row_sum normalises by the sum of the FP8-rounded probabilities that actually multiply V.
     """
     mode = parse_mode(mode)
     _validate(q, k, v, causal)
@@ -104,7 +102,7 @@ def attention_prefill(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim, CAUSAL=causal,
         TWO_LEVEL=mode.two_level, SPLIT_D=mode is AccumulationMode.TWO_LEVEL_SPLIT,
         MASK_TAIL=causal or seq_k % cfg.block_n != 0,
-        P_LOG2_SCALE=math.log2(FP8_MAX) if fp8 else 0.0, EXACT_ROW_SUM=exact_row_sum,
+        P_LOG2_SCALE=math.log2(FP8_MAX) if fp8 else 0.0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
