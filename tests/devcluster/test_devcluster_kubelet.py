@@ -269,6 +269,7 @@ def test_job_waits_for_the_service_it_calls(devcluster: ThreadedDevCluster, devc
 def test_job_gives_up_waiting_for_a_missing_service(devcluster: ThreadedDevCluster, devcluster_namespace: str) -> None:
     ns = devcluster_namespace
     kubelet = devcluster.cluster.kubelet
+    patience = devcluster.call(getattr, kubelet, "service_wait_seconds")
     devcluster.call(setattr, kubelet, "service_wait_seconds", 0.2)
     try:
         script = "import sys; sys.exit(0 if sys.argv[1].startswith('http://nowhere.') else 1)"
@@ -276,7 +277,7 @@ def test_job_gives_up_waiting_for_a_missing_service(devcluster: ThreadedDevClust
         status = devcluster.wait_for("batch/v1", "Job", "hopeless", ns, job_finished)["status"]
         assert status["succeeded"] == 1  # it ran, with the URL as written: a real cluster's DNS would fail it
     finally:
-        devcluster.call(setattr, kubelet, "service_wait_seconds", 30.0)
+        devcluster.call(setattr, kubelet, "service_wait_seconds", patience)
 
 
 def test_failing_job_retries_up_to_its_backoff_limit(

@@ -140,7 +140,7 @@ class Kubelet:
     workdir: Path
     ips: PodIpAllocator = field(default_factory=PodIpAllocator)
     restart_backoff_seconds: float = 0.2
-    service_wait_seconds: float = 30.0
+    service_wait_seconds: float = 10.0
     _runtimes: dict[str, PodRuntime] = field(default_factory=dict, init=False)
     _job_started: dict[str, float] = field(default_factory=dict, init=False)
     _first_seen: dict[str, float] = field(default_factory=dict, init=False)
