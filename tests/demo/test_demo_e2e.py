@@ -93,6 +93,29 @@ def test_every_row_is_the_operators_status(demo_run: DemoRun) -> None:
     assert saved["llama-longdoc"]["status"]["plan"]["image"] == scenarios.FIXED_IMAGE
 
 
+def test_the_decisions_took_effect_on_the_deployments(demo_run: DemoRun) -> None:
+    """Promoted targets serve FP8 (Hopper on the fixed image), the others still serve their BF16 configuration."""
+    deployments = yaml.safe_load_all((demo_run.report_dir / "deployments.yaml").read_text())
+    serving = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0] for d in deployments}
+    assert set(serving) == set(EXPECTED)
+    for policy, (_, decision, _) in EXPECTED.items():
+        args = serving[policy].get("args") or []
+        assert ("--kv-cache-dtype" in args) == (decision == "Promoted"), (policy, args)
+    assert args_after(serving["llama-longdoc"], "--kv-cache-dtype") == "fp8"
+    assert serving["llama-longdoc"]["image"] == scenarios.FIXED_IMAGE
+    assert serving["llama-longdoc-b200"]["image"] == scenarios.BASELINE_IMAGE
+    assert (
+        serving["llama-longdoc-unfixed"]
+        == scenarios.deployment(scenarios.SCENARIOS[0])["spec"]["template"]["spec"]["containers"][0]
+    )
+    assert args_after(serving["gpt-oss-20b"], "--kv-cache-dtype-skip-layers") == "sliding_window"
+
+
+def args_after(container: dict[str, object], flag: str) -> str:
+    args = [str(arg) for arg in container.get("args") or []]  # type: ignore[attr-defined]
+    return args[args.index(flag) + 1]
+
+
 def test_the_report_has_the_table_and_the_figures(demo_run: DemoRun) -> None:
     report = (demo_run.report_dir / "report.md").read_text()
     assert "| llama-longdoc-unfixed |" in report and "RolledBack" in report

@@ -5,7 +5,7 @@ from typing import Any
 
 import yaml
 from kvpolicy.demo import scenarios
-from kvpolicy.demo.report import POLICIES_FILE, RunFacts, policy_events, write_report
+from kvpolicy.demo.report import DEPLOYMENTS_FILE, POLICIES_FILE, Observed, RunFacts, policy_events, write_report
 
 FACTS = RunFacts("2026-11-30T10:00:00Z", 95.0, "x86_64, 2 CPUs", "Prometheus 2.42", "demo mode")
 FIGURES = {"itl": [{"title": "Llama-3.1-8B on H200", "breakEvenTokens": 7731.2}]}
@@ -43,7 +43,9 @@ def _statuses() -> dict[str, dict[str, Any]]:
 def test_report_has_the_table_the_policies_and_the_figures(make_policy: Any, tmp_path: Path) -> None:
     objects = [make_policy(name, status) for name, status in _statuses().items()]
     events = {"llama-longdoc-unfixed": ["t Warning AccuracyGateFailed: recovery 0.13"]}
-    path = write_report(tmp_path, FACTS, objects, scenarios.SCENARIOS, events, FIGURES)
+    deployments = [scenarios.deployment(s) for s in scenarios.SCENARIOS[:1]]
+    observed = Observed(objects, events, deployments)
+    path = write_report(tmp_path, FACTS, observed, scenarios.SCENARIOS, FIGURES)
     text = path.read_text()
     assert "| llama-longdoc-unfixed | H200 (Hopper) | FP8 | 12% / 90% | - | - | RolledBack |" in text
     assert "| support-chat | - | - | - | - | - | AccuracyGate | - |" in text
@@ -53,19 +55,26 @@ def test_report_has_the_table_the_policies_and_the_figures(make_policy: Any, tmp
     assert "Warning AccuracyGateFailed" in text
     assert "break-even 7,731 tokens" in text and "(niah_accuracy.png)" in text
     assert "Hopper, an image that claims two-level accumulation" in text
+    assert (
+        "llama-longdoc-unfixed now runs image `vllm/vllm-openai:v0.12.0`, `vllm serve meta-llama/Llama-3.1-8B-Instruct "
+        "--max-model-len 131072 --port 8000`"
+    ) in text
+    assert "support-chat now runs" not in text  # its Deployment was not observed
     saved = list(yaml.safe_load_all((tmp_path / POLICIES_FILE).read_text()))
     assert [obj["metadata"]["name"] for obj in saved] == list(_statuses())
+    [deployment] = yaml.safe_load_all((tmp_path / DEPLOYMENTS_FILE).read_text())
+    assert deployment == deployments[0]
 
 
 def test_report_says_when_figures_are_missing(make_policy: Any, tmp_path: Path) -> None:
-    path = write_report(tmp_path, FACTS, [make_policy("support-chat", {})], scenarios.SCENARIOS, {}, None)
+    path = write_report(tmp_path, FACTS, Observed([make_policy("support-chat", {})]), scenarios.SCENARIOS, None)
     assert "figures could not be drawn" in path.read_text()
 
 
 def test_latency_ratios_are_listed(make_policy: Any, tmp_path: Path) -> None:
     latency = {"checks": 3, "passes": 3, "last": {"verdict": "Pass", "ratios": {"itl_p50": 0.8, "ttft_p95": 1.01},
                "canaryRequests": 20, "baselineRequests": 21}}  # fmt: skip
-    path = write_report(tmp_path, FACTS, [make_policy("llama-longdoc", {"latency": latency})], [], {}, FIGURES)
+    path = write_report(tmp_path, FACTS, Observed([make_policy("llama-longdoc", {"latency": latency})]), [], FIGURES)
     assert "3 passing of 3 checks; last **Pass** (itl_p50 0.80, ttft_p95 1.01; requests canary 20, baseline 21)" in (
         path.read_text()
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from kvpolicy.demo.table import decision_rows, render_markdown
 
 REPORT_FILE = "report.md"
 POLICIES_FILE = "kvpolicies.yaml"
+DEPLOYMENTS_FILE = "deployments.yaml"
 
 
 RATIO_NOTE = (
@@ -25,6 +26,15 @@ RATIO_NOTE = (
     "the same bucket and the ratio reads 1.00 whatever the difference: the analysis can then only catch regressions "
     "that cross a bucket boundary."
 )
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the cluster showed at the end of the run: the KVPolicies, their events, the Deployments they target."""
+
+    policies: Sequence[Mapping[str, Any]]
+    events: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    deployments: Sequence[Mapping[str, Any]] = ()
 
 
 @dataclass(frozen=True)
@@ -70,7 +80,22 @@ def _latency_lines(check: LatencyCheck | None, checks: int, passes: int) -> list
     ]
 
 
-def policy_section(policy: KVPolicy, scenario: Scenario | None, events: Sequence[str]) -> str:
+def serving(policy: KVPolicy, deployments: Sequence[Mapping[str, Any]]) -> str | None:
+    """What the policy's target Deployment runs now: its model container's image and arguments."""
+    ref = policy.spec.target_ref
+    for deployment in deployments:
+        if deployment["metadata"]["name"] != ref.name:
+            continue
+        containers = deployment["spec"]["template"]["spec"].get("containers") or []
+        chosen = next((c for c in containers if c.get("name") == ref.container), containers[0] if containers else None)
+        if chosen is None:
+            return None
+        words = [str(word) for word in (chosen.get("command") or []) + (chosen.get("args") or [])]
+        return f"image `{chosen.get('image', '?')}`, `{' '.join(words)}`"
+    return None
+
+
+def policy_section(policy: KVPolicy, scenario: Scenario | None, events: Sequence[str], now_serving: str | None) -> str:
     name = str(policy.metadata.get("name", "?"))
     status = policy.status
     lines = [f"### {name}", ""]
@@ -95,6 +120,8 @@ def policy_section(policy: KVPolicy, scenario: Scenario | None, events: Sequence
         lines.append(
             f"- No decision: phase {status.phase or 'Pending'}" + (f" — {status.message}" if status.message else "")
         )
+    if now_serving is not None:
+        lines.append(f"- {policy.spec.target_ref.name} now runs {now_serving}")
     if events:
         lines += ["", "<details><summary>Events</summary>", "", *[f"- {event}" for event in events], "", "</details>"]
     return "\n".join(lines)
@@ -143,20 +170,15 @@ def _figure_lines(figures: Mapping[str, Any] | None) -> list[str]:
 
 
 def report_markdown(
-    facts: RunFacts,
-    policies: Sequence[KVPolicy],
-    objects: Sequence[Mapping[str, Any]],
-    scenarios: Sequence[Scenario],
-    events: Mapping[str, Sequence[str]],
-    figures: Mapping[str, Any] | None,
+    facts: RunFacts, observed: Observed, scenarios: Sequence[Scenario], figures: Mapping[str, Any] | None
 ) -> str:
+    policies = [KVPolicy.model_validate(obj) for obj in observed.policies]
     by_name = {scenario.name: scenario for scenario in scenarios}
-    sections = [
-        policy_section(
-            policy, by_name.get(str(policy.metadata.get("name"))), events.get(str(policy.metadata.get("name")), [])
-        )
-        for policy in policies
-    ]
+    sections = []
+    for policy in policies:
+        name = str(policy.metadata.get("name"))
+        now_serving = serving(policy, observed.deployments)
+        sections.append(policy_section(policy, by_name.get(name), observed.events.get(name, []), now_serving))
     header = [
         "# kvpolicy demo report",
         "",
@@ -169,7 +191,7 @@ def report_markdown(
         "",
         "## Decisions",
         "",
-        render_markdown(decision_rows(objects)),
+        render_markdown(decision_rows(observed.policies)),
         "",
         RATIO_NOTE,
         "",
@@ -182,7 +204,8 @@ def report_markdown(
         "",
         *_figure_lines(figures),
         "",
-        f"The final KVPolicies: [{POLICIES_FILE}]({POLICIES_FILE})",
+        f"The final KVPolicies: [{POLICIES_FILE}]({POLICIES_FILE}); the Deployments they govern: "
+        f"[{DEPLOYMENTS_FILE}]({DEPLOYMENTS_FILE})",
         "",
     ]
     return "\n".join(header) + "\n" + "\n\n".join(sections) + "\n" + "\n".join(tail)
@@ -191,14 +214,14 @@ def report_markdown(
 def write_report(
     directory: Path,
     facts: RunFacts,
-    objects: Sequence[Mapping[str, Any]],
+    observed: Observed,
     scenarios: Sequence[Scenario],
-    events: Mapping[str, Sequence[str]],
     figures: Mapping[str, Any] | None,
 ) -> Path:
+    """report.md, plus the final KVPolicies and target Deployments as YAML beside it."""
     directory.mkdir(parents=True, exist_ok=True)
-    policies = [KVPolicy.model_validate(obj) for obj in objects]
-    (directory / POLICIES_FILE).write_text(yaml.safe_dump_all([dict(obj) for obj in objects], sort_keys=False))
+    for name, objects in ((POLICIES_FILE, observed.policies), (DEPLOYMENTS_FILE, observed.deployments)):
+        (directory / name).write_text(yaml.safe_dump_all([dict(obj) for obj in objects], sort_keys=False))
     path = directory / REPORT_FILE
-    path.write_text(report_markdown(facts, policies, objects, scenarios, events, figures))
+    path.write_text(report_markdown(facts, observed, scenarios, figures))
     return path

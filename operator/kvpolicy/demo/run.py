@@ -33,7 +33,7 @@ from kvpolicy.demo.gate_progress import SCRAPE_TIMEOUT_SECONDS, canary_requests
 from kvpolicy.demo.processes import ChildExitedError, ChildProcess
 from kvpolicy.demo.progress import ACCURACY_PHASE, ProgressDisplay, progress_of
 from kvpolicy.demo.prometheus import LocalPrometheus, find_prometheus
-from kvpolicy.demo.report import RunFacts, policy_events, write_report
+from kvpolicy.demo.report import Observed, RunFacts, policy_events, write_report
 from kvpolicy.demo.table import decision_rows, render_text
 from kvpolicy.demo.traffic import Route, TrafficGenerator
 from kvpolicy.devcluster import DevCluster, SimulatorRunner
@@ -318,8 +318,15 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int 
         with contextlib.suppress(DemoError):
             await _wait_until(lambda: figures.returncode is not None, FIGURES_WAIT_SECONDS, "the figures")
         facts = RunFacts(started_at, clock.elapsed, machine_description(), latency_source, options.mode)
-        events = policy_events(cluster.list("v1", "Event", world.NAMESPACE))
-        report = write_report(report_dir, facts, objects, world.SCENARIOS, events, _figures(report_dir, figures))
+        targets = {scenario.name for scenario in world.SCENARIOS}
+        observed = Observed(
+            policies=objects,
+            events=policy_events(cluster.list("v1", "Event", world.NAMESPACE)),
+            deployments=[
+                d for d in cluster.list("apps/v1", "Deployment", world.NAMESPACE) if d["metadata"]["name"] in targets
+            ],
+        )
+        report = write_report(report_dir, facts, observed, world.SCENARIOS, _figures(report_dir, figures))
     say(f"report: {report}")
     say("everything stopped")
     return DemoResult(report, decided)
