@@ -143,7 +143,7 @@ def policy_events(events: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
 
 def _figure_lines(figures: Mapping[str, Any] | None) -> list[str]:
     if figures is None:
-        return ["*The figures could not be drawn; see figures.log in this folder.*"]
+        return ["*The figures could not be drawn; see logs/figures.log in this folder.*"]
     lines = [
         "### NIAH accuracy against context length",
         "",

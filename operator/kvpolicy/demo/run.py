@@ -177,7 +177,8 @@ def _serving_ready(cluster: DevCluster) -> bool:
     return names <= ready
 
 
-async def _background(stack: contextlib.AsyncExitStack, work: Awaitable[None]) -> asyncio.Task[None]:
+async def _background(stack: contextlib.AsyncExitStack, work: Awaitable[None]) -> None:
+    """Run `work` until the stack unwinds."""
     task: asyncio.Task[None] = asyncio.ensure_future(work)
 
     async def stop() -> None:
@@ -185,7 +186,6 @@ async def _background(stack: contextlib.AsyncExitStack, work: Awaitable[None]) -
         await asyncio.gather(task, return_exceptions=True)
 
     stack.push_async_callback(stop)
-    return task
 
 
 async def follow(
