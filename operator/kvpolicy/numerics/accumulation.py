@@ -82,10 +82,12 @@ def _power_of_two_floor(x: F32) -> F32:
 
 def _truncated_group_sums(products: F32, exponent_floor: F32, retained_bits: int) -> F32:
     """Sum each group (..., K, D) after truncating every term toward zero onto its group's alignment grid."""
-    grid = exponent_floor * np.float32(2.0 ** (1 - retained_bits))
-    safe_grid = np.where(grid > 0, grid, np.float32(1.0))[..., None, :]
-    truncated = np.trunc(products / safe_grid) * safe_grid
-    result: F32 = truncated.sum(axis=-2, dtype=np.float32)
+    # Grids are powers of two, so scaling by the reciprocal is exact; an all-zero group (padding) has grid 1.
+    grid = np.where(exponent_floor > 0, exponent_floor * np.float32(2.0 ** (1 - retained_bits)), np.float32(1.0))
+    scaled = products * (np.float32(1.0) / grid)[..., None, :]
+    np.trunc(scaled, out=scaled)
+    scaled *= grid[..., None, :]
+    result: F32 = scaled.sum(axis=-2, dtype=np.float32)
     return result
 
 
@@ -110,7 +112,10 @@ def _solve_alignment(
         if not changed.any():
             break
         exponents = new_exponents
-        contributions[changed] = _truncated_group_sums(products[changed], exponents[changed], retained_bits)
+        if changed.all():  # skips the copy that boolean indexing makes
+            contributions = _truncated_group_sums(products, exponents, retained_bits)
+        else:
+            contributions[changed] = _truncated_group_sums(products[changed], exponents[changed], retained_bits)
     return contributions
 
 
