@@ -119,6 +119,8 @@ def args_after(container: dict[str, object], flag: str) -> str:
 def test_the_report_has_the_table_and_the_figures(demo_run: DemoRun) -> None:
     report = (demo_run.report_dir / "report.md").read_text()
     assert "| llama-longdoc-unfixed |" in report and "RolledBack" in report
+    users = re.search(r"Users sent ([\d,]+) requests", report)
+    assert users is not None and int(users.group(1).replace(",", "")) > 0
     for figure in ("niah_accuracy.png", "itl_vs_length.png"):
         assert f"]({figure})" in report
         assert (demo_run.report_dir / figure).read_bytes()[:4] == b"\x89PNG"

@@ -7,7 +7,7 @@ import yaml
 from kvpolicy.demo import scenarios
 from kvpolicy.demo.report import DEPLOYMENTS_FILE, POLICIES_FILE, Observed, RunFacts, policy_events, write_report
 
-FACTS = RunFacts("2026-11-30T10:00:00Z", 95.0, "x86_64, 2 CPUs", "Prometheus 2.42", "demo mode")
+FACTS = RunFacts("2026-11-30T10:00:00Z", 95.0, "x86_64, 2 CPUs", "Prometheus 2.42", "demo mode", 1234, 2)
 FIGURES = {"itl": [{"title": "Llama-3.1-8B on H200", "breakEvenTokens": 7731.2}]}
 
 
@@ -55,6 +55,7 @@ def test_report_has_the_table_the_policies_and_the_figures(make_policy: Any, tmp
     assert "Warning AccuracyGateFailed" in text
     assert "break-even 7,731 tokens" in text and "(niah_accuracy.png)" in text
     assert "Hopper, an image that claims two-level accumulation" in text
+    assert "Users sent 1,234 requests, 2 of them failed." in text
     assert (
         "llama-longdoc-unfixed now runs image `vllm/vllm-openai:v0.12.0`, `vllm serve meta-llama/Llama-3.1-8B-Instruct "
         "--max-model-len 131072 --port 8000`"

@@ -46,6 +46,8 @@ class RunFacts:
     machine: str
     latency_source: str
     mode: str
+    user_requests: int = 0
+    failed_user_requests: int = 0
 
 
 def _gate_lines(title: str, gate: GateResult | None) -> list[str]:
@@ -183,7 +185,8 @@ def report_markdown(
         "# kvpolicy demo report",
         "",
         f"Run at {facts.started_at} on {facts.machine}, {facts.mode}, in {facts.duration_seconds:.0f} s. "
-        f"Latency source: {facts.latency_source}.",
+        f"Latency source: {facts.latency_source}. Users sent {facts.user_requests:,} requests, "
+        f"{facts.failed_user_requests:,} of them failed.",
         "",
         "Every row below is read from a KVPolicy's status as the operator wrote it. The cluster, the GPUs and vLLM "
         "are emulated: the simulators' accuracy follows emulated FP8 accumulation and their latency the published "

@@ -317,7 +317,9 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int 
             say("finishing the figures")
         with contextlib.suppress(DemoError):
             await _wait_until(lambda: figures.returncode is not None, FIGURES_WAIT_SECONDS, "the figures")
-        facts = RunFacts(started_at, clock.elapsed, machine_description(), latency_source, options.mode)
+        sent = sum(counters.sent for counters in traffic.counters.values())
+        failed = sum(counters.failed for counters in traffic.counters.values())
+        facts = RunFacts(started_at, clock.elapsed, machine_description(), latency_source, options.mode, sent, failed)
         targets = {scenario.name for scenario in world.SCENARIOS}
         observed = Observed(
             policies=objects,
