@@ -8,8 +8,9 @@ from kvpolicy.numerics import HOPPER, Accumulation, MmaModel, attention_row, qua
 from kvpolicy.numerics.accumulation import reference_attention
 from kvpolicy.numerics.probe import attention_error as emulate
 
-# Deterministic for given arguments; the 256k runs are shared between tests.
-attention_error = functools.cache(emulate)
+# Deterministic for given arguments, so runs are shared between tests; one query row suffices because the
+# shrink is systematic (two rows differ by ~1%).
+attention_error = functools.cache(functools.partial(emulate, rows=1))
 
 # Measured on one H200: the single-level kernel's mean signed shrink of the output, and the BF16 relative error.
 MEASURED_SINGLE_LEVEL_SHRINK = {4096: -0.0496, 16384: -0.184, 65536: -0.435, 131072: -0.573, 262144: -0.689}
