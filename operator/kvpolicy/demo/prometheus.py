@@ -22,6 +22,7 @@ import aiohttp
 import yaml
 
 from kvpolicy.demo.processes import ChildProcess
+from kvpolicy.devcluster.kubelet import is_ready
 
 READY_TIMEOUT_SECONDS = 30.0
 SCRAPE_INTERVAL = "1s"
@@ -54,11 +55,6 @@ def _label_name(key: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
 
-def _is_ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def scrape_targets(pods: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """file_sd entries for the ready pods whose first container declares a port (the model servers)."""
     targets = []
@@ -66,7 +62,7 @@ def scrape_targets(pods: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         containers = (pod.get("spec") or {}).get("containers") or []
         ports = (containers[0].get("ports") or []) if containers else []
         ip = (pod.get("status") or {}).get("podIP")
-        if not ports or not ip or not _is_ready(pod):
+        if not ports or not ip or not is_ready(pod):
             continue
         meta = pod["metadata"]
         labels = {_label_name(key): str(value) for key, value in (meta.get("labels") or {}).items()}

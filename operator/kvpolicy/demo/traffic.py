@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from kvpolicy.devcluster.kubelet import is_ready
 from kvpolicy.devcluster.selectors import match_labels
 
 REQUEST_TIMEOUT_SECONDS = 30.0
@@ -45,11 +46,6 @@ class Route:
     prompt_tokens: int
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def endpoints(route: Route, pods: Sequence[Mapping[str, Any]]) -> list[str]:
     """Base URLs of the ready pods behind the route's Service, sorted for a stable round-robin."""
     urls = []
@@ -57,7 +53,7 @@ def endpoints(route: Route, pods: Sequence[Mapping[str, Any]]) -> list[str]:
         meta = pod["metadata"]
         ip = (pod.get("status") or {}).get("podIP")
         in_service = meta.get("namespace") == route.namespace and match_labels(route.selector, meta.get("labels") or {})
-        if in_service and ip and _ready(pod) and not meta.get("deletionTimestamp"):
+        if in_service and ip and is_ready(pod) and not meta.get("deletionTimestamp"):
             urls.append(f"http://{ip}:{route.port}")
     return sorted(urls)
 
