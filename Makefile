@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: test lint typecheck pytest demo crd tools prometheus clean
+.PHONY: test lint typecheck pytest demo generate tools prometheus clean
 
 test: $(VENV)/.installed prometheus tools lint typecheck pytest
 
@@ -40,8 +40,12 @@ pytest: $(VENV)/.installed
 demo: $(VENV)/.installed prometheus
 	$(BIN)/kvpolicy demo $(DEMO_ARGS)
 
-crd: $(VENV)/.installed
-	$(BIN)/kvpolicy crd > crds/kvpolicy.yaml
+# Regenerate the generated files and the chart's copies of them (tests fail while any is stale).
+generate: $(VENV)/.installed
+	$(BIN)/kvpolicy crd -o crds/kvpolicy.yaml
+	cp crds/kvpolicy.yaml charts/kvpolicy-operator/crds/kvpolicy.yaml
+	cp monitoring/alerts.yaml charts/kvpolicy-operator/files/alerts.yaml
+	cp monitoring/dashboard.json charts/kvpolicy-operator/files/dashboard.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
