@@ -1,8 +1,12 @@
 """The simulator's accuracy and latency models: calibration to the published anchors, and the flag semantics."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 from kvpolicy.numerics import Accumulation
+from kvpolicy.sim import accuracy
 from kvpolicy.sim.accuracy import NumericsModel, answer_needles
 from kvpolicy.sim.config import Gpu, SimConfig
 from kvpolicy.sim.latency import HEAD_DIM_256_TWO_LEVEL_PENALTY, latency_fit, sample_latencies
@@ -139,3 +143,22 @@ def test_latency_samples_carry_noise_and_slow_down_with_concurrency() -> None:
     ttfts = [ttft for ttft, _ in alone]
     assert len(set(ttfts)) == 20 and np.std(ttfts) / np.mean(ttfts) < 0.05
     assert [len(gaps) for _, gaps in alone] == [128] * 20
+
+
+def test_emulated_errors_are_shared_between_processes_through_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(accuracy.CACHE_DIR_ENV, str(tmp_path))
+    computed = accuracy.emulated_error(Accumulation.FP8_SINGLE_LEVEL, 4096, 128)
+    [cached] = tmp_path.iterdir()
+    assert json.loads(cached.read_text()) == {"relative": computed}
+
+    def no_emulator(*_: object) -> None:
+        raise AssertionError("the emulator ran although a cached result exists")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(accuracy, "attention_error", no_emulator)
+        assert accuracy.emulated_error(Accumulation.FP8_SINGLE_LEVEL, 4096, 128) == computed
+    cached.write_text("{truncated")
+    assert accuracy.emulated_error(Accumulation.FP8_SINGLE_LEVEL, 4096, 128) == computed
+    assert json.loads(cached.read_text()) == {"relative": computed}

@@ -14,10 +14,16 @@ same hard prompts on every server), the numerics draw also on the server's seed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import json
 import math
+import os
+from pathlib import Path
 
 from kvpolicy.numerics import Accumulation, attention_error
+from kvpolicy.numerics import accumulation as accumulation_module
+from kvpolicy.numerics import probe as probe_module
 from kvpolicy.sim.config import SimConfig
 
 CAPABILITY_LOSS_AT_128K = 0.09
@@ -25,8 +31,33 @@ NUMERICS_TOLERANCE = 0.496
 RETRIEVAL_STEEPNESS = 8
 # The emulator runs at powers of two (from one KV tile up) and is interpolated in log2(length) between them.
 _SMALLEST_EMULATED_LENGTH = 128
-# The emulation is deterministic, so simulators in one process (tests, the demo) share results.
+# The emulation is deterministic, so simulators in one process (tests, the demo) share results, and simulator
+# processes share them through files named after the emulator's source (an edited emulator never reads stale ones).
 _PROCESS_CACHE: dict[tuple[Accumulation, int, int], float] = {}
+CACHE_DIR_ENV = "KVPOLICY_CACHE_DIR"
+_EMULATOR_DIGEST = hashlib.sha256(
+    b"".join(Path(module.__file__ or "").read_bytes() for module in (accumulation_module, probe_module))
+).hexdigest()[:16]
+
+
+def _cache_file(accumulation: Accumulation, length: int, head_dim: int) -> Path:
+    root = Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "kvpolicy")
+    return root / f"attention-error-{_EMULATOR_DIGEST}-{accumulation.value}-{length}-{head_dim}.json"
+
+
+def emulated_error(accumulation: Accumulation, length: int, head_dim: int) -> float:
+    """The emulator's relative attention error, from the file cache when an earlier process computed it."""
+    path = _cache_file(accumulation, length, head_dim)
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return float(json.loads(path.read_text())["relative"])
+    relative = attention_error(accumulation, length, head_dim).relative
+    # Best effort: a read-only or full disk only costs the next process a recomputation.
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps({"relative": relative}))
+        partial.replace(path)
+    return relative
 
 
 def capability(prompt_tokens: int) -> float:
@@ -62,8 +93,7 @@ class NumericsModel:
         key = (accumulation, length, self._config.head_dim)
         if key not in _PROCESS_CACHE:
             # The emulator holds the GIL only in short stretches; a thread keeps /health and streams responsive.
-            result = await asyncio.to_thread(attention_error, *key)
-            _PROCESS_CACHE[key] = result.relative
+            _PROCESS_CACHE[key] = await asyncio.to_thread(emulated_error, *key)
         return _PROCESS_CACHE[key]
 
     async def _layer_error(self, accumulation: Accumulation, context: int) -> float:
