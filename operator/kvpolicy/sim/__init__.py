@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -34,8 +35,7 @@ def wait_healthy(url: str, timeout_s: float, process: subprocess.Popen[bytes] | 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
-            raise RuntimeError(f"simulator exited with code {process.returncode} before becoming healthy:\n{stderr}")
+            raise RuntimeError(f"simulator exited with code {process.returncode} before becoming healthy")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=1.0) as response:
                 if response.status == 200:
@@ -50,21 +50,26 @@ def wait_healthy(url: str, timeout_s: float, process: subprocess.Popen[bytes] | 
 def start_simulator_subprocess(
     args: Sequence[str], host: str = "127.0.0.1", port: int | None = None, timeout_s: float = 30.0
 ) -> Iterator[str]:
-    """Run `python -m kvpolicy sim ARGS --host HOST --port PORT` until the block exits; yields its base URL."""
+    """Run `python -m kvpolicy sim ARGS --host HOST --port PORT` until the block exits; yields its base URL.
+
+    The child's stderr goes to a temporary file (never a pipe nobody drains) and is quoted if it fails to start.
+    """
     port = port or free_port(host)
     command = [sys.executable, "-m", "kvpolicy", "sim", *args, "--host", host, "--port", str(port)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
     url = f"http://{host}:{port}"
-    try:
-        wait_healthy(url, timeout_s, process)
-        # Nothing reads stderr from here on; a chatty server must not block on a full pipe.
-        if process.stderr is not None:
-            process.stderr.close()
-        yield url
-    finally:
-        process.terminate()
+    with tempfile.TemporaryFile() as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=dict(os.environ))
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            try:
+                wait_healthy(url, timeout_s, process)
+            except RuntimeError as error:
+                stderr.seek(0)
+                raise RuntimeError(f"{error}:\n{stderr.read().decode(errors='replace')}") from None
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
