@@ -1,5 +1,6 @@
 """The simulator over real HTTP on loopback: vLLM's endpoints, error shapes, streaming and metrics."""
 
+import asyncio
 import json
 import re
 
@@ -170,3 +171,18 @@ async def test_same_seed_gives_the_same_answers_and_the_numerics_draw_depends_on
     first = await answers(seed=11)
     assert await answers(seed=11) == first
     assert await answers(seed=12) != first
+
+
+async def test_a_client_leaving_mid_stream_counts_as_an_aborted_request() -> None:
+    request = {"model": MODEL, "prompt": " The sky", "max_tokens": 500, "stream": True}
+    async with serve(config(time_scale=1.0)) as url, aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/v1/completions", json=request) as response:
+            await response.content.readline()
+        abort_line = f'vllm:request_success_total{{engine="0",finished_reason="abort",model_name="{MODEL}"}} 1.0'
+        for _ in range(100):
+            async with session.get(f"{url}/metrics") as metrics:
+                if abort_line in await metrics.text():
+                    break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the aborted stream was not counted")

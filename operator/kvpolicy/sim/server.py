@@ -303,7 +303,14 @@ class Simulator:
         )
         try:
             if completion.stream:
-                response = await self._stream(request, completion, generation, arrival, ttft_ms, gaps_ms)
+                response = web.StreamResponse(
+                    headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                )
+                try:
+                    await self._stream(request, response, completion, generation, arrival, ttft_ms, gaps_ms)
+                except ConnectionResetError:
+                    # The client left mid-stream: vLLM counts the request as aborted.
+                    generation = Generation(generation.tokens, "abort")
             else:
                 await self._sleep_until(arrival, ttft_ms + sum(gaps_ms))
                 response = web.json_response(self._completion_body(completion, generation))
@@ -317,13 +324,13 @@ class Simulator:
     async def _stream(
         self,
         request: web.Request,
+        response: web.StreamResponse,
         completion: CompletionRequest,
         generation: Generation,
         arrival: float,
         ttft_ms: float,
         gaps_ms: list[float],
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    ) -> None:
         await response.prepare(request)
         request_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         # The first token is due TTFT after the arrival, each later one at a fixed offset from the first, so
@@ -362,7 +369,6 @@ class Simulator:
             await response.write(_sse(usage_chunk))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
-        return response
 
     def _completion_body(self, completion: CompletionRequest, generation: Generation) -> dict[str, Any]:
         choice = {
