@@ -1,12 +1,17 @@
 """Operator scale: N KVPolicies on the emulated API server, the operator (`kvpolicy run`) in its own process.
 
-Each policy targets its own one-replica Deployment on a Hopper or a Blackwell pool and plans FP8, so every one goes
-through the whole rollout: canary, accuracy gate Job, latency probe Job (Synthetic traffic), promotion. To measure
-the operator rather than the simulators, vLLM containers run no process (ready at once) and gate Jobs run an instant
-fake that writes a Pass verdict to the termination log. Reported: seconds until every policy is decided, the
-operator's peak RSS (VmHWM) and CPU seconds.
+Two workloads:
+- `rollout`: each policy targets its own one-replica Deployment on a Hopper or a Blackwell pool and plans FP8, so it
+  goes through the whole rollout: canary, accuracy gate Job, latency probe Job (Synthetic traffic), promotion. vLLM
+  containers run no process (ready at once) and gate Jobs run an instant fake that writes a Pass verdict.
+- `hold`: each policy plans BF16 (typical context below the break-even) and is decided in one pass; its target has no
+  pods. This one measures the operator's per-policy cost at 1,000 policies, where the emulated cluster (one Python
+  process reconciling every object on every change) could not run 1,000 canaries.
+Reported: seconds from the creation of the first policy until every policy is decided, the operator's peak RSS
+(VmHWM) and CPU seconds.
 
-    .venv/bin/python bench/operator_scale.py --policies 100 1000
+    .venv/bin/python bench/operator_scale.py --mode rollout --policies 20 100
+    .venv/bin/python bench/operator_scale.py --mode hold --policies 100 1000
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpolicy.api import crd
-from kvpolicy.devcluster import CPU_POOL, POOL_LABEL, NoProcessRunner, NodePool, ThreadedDevCluster, kubelet
+from kvpolicy.devcluster import CPU_POOL, POOL_LABEL, NodePool, NoProcessRunner, ThreadedDevCluster, kubelet
 
 NAMESPACE = "bench"
 PATCHED_IMAGE = "vllm-fp8-twolevel:bench"
@@ -38,14 +43,14 @@ def fake_job_argv(container: Mapping[str, Any]) -> list[str]:
     return ["sh", "-c", f"printf '%s' '{FAKE_VERDICT}' > \"${kubelet.TERMINATION_LOG_ENV}\""]
 
 
-def target(index: int) -> dict[str, Any]:
+def target(index: int, replicas: int) -> dict[str, Any]:
     name = f"model-{index}"
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
-            "replicas": 1,
+            "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name}},
@@ -65,7 +70,7 @@ def target(index: int) -> dict[str, Any]:
     }
 
 
-def policy(index: int) -> dict[str, Any]:
+def policy(index: int, hold: bool) -> dict[str, Any]:
     return {
         "apiVersion": "kvpolicy.dev/v1alpha1",
         "kind": "KVPolicy",
@@ -73,7 +78,7 @@ def policy(index: int) -> dict[str, Any]:
         "spec": {
             "targetRef": {"name": f"model-{index}"},
             "model": {"servedModelName": "llama", "headDim": 128, "numLayers": 32, "maxModelLen": 131072},
-            "workload": {"maxContextTokens": 131072, "typicalContextTokens": 65536},
+            "workload": {"maxContextTokens": 131072, "typicalContextTokens": 2048 if hold else 65536},
             "images": {"fp8Patched": PATCHED_IMAGE},
             "rollout": {"traffic": "Synthetic", "bakeSeconds": 0, "progressDeadlineSeconds": 3600},
         },
@@ -95,7 +100,8 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_once(count: int, poll_seconds: float, give_up_after: float) -> dict[str, Any]:
+def run_once(mode: str, count: int, poll_seconds: float, give_up_after: float) -> dict[str, Any]:
+    hold = mode == "hold"
     pools = [NodePool("h200", "NVIDIA-H200"), NodePool("b200", "NVIDIA-B200"), NodePool(CPU_POOL, None)]
     original_job_argv = kubelet.job_argv
     kubelet.job_argv = fake_job_argv
@@ -103,7 +109,7 @@ def run_once(count: int, poll_seconds: float, give_up_after: float) -> dict[str,
         with ThreadedDevCluster(pools=pools, runner=NoProcessRunner(), namespaces=(NAMESPACE,)) as cluster:
             cluster.apply(crd.crd_object())
             for index in range(count):
-                cluster.create(target(index))
+                cluster.create(target(index, replicas=0 if hold else 1))
             env = {
                 **os.environ,
                 **cluster.environ(),
@@ -118,7 +124,7 @@ def run_once(count: int, poll_seconds: float, give_up_after: float) -> dict[str,
                     time.sleep(2.0)  # kopf's start-up is not part of the rollout time
                     started = time.monotonic()
                     for index in range(count):
-                        cluster.create(policy(index))
+                        cluster.create(policy(index, hold))
                     rss_samples: list[int] = []
                     decided = 0
                     phases: dict[str, int] = {}
@@ -146,6 +152,7 @@ def run_once(count: int, poll_seconds: float, give_up_after: float) -> dict[str,
     finally:
         kubelet.job_argv = original_job_argv
     return {
+        "mode": mode,
         "policies": count,
         "decided": decided,
         "phases": phases,
@@ -159,20 +166,21 @@ def run_once(count: int, poll_seconds: float, give_up_after: float) -> dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policies", type=int, nargs="+", default=[100, 1000])
-    parser.add_argument("--poll-seconds", type=float, default=2.0, help="KVPOLICY_POLL_SECONDS of the operator")
+    parser.add_argument("--mode", choices=["rollout", "hold"], default="rollout")
+    parser.add_argument("--policies", type=int, nargs="+", default=[20, 100])
+    parser.add_argument("--poll-seconds", type=float, default=5.0, help="KVPOLICY_POLL_SECONDS of the operator")
     parser.add_argument("--give-up-after", type=float, default=1800.0)
     args = parser.parse_args(argv)
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     print(f"# {datetime.now(UTC):%Y-%m-%d} on {machine}")
-    print("| policies | decided | time to all decided (s) | operator peak RSS (MiB) | operator CPU (s) |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| workload | policies | decided | time to all decided (s) | operator peak RSS (MiB) | operator CPU (s) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for count in args.policies:
-        result = run_once(count, args.poll_seconds, args.give_up_after)
+        result = run_once(args.mode, count, args.poll_seconds, args.give_up_after)
         print(json.dumps(result), file=sys.stderr)
         seconds = result["seconds_to_all_decided"]
         print(
-            f"| {count} | {result['decided']} | {seconds if seconds is not None else 'not all'} | "
+            f"| {args.mode} | {count} | {result['decided']} | {seconds if seconds is not None else 'not all'} | "
             f"{result['operator_peak_rss_mib']} | {result['operator_cpu_seconds']} |",
             flush=True,
         )

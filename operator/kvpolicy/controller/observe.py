@@ -28,8 +28,8 @@ JOB_NAME_LABEL = "job-name"
 # What each phase's step looks at beyond the target (fewer requests per pass: 1,000 policies poll one API server).
 PHASE_NEEDS: dict[Phase, frozenset[str]] = {
     Phase.CANARY_STARTING: frozenset({"canary", "pods", "services"}),
-    Phase.GPU_PREFLIGHT: frozenset({"pods", "jobs"}),
-    Phase.ACCURACY_GATE: frozenset({"pods", "jobs"}),
+    Phase.GPU_PREFLIGHT: frozenset({"jobs"}),
+    Phase.ACCURACY_GATE: frozenset({"jobs"}),
     Phase.LATENCY_ANALYSIS: frozenset({"canary", "pods", "jobs"}),
     Phase.PROMOTING: frozenset({"canary", "services"}),
     Phase.ROLLING_BACK: frozenset({"canary", "services", "jobs"}),
@@ -79,6 +79,10 @@ def job_view(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> JobVi
         exit_code=exit_code,
         termination_message=message,
     )
+
+
+def _finished(job: Mapping[str, Any]) -> bool:
+    return any((_condition(job, type_) or {}).get("status") == "True" for type_ in ("Complete", "Failed"))
 
 
 def live(objects: Sequence[Obj]) -> list[Obj]:
@@ -170,7 +174,9 @@ class Observer:
         jobs = {}
         for job in await self.api.list_objects(JOBS, namespace, by_policy) if "jobs" in needs else []:
             job_name = job["metadata"]["name"]
-            job_pods = [pod for pod in pods if (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == job_name]
+            job_pods: list[Obj] = []
+            if _finished(job):  # only a finished Job's pod has a termination message worth reading
+                job_pods = await self.api.list_objects(PODS, namespace, label_selector({JOB_NAME_LABEL: job_name}))
             jobs[job_name] = job_view(job, job_pods)
         verdict = None
         if self.analyser is not None and target is not None and latency_check_due(policy, now):
