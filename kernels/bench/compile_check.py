@@ -86,7 +86,8 @@ def prefill_variants(target: GPUTarget) -> None:
                     ones = {"s_vn"} if dtype == "fp8" else {"s_vd"}
                     constants = {
                         "BLOCK_M": bm, "BLOCK_N": bn, "HEAD_DIM": head_dim, "CAUSAL": causal,
-                        "TWO_LEVEL": mode != "single", "SPLIT_D": mode == "split", "MASK_TAIL": causal,
+                        "TWO_LEVEL": mode != "single", "SPLIT_D": mode == "split", "MASK_TAIL": False,
+                        "DIAGONAL_TILE": causal,
                         "P_LOG2_SCALE": math.log2(448.0) if dtype == "fp8" else 0.0,
                     }  # fmt: skip
                     pointers = {"Q": f"*{element}", "K": f"*{element}", "V": f"*{element}", "Out": "*bf16"}

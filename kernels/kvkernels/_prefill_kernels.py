@@ -9,7 +9,8 @@ def _kv_range(tile_m, seq_k, causal_shift, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
     """Keys [0, full_end) need no mask for any row of the tile; keys [full_end, end) are masked.
 
     A second, masked loop costs registers even when it runs no tile, so the caller compiles it in only when needed
-    (MASK_TAIL: causal, or a key length that is not a multiple of BLOCK_N).
+    (MASK_TAIL: causal, or a key length that is not a multiple of BLOCK_N). When the causal diagonal falls inside
+    one key tile (DIAGONAL_TILE), that tile is processed once, outside any loop, which spills far less.
     """
     if CAUSAL:
         # The first row of the tile sees keys up to tile_m * BLOCK_M + causal_shift; the last row a tile further.
@@ -57,6 +58,45 @@ def _softmax_step(
 
 
 @triton.jit
+def _tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_base,
+    v_base,
+    s_kn,
+    s_vn,
+    s_vd,
+    qk_scale,
+    offs_m,
+    offs_d,
+    start,
+    seq_k,
+    causal_shift,
+    BLOCK_N: tl.constexpr,
+    MASK_LOADS: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    TWO_LEVEL: tl.constexpr,
+    P_LOG2_SCALE: tl.constexpr,
+):
+    """One key tile: scores, online softmax, P·V. MASK_LOADS guards reads past seq_k; MASKED masks the scores."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    kt_ptrs = k_base + offs_n[None, :] * s_kn + offs_d[:, None]
+    v_ptrs = v_base + offs_n[:, None] * s_vn + offs_d[None, :] * s_vd
+    kt = tl.load(kt_ptrs, mask=offs_n[None, :] < seq_k, other=0.0) if MASK_LOADS else tl.load(kt_ptrs)
+    p, alpha, m_i, l_i = _softmax_step(
+        q, kt, qk_scale, m_i, l_i, offs_m, offs_n, seq_k, causal_shift, MASKED, CAUSAL, P_LOG2_SCALE
+    )
+    v = tl.load(v_ptrs, mask=offs_n[:, None] < seq_k, other=0.0) if MASK_LOADS else tl.load(v_ptrs)
+    p = p.to(v.dtype)
+    # Two-level: a fresh fp32 partial per tile, added on the CUDA cores; single-level feeds acc to the MMA.
+    acc = acc * alpha[:, None] + tl.dot(p, v) if TWO_LEVEL else tl.dot(p, v, acc * alpha[:, None])
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _prefill_tiles(
     acc,
     m_i,
@@ -81,18 +121,55 @@ def _prefill_tiles(
     P_LOG2_SCALE: tl.constexpr,
 ):
     for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        kt_ptrs = k_base + offs_n[None, :] * s_kn + offs_d[:, None]
-        v_ptrs = v_base + offs_n[:, None] * s_vn + offs_d[None, :] * s_vd
-        kt = tl.load(kt_ptrs, mask=offs_n[None, :] < seq_k, other=0.0) if MASKED else tl.load(kt_ptrs)
-        p, alpha, m_i, l_i = _softmax_step(
-            q, kt, qk_scale, m_i, l_i, offs_m, offs_n, seq_k, causal_shift, MASKED, CAUSAL, P_LOG2_SCALE
-        )
-        v = tl.load(v_ptrs, mask=offs_n[:, None] < seq_k, other=0.0) if MASKED else tl.load(v_ptrs)
-        p = p.to(v.dtype)
-        # Two-level: a fresh fp32 partial per tile, added on the CUDA cores; single-level feeds acc to the MMA.
-        acc = acc * alpha[:, None] + tl.dot(p, v) if TWO_LEVEL else tl.dot(p, v, acc * alpha[:, None])
+        acc, m_i, l_i = _tile(
+            acc, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d, start, seq_k, causal_shift,
+            BLOCK_N, MASKED, MASKED, CAUSAL, TWO_LEVEL, P_LOG2_SCALE,
+        )  # fmt: skip
     return acc, m_i, l_i
+
+
+@triton.jit
+def _tile_split(
+    acc_lo,
+    acc_hi,
+    m_i,
+    l_i,
+    q,
+    k_base,
+    v_base,
+    s_kn,
+    s_vn,
+    s_vd,
+    qk_scale,
+    offs_m,
+    offs_d,
+    start,
+    seq_k,
+    causal_shift,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    MASK_LOADS: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    P_LOG2_SCALE: tl.constexpr,
+):
+    """One key tile, two-level, with the P·V partial computed for each half of head_dim in turn."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs_half = tl.arange(0, HALF)
+    offs_n = start + tl.arange(0, BLOCK_N)
+    kt_ptrs = k_base + offs_n[None, :] * s_kn + offs_d[:, None]
+    v_lo_ptrs = v_base + offs_n[:, None] * s_vn + offs_half[None, :] * s_vd
+    v_hi_ptrs = v_lo_ptrs + HALF * s_vd
+    kt = tl.load(kt_ptrs, mask=offs_n[None, :] < seq_k, other=0.0) if MASK_LOADS else tl.load(kt_ptrs)
+    p, alpha, m_i, l_i = _softmax_step(
+        q, kt, qk_scale, m_i, l_i, offs_m, offs_n, seq_k, causal_shift, MASKED, CAUSAL, P_LOG2_SCALE
+    )
+    v_lo = tl.load(v_lo_ptrs, mask=offs_n[:, None] < seq_k, other=0.0) if MASK_LOADS else tl.load(v_lo_ptrs)
+    p = p.to(v_lo.dtype)
+    acc_lo = acc_lo * alpha[:, None] + tl.dot(p, v_lo)
+    v_hi = tl.load(v_hi_ptrs, mask=offs_n[:, None] < seq_k, other=0.0) if MASK_LOADS else tl.load(v_hi_ptrs)
+    acc_hi = acc_hi * alpha[:, None] + tl.dot(p, v_hi)
+    return acc_lo, acc_hi, m_i, l_i
 
 
 @triton.jit
@@ -120,22 +197,11 @@ def _prefill_tiles_split(
     CAUSAL: tl.constexpr,
     P_LOG2_SCALE: tl.constexpr,
 ):
-    HALF: tl.constexpr = HEAD_DIM // 2
-    offs_half = tl.arange(0, HALF)
     for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        kt_ptrs = k_base + offs_n[None, :] * s_kn + offs_d[:, None]
-        v_lo_ptrs = v_base + offs_n[:, None] * s_vn + offs_half[None, :] * s_vd
-        v_hi_ptrs = v_lo_ptrs + HALF * s_vd
-        kt = tl.load(kt_ptrs, mask=offs_n[None, :] < seq_k, other=0.0) if MASKED else tl.load(kt_ptrs)
-        p, alpha, m_i, l_i = _softmax_step(
-            q, kt, qk_scale, m_i, l_i, offs_m, offs_n, seq_k, causal_shift, MASKED, CAUSAL, P_LOG2_SCALE
-        )
-        v_lo = tl.load(v_lo_ptrs, mask=offs_n[:, None] < seq_k, other=0.0) if MASKED else tl.load(v_lo_ptrs)
-        p = p.to(v_lo.dtype)
-        acc_lo = acc_lo * alpha[:, None] + tl.dot(p, v_lo)
-        v_hi = tl.load(v_hi_ptrs, mask=offs_n[:, None] < seq_k, other=0.0) if MASKED else tl.load(v_hi_ptrs)
-        acc_hi = acc_hi * alpha[:, None] + tl.dot(p, v_hi)
+        acc_lo, acc_hi, m_i, l_i = _tile_split(
+            acc_lo, acc_hi, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d, start, seq_k,
+            causal_shift, BLOCK_N, HEAD_DIM, MASKED, MASKED, CAUSAL, P_LOG2_SCALE,
+        )  # fmt: skip
     return acc_lo, acc_hi, m_i, l_i
 
 
@@ -172,6 +238,7 @@ def prefill_kernel(
     TWO_LEVEL: tl.constexpr,
     SPLIT_D: tl.constexpr,
     MASK_TAIL: tl.constexpr,
+    DIAGONAL_TILE: tl.constexpr,
     P_LOG2_SCALE: tl.constexpr,
 ):
     """One tile of BLOCK_M queries of one head against all the keys it may see. Grid: (query tiles, batch × heads)."""
@@ -199,7 +266,12 @@ def prefill_kernel(
             acc_lo, acc_hi, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
             0, full_end, seq_k, causal_shift, BLOCK_N, HEAD_DIM, False, CAUSAL, P_LOG2_SCALE,
         )  # fmt: skip
-        if MASK_TAIL:
+        if DIAGONAL_TILE:
+            acc_lo, acc_hi, m_i, l_i = _tile_split(
+                acc_lo, acc_hi, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
+                full_end, seq_k, causal_shift, BLOCK_N, HEAD_DIM, False, True, CAUSAL, P_LOG2_SCALE,
+            )  # fmt: skip
+        elif MASK_TAIL:
             acc_lo, acc_hi, m_i, l_i = _prefill_tiles_split(
                 acc_lo, acc_hi, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
                 full_end, end, seq_k, causal_shift, BLOCK_N, HEAD_DIM, True, CAUSAL, P_LOG2_SCALE,
@@ -216,7 +288,12 @@ def prefill_kernel(
             acc, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
             0, full_end, seq_k, causal_shift, BLOCK_N, False, CAUSAL, TWO_LEVEL, P_LOG2_SCALE,
         )  # fmt: skip
-        if MASK_TAIL:
+        if DIAGONAL_TILE:
+            acc, m_i, l_i = _tile(
+                acc, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
+                full_end, seq_k, causal_shift, BLOCK_N, False, True, CAUSAL, TWO_LEVEL, P_LOG2_SCALE,
+            )  # fmt: skip
+        elif MASK_TAIL:
             acc, m_i, l_i = _prefill_tiles(
                 acc, m_i, l_i, q, k_base, v_base, s_kn, s_vn, s_vd, qk_scale, offs_m, offs_d,
                 full_end, end, seq_k, causal_shift, BLOCK_N, True, CAUSAL, TWO_LEVEL, P_LOG2_SCALE,

@@ -89,6 +89,10 @@ def attention_prefill(
         v = tokens_contiguous(v)
     cfg = config or default_config(head_dim, q.dtype, mode, q.device)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    # Whole tiles, and every query tile's diagonal within one key tile: the masked part is a single tile.
+    diagonal_tile = (
+        causal and cfg.block_n % cfg.block_m == 0 and (seq_k - seq_q) % cfg.block_m == 0 and seq_k % cfg.block_n == 0
+    )
     out = torch.empty((batch, heads, seq_q, head_dim), device=q.device, dtype=out_dtype)
     grid = (triton.cdiv(seq_q, cfg.block_m), batch * heads)
     prefill_kernel[grid](
@@ -101,7 +105,7 @@ def attention_prefill(
         out.stride(0), out.stride(1), out.stride(2),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim, CAUSAL=causal,
         TWO_LEVEL=mode.two_level, SPLIT_D=mode is AccumulationMode.TWO_LEVEL_SPLIT,
-        MASK_TAIL=causal or seq_k % cfg.block_n != 0,
+        MASK_TAIL=(causal and not diagonal_tile) or seq_k % cfg.block_n != 0, DIAGONAL_TILE=diagonal_tile,
         P_LOG2_SCALE=math.log2(FP8_MAX) if fp8 else 0.0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip

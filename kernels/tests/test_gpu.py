@@ -25,11 +25,12 @@ def test_probe_sees_the_cliff_only_for_single_level(mode: str) -> None:
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-def test_two_level_prefill_is_accurate_at_4k(head_dim: int, causal: bool) -> None:
+@pytest.mark.parametrize(("lq", "lk"), [(1000, 4099), (1024, 4096)])  # masked tail; whole tiles (diagonal tile)
+def test_two_level_prefill_is_accurate_at_4k(head_dim: int, causal: bool, lq: int, lk: int) -> None:
     gen = torch.Generator(device="cuda").manual_seed(head_dim)
-    q = torch.randn(1, 8, 1000, head_dim, device="cuda", generator=gen)
-    k = torch.randn(1, 2, 4099, head_dim, device="cuda", generator=gen)
-    v = torch.randn(1, 2, 4099, head_dim, device="cuda", generator=gen) + 1.0
+    q = torch.randn(1, 8, lq, head_dim, device="cuda", generator=gen)
+    k = torch.randn(1, 2, lk, head_dim, device="cuda", generator=gen)
+    v = torch.randn(1, 2, lk, head_dim, device="cuda", generator=gen) + 1.0
     (q8, qs), (k8, ks), (v8, vs) = quantize_fp8(q), quantize_fp8(k), quantize_fp8(v)
     ref = attention_reference(q8, k8, v8, causal=causal, q_scale=qs, k_scale=ks, v_scale=vs)
     mode = AccumulationMode.TWO_LEVEL_SPLIT if head_dim == 256 else AccumulationMode.TWO_LEVEL
