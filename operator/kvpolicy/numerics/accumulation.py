@@ -120,33 +120,36 @@ def _solve_alignment(
 
 
 def _fed_back_accumulate(
-    products: F32, group_scale: F32, retained_bits: int, groups_per_partial: int | None
+    p_cached: F32, v_cache: F32, group_scale: F32, k_step: int, retained_bits: int, groups_per_partial: int | None
 ) -> npt.NDArray[np.float64]:
-    """Accumulate groups of products (G, K, D) with the accumulator fed back into each k-step; returns final units.
+    """Accumulate P·V in groups of k_step keys with the accumulator fed back into each k-step; returns final units.
 
-    `products` are in the units of their KV tile's running max; `group_scale` (G,) converts a group's units to the
-    final max's units (<= 1). With `groups_per_partial` set, the fed-back accumulator restarts every that many groups
-    (two-level: a fresh partial per tile, added exactly in fp32); otherwise it runs over the whole context.
+    `p_cached` (padded to whole groups) is in the units of each KV tile's running max; `group_scale` converts a
+    group's units to the final max's units (<= 1). With `groups_per_partial` set, the fed-back accumulator restarts
+    every that many groups (two-level: a fresh partial per tile, added exactly in fp32); otherwise it runs over the
+    whole context. Products are formed chunk by chunk so each chunk's work stays in cache.
     """
-    n_groups, k_step, head_dim = products.shape
-    product_max = np.abs(products).max(axis=1)
+    head_dim = v_cache.shape[1]
     run_length = groups_per_partial or _GROUPS_PER_CHUNK
-    chunk = run_length * max(1, _GROUPS_PER_CHUNK // run_length)
+    chunk = run_length * max(1, _GROUPS_PER_CHUNK // run_length) * k_step
     total = np.zeros(head_dim, dtype=np.float64)
-    # Chunks keep the working set in cache; a single-level accumulator is carried from chunk to chunk.
-    for start in range(0, n_groups, chunk):
-        part = slice(start, start + chunk)
-        size = min(start + chunk, n_groups) - start
-        runs = size // groups_per_partial if groups_per_partial else 1
+    for start in range(0, len(p_cached), chunk):
+        stop = min(start + chunk, len(p_cached))
+        products = p_cached[start:stop, None] * v_cache[start:stop]
+        if len(products) < stop - start:  # keys past the context, padding the last tile: no contribution
+            products = np.vstack([products, np.zeros((stop - start - len(products), head_dim), dtype=np.float32)])
+        groups = products.reshape(-1, k_step, head_dim)
+        runs = len(groups) // groups_per_partial if groups_per_partial else 1
         carried = np.zeros((runs, head_dim)) if groups_per_partial else total[None, :]
+        scale = group_scale[start // k_step : stop // k_step]
         sums = _solve_alignment(
-            products[part].reshape(runs, -1, k_step, head_dim),
-            product_max[part].reshape(runs, -1, head_dim),
-            group_scale[part].reshape(runs, -1),
+            groups.reshape(runs, -1, k_step, head_dim),
+            np.abs(groups).max(axis=1).reshape(runs, -1, head_dim),
+            scale.reshape(runs, -1),
             carried,
             retained_bits,
         )
-        total = total + group_scale[part].astype(np.float64) @ sums.reshape(-1, head_dim)
+        total = total + scale.astype(np.float64) @ sums.reshape(-1, head_dim)
     return total
 
 
@@ -169,19 +172,16 @@ def attention_row(
     probabilities = np.exp(logits.reshape(-1, tile) - running_max[:, None]).reshape(-1)
     row_sum = float(np.exp(logits[:n_keys].astype(np.float64) - final_max).sum())
     tile_scale = np.exp(running_max - final_max).astype(np.float32)
-    p_cached = quantize(probabilities, accumulation)[:n_keys]
-    products = p_cached[:, None] * v_cache
+    p_cached = quantize(probabilities, accumulation)
     if accumulation is Accumulation.FP8_BLACKWELL:
-        exact = products.astype(np.float64).reshape(-1, head_dim)
-        scale = np.repeat(tile_scale, tile)[:n_keys].astype(np.float64)
-        return (scale @ exact) / row_sum
-    if padded != n_keys:
-        products = np.vstack([products, np.zeros((padded - n_keys, head_dim), dtype=np.float32)])
-    groups = products.reshape(-1, k_step, head_dim)
+        # Plain fp32 accumulation, as the hardware does without truncation; each p·v product is exact in fp32.
+        weights = p_cached[:n_keys] * np.repeat(tile_scale, tile)[:n_keys]
+        result: npt.NDArray[np.float64] = (weights @ v_cache).astype(np.float64) / row_sum
+        return result
     group_scale = np.repeat(tile_scale, tile // k_step)
     bits = mma.bf16_retained_bits if accumulation is Accumulation.BF16 else mma.fp8_retained_bits
     per_partial = tile // k_step if accumulation is Accumulation.FP8_TWO_LEVEL else None
-    return _fed_back_accumulate(groups, group_scale, bits, per_partial) / row_sum
+    return _fed_back_accumulate(p_cached, v_cache, group_scale, k_step, bits, per_partial) / row_sum
 
 
 def reference_attention(q: FloatArray, k: F32, v: F32) -> npt.NDArray[np.float64]:
