@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpolicy.devcluster import POOL_LABEL, ThreadedDevCluster
+from operator_helpers import set_paths
 
 PATCHED_IMAGE = "vllm-fp8-twolevel:test"
 TARGET_IMAGE = "vllm:0.12"
@@ -55,12 +56,7 @@ def policy(namespace: str, name: str = "llama-fp8", **overrides: Any) -> Obj:
         "gates": {"accuracy": {"maxSamples": 40}, "latency": {"enabled": False}},
         "rollout": {"progressDeadlineSeconds": 60, "bakeSeconds": 0},
     }
-    for path, value in overrides.items():
-        node = spec
-        keys = path.split(".")
-        for key in keys[:-1]:
-            node = node.setdefault(key, {})
-        node[keys[-1]] = value
+    set_paths(spec, overrides)
     return {"apiVersion": KVP[0], "kind": KVP[1], "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
@@ -89,6 +85,19 @@ def wait_phase(cluster: ThreadedDevCluster, namespace: str, phases: set[str], na
     except AssertionError as error:
         raise AssertionError(f"{error}\nstatus: {describe()}") from None
     return result
+
+
+DECIDED = {"Promoted", "RolledBack", "HeldBF16"}
+
+
+def wait_decided(cluster: ThreadedDevCluster, namespace: str) -> Obj:
+    return wait_phase(cluster, namespace, DECIDED)
+
+
+def start_and_reach_the_gate(cluster: ThreadedDevCluster, namespace: str) -> None:
+    """Create the default policy and wait for its accuracy gate to be running."""
+    cluster.create(policy(namespace))
+    wait_phase(cluster, namespace, {"AccuracyGate"})
 
 
 def event_reasons(cluster: ThreadedDevCluster, namespace: str, name: str = "llama-fp8") -> list[str]:

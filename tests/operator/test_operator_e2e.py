@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import pytest
 from conftest import OperatorFactory
-from e2e_helpers import KVP, PATCHED_IMAGE, TARGET_IMAGE, container, event_reasons, policy, target, wait_phase
+from e2e_helpers import (
+    KVP,
+    PATCHED_IMAGE,
+    TARGET_IMAGE,
+    container,
+    event_reasons,
+    policy,
+    start_and_reach_the_gate,
+    target,
+    wait_decided,
+    wait_phase,
+    wait_until,
+)
 from kvpolicy.devcluster import SimulatorRunner, ThreadedDevCluster
 
 
@@ -20,7 +32,7 @@ def test_hopper_with_the_fixed_image_is_promoted(
     devcluster.create(target(ns))
     with operator():
         devcluster.create(policy(ns))
-        done = wait_phase(devcluster, ns, {"Promoted", "RolledBack", "HeldBF16"})
+        done = wait_decided(devcluster, ns)
     assert done["status"]["phase"] == "Promoted", done["status"]
     deployed = container(devcluster.get("apps/v1", "Deployment", "llama", ns))
     assert deployed["image"] == PATCHED_IMAGE
@@ -42,7 +54,7 @@ def test_hopper_with_an_unfixed_image_is_rolled_back_at_128k(
     long_context = {"model.maxModelLen": 131072, "workload.maxContextTokens": 131072}
     with operator():
         devcluster.create(policy(ns, **long_context))
-        done = wait_phase(devcluster, ns, {"Promoted", "RolledBack", "HeldBF16"})
+        done = wait_decided(devcluster, ns)
     status = done["status"]
     assert status["phase"] == "RolledBack", status
     assert status["decision"]["reason"] == "AccuracyRecoveryBelowMinimum"
@@ -60,7 +72,7 @@ def test_blackwell_is_promoted_without_the_patched_image(
     devcluster.create(target(ns, pool="b200"))
     with operator():
         devcluster.create(policy(ns))
-        done = wait_phase(devcluster, ns, {"Promoted", "RolledBack", "HeldBF16"})
+        done = wait_decided(devcluster, ns)
     assert done["status"]["phase"] == "Promoted", done["status"]
     assert done["status"]["gpu"]["generation"] == "Blackwell"
     deployed = container(devcluster.get("apps/v1", "Deployment", "llama", ns))
@@ -75,7 +87,7 @@ def test_short_context_holds_bf16_without_a_canary(
     devcluster.create(target(ns))
     with operator():
         devcluster.create(policy(ns, **{"workload.maxContextTokens": 4096, "workload.typicalContextTokens": 2048}))
-        done = wait_phase(devcluster, ns, {"Promoted", "RolledBack", "HeldBF16"})
+        done = wait_decided(devcluster, ns)
     assert done["status"]["phase"] == "HeldBF16"
     assert done["status"]["decision"]["reason"] == "BelowDecodeBreakEven"
     assert devcluster.list("apps/v1", "Deployment", ns) == [devcluster.get("apps/v1", "Deployment", "llama", ns)]
@@ -91,7 +103,7 @@ def test_canary_without_gpu_capacity_rolls_back_at_the_deadline(
     devcluster.create(target(ns))
     with operator():
         devcluster.create(policy(ns, **{"rollout.progressDeadlineSeconds": 3}))
-        done = wait_phase(devcluster, ns, {"Promoted", "RolledBack", "HeldBF16"})
+        done = wait_decided(devcluster, ns)
     status = done["status"]
     assert status["phase"] == "RolledBack"
     assert status["decision"]["reason"] == "CapacityUnavailable"
@@ -112,11 +124,10 @@ def test_operator_restarted_mid_gate_resumes_without_a_duplicate_job(
     ns = devcluster_namespace
     devcluster.create(target(ns))
     with operator():
-        devcluster.create(policy(ns))
-        wait_phase(devcluster, ns, {"AccuracyGate"})
-    (job,) = _accuracy_jobs(devcluster, ns)
+        start_and_reach_the_gate(devcluster, ns)
+        (job,) = wait_until(lambda: _accuracy_jobs(devcluster, ns), "the accuracy gate Job")
     with operator():
-        done = wait_phase(devcluster, ns, {"Promoted", "RolledBack", "HeldBF16"})
+        done = wait_decided(devcluster, ns)
     assert done["status"]["phase"] == "Promoted"
     assert [j["metadata"]["uid"] for j in _accuracy_jobs(devcluster, ns)] == [job["metadata"]["uid"]]
     assert event_reasons(devcluster, ns).count("Planned") == 1
@@ -128,10 +139,9 @@ def test_spec_edit_mid_rollout_restarts_the_analysis(
     ns = devcluster_namespace
     devcluster.create(target(ns))
     with operator():
-        devcluster.create(policy(ns))
-        wait_phase(devcluster, ns, {"AccuracyGate"})
+        start_and_reach_the_gate(devcluster, ns)
         devcluster.patch(*KVP, "llama-fp8", {"spec": {"gates": {"accuracy": {"minRecovery": "0.96"}}}}, ns)
-        done = wait_phase(devcluster, ns, {"Promoted", "RolledBack", "HeldBF16"})
+        done = wait_decided(devcluster, ns)
     status = done["status"]
     assert status["phase"] == "Promoted" and status["rolloutGeneration"] == 2
     assert status["accuracy"]["job"] == "llama-fp8-accuracy-g2"
@@ -145,8 +155,7 @@ def test_abort_rolls_back(
     ns = devcluster_namespace
     devcluster.create(target(ns))
     with operator():
-        devcluster.create(policy(ns))
-        wait_phase(devcluster, ns, {"AccuracyGate"})
+        start_and_reach_the_gate(devcluster, ns)
         devcluster.patch(*KVP, "llama-fp8", {"spec": {"rollout": {"abort": True}}}, ns)
         done = wait_phase(devcluster, ns, {"RolledBack", "Promoted"})
     assert done["status"]["decision"]["reason"] == "Aborted"
@@ -160,8 +169,7 @@ def test_deleting_the_policy_removes_its_children_and_keeps_the_target(
     ns = devcluster_namespace
     devcluster.create(target(ns))
     with operator():
-        devcluster.create(policy(ns))
-        wait_phase(devcluster, ns, {"AccuracyGate"})
+        start_and_reach_the_gate(devcluster, ns)
         devcluster.delete(*KVP, "llama-fp8", ns)
         devcluster.wait_deleted(*KVP, "llama-fp8", ns, give_up_after=30)
     selector = "kvpolicy.dev/policy=llama-fp8"
@@ -181,7 +189,7 @@ def test_api_conflicts_and_server_errors_are_retried(
     create_faults = devcluster.fail_next(2, 409, method="POST", resource="deployments", namespace=ns)
     with operator():
         devcluster.create(policy(ns))
-        done = wait_phase(devcluster, ns, {"Promoted", "RolledBack", "HeldBF16"})
+        done = wait_decided(devcluster, ns)
     assert done["status"]["phase"] == "Promoted"
     assert status_faults.hits == 3 and create_faults.hits == 2
     assert devcluster.list("apps/v1", "Deployment", ns, "kvpolicy.dev/role=canary") == []

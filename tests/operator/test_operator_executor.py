@@ -29,6 +29,16 @@ from operator_helpers import CONFIG, NAMESPACE, make_policy, policy_spec, target
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
+class NeverStopped:
+    """A daemon stop flag that is never set."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    async def wait(self) -> None:
+        await asyncio.Event().wait()
+
+
 def raw_policy(**spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "kvpolicy.dev/v1alpha1",
@@ -159,13 +169,6 @@ async def test_reconciler_retries_retryable_errors_and_stops_when_the_policy_is_
     api = FakeKubeApi(fail={"get": ApiError(503, "ServiceUnavailable", "busy")})
     reconciler = Reconciler(api, CONFIG, max_backoff_seconds=0.01)
 
-    class NeverStopped:
-        def __bool__(self) -> bool:
-            return False
-
-        async def wait(self) -> None:
-            await asyncio.Event().wait()
-
     await asyncio.wait_for(reconciler.run_policy(NAMESPACE, "llama-fp8", "uid-1", NeverStopped()), timeout=5)
     assert api.calls == ["get kvpolicies", "get kvpolicies"], "one failure, then the policy was found gone"
 
@@ -176,13 +179,6 @@ async def test_reconciler_survives_an_unexpected_error() -> None:
     api.fail["get"] = RuntimeError("a bug")
     reconciler = Reconciler(api, CONFIG, max_backoff_seconds=0.01)
     del api.objects[("kvpolicies", NAMESPACE, "llama-fp8")]
-
-    class NeverStopped:
-        def __bool__(self) -> bool:
-            return False
-
-        async def wait(self) -> None:
-            await asyncio.Event().wait()
 
     await asyncio.wait_for(reconciler.run_policy(NAMESPACE, "llama-fp8", "uid-1", NeverStopped()), timeout=5)
     assert api.calls == ["get kvpolicies", "get kvpolicies"]
@@ -202,13 +198,6 @@ async def test_observer_ignores_a_canary_being_deleted() -> None:
 
 async def test_reconciler_raises_errors_that_will_not_pass() -> None:
     api = FakeKubeApi(fail={"get": ApiError(403, "Forbidden", "no RBAC")})
-
-    class NeverStopped:
-        def __bool__(self) -> bool:
-            return False
-
-        async def wait(self) -> None:
-            await asyncio.Event().wait()
 
     with pytest.raises(ApiError, match="Forbidden"):
         await Reconciler(api, CONFIG).run_policy(NAMESPACE, "llama-fp8", "uid-1", NeverStopped())

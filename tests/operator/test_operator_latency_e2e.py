@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from conftest import OperatorFactory
-from e2e_helpers import CONTEXT, MODEL, PATCHED_IMAGE, container, event_reasons, policy, target, wait_phase
+from e2e_helpers import CONTEXT, MODEL, PATCHED_IMAGE, container, event_reasons, policy, target, wait_decided
 from kvpolicy.demo.traffic import Route, TrafficGenerator
 from kvpolicy.devcluster import SimulatorRunner, ThreadedDevCluster
 
@@ -76,7 +76,7 @@ def test_live_latency_analysis_decides_a_replica_ratio_rollout(
     devcluster.create(target(ns))
     with users(devcluster, ns) as generator, operator():
         devcluster.create(live_policy(ns, ttft_max_ratio))
-        done = wait_phase(devcluster, ns, {"Promoted", "RolledBack", "HeldBF16"})
+        done = wait_decided(devcluster, ns)
     status = done["status"]
     assert status["phase"] == phase, status
     conditions = {c["type"]: c for c in status["conditions"]}

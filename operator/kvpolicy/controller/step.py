@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -569,13 +570,16 @@ def _preflight_inconclusive(t: _Tick, reason: str, message: str) -> None:
     _advance(t)
 
 
-def _accuracy_job(t: _Tick) -> b.GateJob:
+def _gate_tool_job(
+    t: _Tick, gate: str, command: Callable[[KVPolicySpec, str, str], list[str]], timeout_seconds: int
+) -> b.GateJob:
+    """A Job running one of the operator image's gate tools against the canary and baseline Services."""
     return b.GateJob(
-        name=t.job("accuracy"),
+        name=t.job(gate),
         role=b.ROLE_GATE,
         image=t.config.gate_image,
-        command=b.accuracy_command(t.spec, t.url(t.canary.service), t.url(t.baseline_service_name())),
-        timeout_seconds=t.spec.gates.accuracy.timeout_seconds,
+        command=command(t.spec, t.url(t.canary.service), t.url(t.baseline_service_name())),
+        timeout_seconds=timeout_seconds,
         resources=b.GATE_RESOURCES,
         pod_placement={},
     )
@@ -612,7 +616,7 @@ def _recovery_text(result: GateResult, min_recovery: str) -> str:
 
 
 def _accuracy_gate(t: _Tick) -> None:
-    job = _accuracy_job(t)
+    job = _gate_tool_job(t, "accuracy", b.accuracy_command, t.spec.gates.accuracy.timeout_seconds)
     view = _gate_running(t, job)
     timeout = t.spec.gates.accuracy.timeout_seconds
     if view is None:
@@ -645,18 +649,6 @@ def _accuracy_gate(t: _Tick) -> None:
         _rollback(t, "AccuracyGateError", message)
 
 
-def _latency_probe_job(t: _Tick) -> b.GateJob:
-    return b.GateJob(
-        name=t.job("latency"),
-        role=b.ROLE_GATE,
-        image=t.config.gate_image,
-        command=b.latency_command(t.spec, t.url(t.canary.service), t.url(t.baseline_service_name())),
-        timeout_seconds=t.spec.gates.latency.inconclusive_deadline_seconds,
-        resources=b.GATE_RESOURCES,
-        pod_placement={},
-    )
-
-
 def _latency_passed(t: _Tick, reason: str, message: str) -> None:
     """The latency evidence is good: promote once the bake window has passed."""
     latency = t.status.latency
@@ -685,7 +677,7 @@ def _latency_inconclusive(t: _Tick, reason: str, message: str) -> None:
 def _synthetic_latency(t: _Tick) -> None:
     latency = t.status.latency
     assert latency is not None
-    job = _latency_probe_job(t)
+    job = _gate_tool_job(t, "latency", b.latency_command, t.spec.gates.latency.inconclusive_deadline_seconds)
     if latency.probe is None or latency.probe.verdict == "Running":
         latency.probe = GateResult(verdict="Running", job=job.name)
         view = _gate_running(t, job)
