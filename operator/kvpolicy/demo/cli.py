@@ -84,7 +84,8 @@ async def _run_until_signalled(options: DemoOptions) -> int:
         loop.add_signal_handler(signum, on_signal, signum)
     try:
         live = sys.stdout.isatty()
-        width = shutil.get_terminal_size().columns if live else None
+        # One column short: a line filling the last column wraps on some terminals and breaks the redraw.
+        width = shutil.get_terminal_size().columns - 1 if live else None
         result = await run_demo(options, sys.stdout, live=live, width=width)
     except asyncio.CancelledError:
         if not received:
