@@ -4,9 +4,9 @@ Two workloads:
 - `rollout`: each policy targets its own one-replica Deployment on a Hopper or a Blackwell pool and plans FP8, so it
   goes through the whole rollout: canary, accuracy gate Job, latency probe Job (Synthetic traffic), promotion. vLLM
   containers run no process (ready at once) and gate Jobs run an instant fake that writes a Pass verdict.
-- `hold`: each policy plans BF16 (typical context below the break-even) and is decided in one pass; its target has no
-  pods. This one measures the operator's per-policy cost at 1,000 policies, where the emulated cluster (one Python
-  process reconciling every object on every change) could not run 1,000 canaries.
+- `hold`: each policy plans BF16 (typical context below the break-even) and is decided in one pass; the policies share
+  20 target Deployments without pods. This one measures the operator's per-policy cost at 1,000 policies, where the
+  emulated cluster (one Python process reconciling every object on every change) could not run 1,000 canaries.
 Reported: seconds from the creation of the first policy until every policy is decided, the operator's peak RSS
 (VmHWM) and CPU seconds.
 
@@ -70,13 +70,17 @@ def target(index: int, replicas: int) -> dict[str, Any]:
     }
 
 
+HOLD_TARGETS = 20
+
+
 def policy(index: int, hold: bool) -> dict[str, Any]:
+    target_index = index % HOLD_TARGETS if hold else index
     return {
         "apiVersion": "kvpolicy.dev/v1alpha1",
         "kind": "KVPolicy",
         "metadata": {"name": f"model-{index}", "namespace": NAMESPACE},
         "spec": {
-            "targetRef": {"name": f"model-{index}"},
+            "targetRef": {"name": f"model-{target_index}"},
             "model": {"servedModelName": "llama", "headDim": 128, "numLayers": 32, "maxModelLen": 131072},
             "workload": {"maxContextTokens": 131072, "typicalContextTokens": 2048 if hold else 65536},
             "images": {"fp8Patched": PATCHED_IMAGE},
@@ -108,7 +112,7 @@ def run_once(mode: str, count: int, poll_seconds: float, give_up_after: float) -
     try:
         with ThreadedDevCluster(pools=pools, runner=NoProcessRunner(), namespaces=(NAMESPACE,)) as cluster:
             cluster.apply(crd.crd_object())
-            for index in range(count):
+            for index in range(min(count, HOLD_TARGETS) if hold else count):
                 cluster.create(target(index, replicas=0 if hold else 1))
             env = {
                 **os.environ,
