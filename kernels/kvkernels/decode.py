@@ -103,7 +103,8 @@ def paged_decode(
 
     `max_seq_len` bounds cache.seq_lens (passed in so the call needs no device-to-host sync). The query and the
     cache share one dtype: FP8 e4m3 with per-tensor scales, or bf16/fp16 for a baseline of the same design.
-    Two-level and two-level-split are the same here (the group's partial is small), so both run two-level.
+    Two-level and two-level-split are the same here (the group's partial is small), so both run two-level. Decode
+    uses mma.sync, not Hopper's truncating wgmma, so even single-level showed no cliff on an H200 (BENCHMARKS.md).
     """
     mode = parse_mode(mode)
     _validate(q, cache, max_seq_len)

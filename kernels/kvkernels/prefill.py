@@ -42,12 +42,11 @@ _BF16_CONFIGS = {
 INTERPRETER_CONFIG = TileConfig(16, 16, 1, 1)
 
 
-def default_config(head_dim: int, dtype: torch.dtype, mode: AccumulationMode, device: torch.device) -> TileConfig:
+def default_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
     """The tile configuration used when the caller names none."""
     if device.type != "cuda":
         return INTERPRETER_CONFIG
-    table = _FP8_CONFIGS if dtype == FP8_DTYPE else _BF16_CONFIGS
-    return table.get(head_dim, TileConfig(64, 64, 4, 2))
+    return (_FP8_CONFIGS if dtype == FP8_DTYPE else _BF16_CONFIGS)[head_dim]
 
 
 def tokens_contiguous(v: torch.Tensor) -> torch.Tensor:
@@ -87,7 +86,7 @@ def attention_prefill(
     fp8 = q.dtype == FP8_DTYPE
     if fp8:
         v = tokens_contiguous(v)
-    cfg = config or default_config(head_dim, q.dtype, mode, q.device)
+    cfg = config or default_config(head_dim, q.dtype, q.device)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     diagonal_tile = _diagonal_as_one_tile(causal, mode, head_dim, seq_q, seq_k, cfg)
     out = torch.empty((batch, heads, seq_q, head_dim), device=q.device, dtype=out_dtype)
