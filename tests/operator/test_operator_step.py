@@ -525,3 +525,23 @@ def test_a_target_already_on_fp8_is_recorded_as_bf16_for_the_rollback() -> None:
     driver.tick()  # observes it restored
     assert driver.phase == "RolledBack"
     assert container(world.target)["args"] == TARGET_ARGS and container(world.target)["image"] == TARGET_IMAGE
+
+
+def test_a_preflight_that_never_runs_is_inconclusive_and_the_accuracy_gate_still_guards() -> None:
+    driver = Driver(make_policy(**{"gates.gpuPreflight.enabled": True, "rollout.progressDeadlineSeconds": 60}))
+    run_to_canary(driver)
+    driver.tick()
+    assert driver.phase == "GpuPreflight"
+    driver.tick(61)
+    assert driver.phase == "AccuracyGate"
+    assert driver.condition("PreflightPassed") == ("Unknown", "PreflightTimedOut")
+    assert "Job/llama-fp8-preflight-g1" in driver.world.deletes
+
+
+def test_a_latency_probe_that_never_finishes_follows_on_inconclusive() -> None:
+    driver = synthetic(**{"gates.latency.inconclusiveDeadlineSeconds": 100, "gates.latency.onInconclusive": "Rollback"})
+    driver.tick(50)
+    assert driver.phase == "LatencyAnalysis"
+    driver.tick(51)
+    assert driver.policy.status.decision.reason == "LatencyProbeTimeout"
+    assert "Job/llama-fp8-latency-g1" in driver.world.deletes
