@@ -2,10 +2,11 @@
 
     python -m kvkernels.probe --max-len 131072 --head-dim 128 --mode two-level --json
 
-For each length from --min-len (4096) doubling up to --max-len, it runs FP8 attention of --queries query rows against
-that many keys, with V drawn with a non-zero mean (real V rows have one; zero-mean V hides the shrink), and compares
-the output with a float64 reference from the same FP8 inputs, and with the same attention run in BF16. The verdict is
-Unsafe when at any length the mean signed shrink or the mean relative error passes its threshold.
+For each length from --min-len (4096, or --max-len if shorter) doubling up to --max-len, it runs FP8 attention of
+--queries query rows against that many keys, with V drawn with a non-zero mean (real V rows have one; zero-mean V
+hides the shrink), and compares the output with a float64 reference from the same FP8 inputs, and with the same
+attention run in BF16. The verdict is Unsafe when at any length the mean signed shrink or the mean relative error
+passes its threshold.
 
 Exit codes: 0 Safe, 1 Unsafe, 2 could not run (no CUDA, backend unavailable, bad arguments).
 The JSON result also goes to $KVPOLICY_TERMINATION_LOG, else /dev/termination-log when that file exists (<= 4 KiB).
@@ -27,6 +28,7 @@ from typing import Any
 
 from kvkernels.modes import AccumulationMode
 
+DEFAULT_MIN_LEN = 4096
 DEFAULT_SHRINK_THRESHOLD = 0.01
 DEFAULT_ERROR_THRESHOLD = 0.01
 TERMINATION_LOG_LIMIT = 4096
@@ -336,7 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backend", choices=BACKENDS, default="triton")
     parser.add_argument("--mode", choices=[m.value for m in AccumulationMode], default="two-level")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--min-len", type=int, default=4096, help="shortest context; lengths double up to --max-len")
+    parser.add_argument(
+        "--min-len", type=int, help="shortest context (default 4096, or --max-len if shorter); lengths double from it"
+    )
     parser.add_argument("--heads", type=int, default=4, help="attention heads (rows of the statistics)")
     parser.add_argument("--queries", type=int, default=128, help="query rows per head")
     parser.add_argument("--v-mean", type=float, default=1.0, help="mean of V (zero-mean V hides the shrink)")
@@ -362,6 +366,8 @@ def _print_table(report: ProbeReport) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.min_len is None:
+        args.min_len = min(DEFAULT_MIN_LEN, args.max_len)
     try:
         probe_lengths(args.min_len, args.max_len)
         report = run_probe(args)

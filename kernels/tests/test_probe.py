@@ -100,5 +100,12 @@ def test_vllm_backend_without_vllm_cannot_run(capsys: pytest.CaptureFixture[str]
 
 
 def test_bad_lengths_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:
-    assert probe.main(["--max-len", "1024", "--head-dim", "128"]) == 2
+    assert probe.main(["--max-len", "1024", "--min-len", "2048", "--head-dim", "128"]) == 2
     assert "--min-len" in capsys.readouterr().out
+
+
+@cpu_only
+def test_short_max_len_measures_just_that_length(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--device", "cpu", "--max-len", "48", "--head-dim", "64", "--heads", "1", "--queries", "16", "--json"]
+    probe.main([*args, "--error-threshold", "0.5", "--shrink-threshold", "0.5"])
+    assert [entry["length"] for entry in json.loads(capsys.readouterr().out)["lengths"]] == [48]
