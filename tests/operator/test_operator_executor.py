@@ -201,3 +201,16 @@ async def test_reconciler_raises_errors_that_will_not_pass() -> None:
 
     with pytest.raises(ApiError, match="Forbidden"):
         await Reconciler(api, CONFIG).run_policy(NAMESPACE, "llama-fp8", "uid-1", NeverStopped())
+
+
+async def test_a_decision_is_counted_with_the_rollout_duration() -> None:
+    api = FakeKubeApi()
+    api.put(KVPOLICIES, NAMESPACE, raw_policy(**{"workload.typicalContextTokens": 2048}))
+    api.put(DEPLOYMENTS, NAMESPACE, target_deployment())
+    api.put(NODES, None, {"metadata": {"name": "n1", "labels": {**KNOWN_PRODUCTS["H200"], "pool": "h200"}}})
+    registry = metrics.OPERATOR_METRICS.registry
+    before = registry.get_sample_value("kvpolicy_rollout_duration_seconds_count", {"result": "HeldBF16"}) or 0
+    await Reconciler(api, CONFIG, clock=lambda: NOW).reconcile_once(NAMESPACE, "llama-fp8")
+    labels = {"namespace": NAMESPACE, "policy": "llama-fp8", "result": "HeldBF16", "reason": "BelowDecodeBreakEven"}
+    assert registry.get_sample_value("kvpolicy_decisions_total", labels) >= 1
+    assert registry.get_sample_value("kvpolicy_rollout_duration_seconds_count", {"result": "HeldBF16"}) == before + 1

@@ -556,6 +556,7 @@ class KVPolicyStatus(_Model):
         default=None, description="Hash of the spec fields that define the rollout; a change restarts it."
     )
     rollout_generation: int | None = Field(default=None, description="The generation the current rollout runs.")
+    rollout_started_at: str | None = Field(default=None, description="When the current rollout started planning.")
 
 
 class KVPolicy(BaseModel):

@@ -24,7 +24,7 @@ from kvpolicy.controller import builders as b
 from kvpolicy.controller.executor import apply_actions, post_events, write_status
 from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, label_selector
 from kvpolicy.controller.observe import LatencyAnalyser, Observer
-from kvpolicy.controller.state import Event, Observations, Phase, StepConfig, StepResult
+from kvpolicy.controller.state import Event, Observations, Phase, StepConfig, StepResult, parse_timestamp
 from kvpolicy.controller.step import phase_deadline, step
 
 logger = logging.getLogger(__name__)
@@ -159,6 +159,18 @@ class Reconciler:
         metrics.set_policies_by_phase(Counter(self._phases.values()))
         if after.decision is not None and after.decision != before.decision:
             metrics.record_decision(after.decision.result, after.decision.reason, namespace, name)
+            started = parse_timestamp(after.rollout_started_at)
+            if started is not None:
+                elapsed = (observations.now - started).total_seconds()
+                metrics.observe_rollout_duration(elapsed, after.decision.result)
+        old_probe = before.latency.probe if before.latency else None
+        new_probe = after.latency.probe if after.latency else None
+        if (
+            new_probe is not None
+            and new_probe.verdict != "Running"
+            and (old_probe is None or old_probe.verdict == "Running")
+        ):
+            metrics.record_gate_result(name, namespace, metrics.GATE_LATENCY, new_probe.verdict, None, None, None)
         old, new = before.accuracy, after.accuracy
         if new is not None and new.verdict != "Running" and (old is None or old.verdict == "Running"):
             metrics.record_gate_result(

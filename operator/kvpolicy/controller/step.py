@@ -351,6 +351,7 @@ def _restart(t: _Tick, spec_hash: str, why: str) -> None:
             "conditions": [],
             "spec_hash": spec_hash,
             "rollout_generation": t.generation,
+            "rollout_started_at": timestamp(t.now),
         }
     )
     t.status.message = why
