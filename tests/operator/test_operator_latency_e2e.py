@@ -90,3 +90,25 @@ def test_live_latency_analysis_decides_a_replica_ratio_rollout(
         assert container(devcluster.get("apps/v1", "Deployment", "llama", ns))["image"] != PATCHED_IMAGE
     else:
         assert latency["passes"] >= 1
+
+
+def test_synthetic_traffic_is_judged_by_the_latency_probe_job(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory
+) -> None:
+    ns = devcluster_namespace
+    devcluster.set_runner(SimulatorRunner(time_scale=0.001, two_level_fix_images=frozenset({PATCHED_IMAGE})))
+    devcluster.create(target(ns))
+    synthetic = {
+        "gates.accuracy.enabled": False,
+        "gates.latency": {"enabled": True, "ttftMaxRatio": "100", "itlMaxRatio": "100"},
+        "rollout.traffic": "Synthetic",
+    }
+    with operator():
+        devcluster.create(policy(ns, **synthetic))
+        done = wait_decided(devcluster, ns)
+    status = done["status"]
+    assert status["phase"] == "Promoted", status
+    assert status["latency"]["probe"]["verdict"] == "Pass"
+    assert status["latency"]["probe"]["job"] == "llama-fp8-latency-g1"
+    assert "TrafficJoined" not in event_reasons(devcluster, ns), "synthetic traffic never joins the users' Service"
+    assert "LatencyAnalysisStarted" in event_reasons(devcluster, ns)
