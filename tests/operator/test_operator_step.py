@@ -545,3 +545,10 @@ def test_a_latency_probe_that_never_finishes_follows_on_inconclusive() -> None:
     driver.tick(51)
     assert driver.policy.status.decision.reason == "LatencyProbeTimeout"
     assert "Job/llama-fp8-latency-g1" in driver.world.deletes
+
+
+def test_a_due_check_without_a_verdict_waits_a_poll_instead_of_spinning() -> None:
+    driver = live()
+    result = driver.tick(60, settle=False)
+    assert driver.phase == "LatencyAnalysis"
+    assert result.requeue_after == CONFIG.poll_seconds

@@ -769,7 +769,8 @@ def _live_latency(t: _Tick) -> None:
         t.status.message = outcome.message
     last = parse_timestamp(latency.last.at) if latency.last else None
     due = (last + timedelta(seconds=config.interval_seconds) - t.now).total_seconds() if last else 0.0
-    t.requeue = max(0.0, due)
+    # A check that was due but not made (no analyser) must not spin: look again after the usual poll.
+    t.requeue = due if due > 0 else t.config.poll_seconds
 
 
 def _latency_analysis(t: _Tick) -> None:
