@@ -129,7 +129,7 @@ def test_gate_job_is_single_shot_with_a_deadline_and_a_termination_message() -> 
     assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 3600
     pod = job["spec"]["template"]
     assert pod["metadata"]["labels"][b.ROLE_LABEL] == "gate"
-    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["restartPolicy"] == "Never" and pod["spec"]["automountServiceAccountToken"] is False
     gate = pod["spec"]["containers"][0]
     assert gate["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert gate["command"][gate["command"].index("--min-recovery") + 1] == "0.95"

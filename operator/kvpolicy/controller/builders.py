@@ -346,7 +346,13 @@ def gate_job(policy: PolicyRef, job: GateJob) -> Obj:
             "activeDeadlineSeconds": job.timeout_seconds,
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {"restartPolicy": "Never", "containers": [container], **job.pod_placement},
+                "spec": {
+                    "restartPolicy": "Never",
+                    # The gate tools talk to the canary and baseline over HTTP; they need no Kubernetes credentials.
+                    "automountServiceAccountToken": False,
+                    "containers": [container],
+                    **job.pod_placement,
+                },
             },
         },
     }
