@@ -160,7 +160,8 @@ class World:
                 self.pods[pod] = PodView(pod, "127.0.0.5", ready, unschedulable, dict(labels))
 
     def finish_job(self, gate: str, output: str | None, exit_code: int = 0, failure: str | None = None) -> None:
-        (name,) = [n for n in self.jobs if f"-{gate}-g" in n]
+        # The newest generation's Job of that gate (an edited spec leaves the earlier one behind).
+        name = max((n for n in self.jobs if f"-{gate}-g" in n), key=lambda n: int(n.rsplit("-g", 1)[1]))
         self.job_views[name] = JobView(
             name,
             succeeded=exit_code == 0 and failure is None,

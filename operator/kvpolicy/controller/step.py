@@ -319,6 +319,10 @@ class _Tick:
         )
 
     def result(self) -> StepResult:
+        # Conditions that survived this step hold for the generation it looked at (a spec change that would void
+        # them restarts the rollout and clears them).
+        for condition in self.status.conditions:
+            condition.observed_generation = self.generation
         return StepResult(self.status, tuple(self.actions), tuple(self.events), max(0.0, self.requeue))
 
 
