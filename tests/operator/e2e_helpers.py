@@ -106,8 +106,10 @@ def event_reasons(cluster: ThreadedDevCluster, namespace: str, name: str = "llam
     return [e["reason"] for e in sorted(mine, key=lambda e: e["metadata"].get("creationTimestamp", ""))]
 
 
-def container(deployment: Obj) -> Obj:
-    result: Obj = deployment["spec"]["template"]["spec"]["containers"][0]
+def container(obj: Obj) -> Obj:
+    """The first container of a Deployment's pod template, or of a Pod."""
+    spec = obj["spec"]["template"]["spec"] if obj["kind"] == "Deployment" else obj["spec"]
+    result: Obj = spec["containers"][0]
     return result
 
 

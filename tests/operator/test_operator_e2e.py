@@ -11,6 +11,7 @@ from e2e_helpers import (
     container,
     event_reasons,
     policy,
+    ready_pods,
     start_and_reach_the_gate,
     target,
     wait_decided,
@@ -37,6 +38,12 @@ def test_hopper_with_the_fixed_image_is_promoted(
     deployed = container(devcluster.get("apps/v1", "Deployment", "llama", ns))
     assert deployed["image"] == PATCHED_IMAGE
     assert deployed["args"][-4:] == ["--kv-cache-dtype", "fp8", "--attention-backend", "FLASH_ATTN"]
+
+    def serving_fp8() -> bool:
+        pods = ready_pods(devcluster, ns, "app=llama")
+        return bool(pods) and all(container(pod)["args"] == deployed["args"] for pod in pods)
+
+    wait_until(serving_fp8, "the target's pods to run the FP8 configuration")
     accuracy = done["status"]["accuracy"]
     assert accuracy["verdict"] == "Pass" and accuracy["recovery"] >= 0.95
     assert devcluster.list("apps/v1", "Deployment", ns, "kvpolicy.dev/role=canary") == []
