@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
+from e2e_helpers import OperatorFactory
 from kopf.testing import KopfRunner
 from kvpolicy.api import crd
 from kvpolicy.devcluster import ThreadedDevCluster
@@ -21,9 +22,6 @@ OPERATOR_ENV = {
 @pytest.fixture(scope="session")
 def kvpolicy_crd(devcluster: ThreadedDevCluster) -> None:
     devcluster.apply(crd.crd_object())
-
-
-OperatorFactory = Callable[[], AbstractContextManager[KopfRunner]]
 
 
 @pytest.fixture

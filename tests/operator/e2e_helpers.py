@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
+from kopf.testing import KopfRunner
 from kvpolicy.devcluster import POOL_LABEL, ThreadedDevCluster
 from operator_helpers import set_paths
 
@@ -14,6 +16,8 @@ TARGET_IMAGE = "vllm:0.12"
 MODEL = "llama"
 KVP = ("kvpolicy.dev/v1alpha1", "KVPolicy")
 Obj = dict[str, Any]
+# The `operator` fixture: `with operator() as runner:` runs the operator under kopf.
+OperatorFactory = Callable[[], AbstractContextManager[KopfRunner]]
 
 
 # Long enough to be above the decode break-even, short enough for the gate to take seconds on a loaded machine.

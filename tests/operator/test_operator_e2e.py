@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from conftest import OperatorFactory
 from e2e_helpers import (
     KVP,
     PATCHED_IMAGE,
     TARGET_IMAGE,
+    OperatorFactory,
     container,
     event_reasons,
     policy,

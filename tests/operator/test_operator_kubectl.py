@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import OperatorFactory
-from e2e_helpers import policy, target, wait_phase
+from e2e_helpers import OperatorFactory, policy, target, wait_phase
 from kvpolicy.devcluster import ThreadedDevCluster
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,17 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from conftest import OperatorFactory
-from e2e_helpers import CONTEXT, MODEL, PATCHED_IMAGE, container, event_reasons, policy, target, wait_decided
+from e2e_helpers import (
+    CONTEXT,
+    MODEL,
+    PATCHED_IMAGE,
+    OperatorFactory,
+    container,
+    event_reasons,
+    policy,
+    target,
+    wait_decided,
+)
 from kvpolicy.demo.traffic import Route, TrafficGenerator
 from kvpolicy.devcluster import SimulatorRunner, ThreadedDevCluster
 
