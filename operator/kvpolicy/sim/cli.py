@@ -8,6 +8,7 @@ import logging
 import sys
 
 from kvpolicy.sim.config import KV_CACHE_DTYPES, Gpu, SimConfig
+from kvpolicy.sim.models import DEFAULT_PROFILE, find_profile
 from kvpolicy.sim.server import serve
 
 log = logging.getLogger("kvpolicy.sim")
@@ -19,7 +20,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a simulated vLLM OpenAI-compatible API whose long-context accuracy follows emulated "
         "FP8 accumulation and whose latency follows published fits.",
     )
-    parser.add_argument("model", nargs="?", default=SimConfig.served_model_name, help="model name (as `vllm serve`)")
+    parser.add_argument(
+        "model",
+        nargs="?",
+        help=f"model name (as `vllm serve`; default {SimConfig.served_model_name}); it picks the simulated model's "
+        "profile from a small catalogue (kvpolicy.sim.models)",
+    )
     vllm = parser.add_argument_group("vllm serve flags")
     vllm.add_argument("--host", default="127.0.0.1")
     vllm.add_argument("--port", type=int, default=8000)
@@ -40,19 +46,26 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--fast-head-dim-256", action="store_true", help="the image declares the fast head_dim-256 two-level path"
     )
-    sim.add_argument("--head-dim", type=int, default=SimConfig.head_dim)
-    sim.add_argument("--num-layers", type=int, default=SimConfig.num_layers)
-    sim.add_argument("--sliding-window-layers", type=int, default=0, metavar="N", help="how many layers use a window")
-    sim.add_argument("--sliding-window-tokens", type=int, default=SimConfig.sliding_window_tokens, metavar="W")
+    shape = parser.add_argument_group("model shape (default: the model's catalogue profile)")
+    shape.add_argument("--head-dim", type=int)
+    shape.add_argument("--num-layers", type=int)
+    shape.add_argument("--sliding-window-layers", type=int, metavar="N", help="how many layers use a window")
+    shape.add_argument("--sliding-window-tokens", type=int, metavar="W")
     sim.add_argument("--time-scale", type=float, default=1.0, help="multiply every sleep (1.0 = real time)")
     sim.add_argument("--latency-multiplier", type=float, default=1.0, help="scale all simulated latencies")
     sim.add_argument("--seed", type=int, default=0)
     return parser
 
 
+def _given_or(value: int | None, profile_value: int) -> int:
+    return profile_value if value is None else value
+
+
 def config_from_args(args: argparse.Namespace) -> SimConfig:
+    """The configuration the flags describe; shape flags not given come from the model's catalogue profile."""
+    profile = find_profile(args.model, args.served_model_name) or DEFAULT_PROFILE
     return SimConfig(
-        served_model_name=args.served_model_name or args.model,
+        served_model_name=args.served_model_name or args.model or SimConfig.served_model_name,
         kv_cache_dtype=args.kv_cache_dtype,
         skip_layers=tuple(args.kv_cache_dtype_skip_layers),
         attention_backend=args.attention_backend,
@@ -60,27 +73,35 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         gpu=Gpu(args.gpu),
         two_level_fix=args.two_level_fix,
         fast_head_dim_256=args.fast_head_dim_256,
-        head_dim=args.head_dim,
-        num_layers=args.num_layers,
-        sliding_window_layers=args.sliding_window_layers,
-        sliding_window_tokens=args.sliding_window_tokens,
+        head_dim=_given_or(args.head_dim, profile.head_dim),
+        num_layers=_given_or(args.num_layers, profile.num_layers),
+        sliding_window_layers=_given_or(args.sliding_window_layers, profile.sliding_window_layers),
+        sliding_window_tokens=_given_or(args.sliding_window_tokens, profile.sliding_window_tokens),
+        profile=profile,
         time_scale=args.time_scale,
         latency_multiplier=args.latency_multiplier,
         seed=args.seed,
     )
 
 
+def describe(config: SimConfig) -> str:
+    """The start-up log line: what is simulated, with which model profile and shape."""
+    sliding = (
+        f", {config.sliding_window_layers} sliding-window layers of {config.sliding_window_tokens} tokens"
+        if config.sliding_window_layers
+        else ""
+    )
+    return (
+        f"simulating {config.served_model_name} with model profile {config.profile.name} (head_dim {config.head_dim}, "
+        f"{config.num_layers} layers{sliding}{', MLA' if config.profile.mla else ''}) on {config.gpu.value}: "
+        f"kv-cache-dtype {config.kv_cache_dtype}, two-level fix {config.two_level_fix}, "
+        f"attention backend {config.attention_backend or 'default'}"
+    )
+
+
 async def _run(config: SimConfig, host: str, port: int) -> None:
     async with serve(config, host, port) as url:
-        log.info(
-            "simulating %s on %s: kv-cache-dtype %s, two-level fix %s, attention backend %s; serving at %s",
-            config.served_model_name,
-            config.gpu.value,
-            config.kv_cache_dtype,
-            config.two_level_fix,
-            config.attention_backend or "default",
-            url,
-        )
+        log.info("%s; serving at %s", describe(config), url)
         await asyncio.Event().wait()
 
 

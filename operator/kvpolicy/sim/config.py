@@ -2,33 +2,19 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from kvpolicy.numerics import Accumulation
+from kvpolicy.sim.hardware import Gpu
+from kvpolicy.sim.models import DEFAULT_PROFILE, ModelProfile
 
-
-class Gpu(enum.StrEnum):
-    H100 = "h100"
-    H200 = "h200"
-    B200 = "b200"
-    A100 = "a100"
-    L40S = "l40s"
-
-    @property
-    def compute_capability(self) -> tuple[int, int]:
-        return {
-            Gpu.H100: (9, 0),
-            Gpu.H200: (9, 0),
-            Gpu.B200: (10, 0),
-            Gpu.A100: (8, 0),
-            Gpu.L40S: (8, 9),
-        }[self]
-
+__all__ = ["FP8_KV_DTYPES", "KV_CACHE_DTYPES", "KV_HEADS", "SKIP_SLIDING_WINDOW", "Gpu", "SimConfig"]
 
 FP8_KV_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2"})
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
 SKIP_SLIDING_WINDOW = "sliding_window"
+# Grouped-query attention caches K and V for this many heads per layer (Llama-3.1-8B's count, assumed for all).
+KV_HEADS = 8
 
 
 @dataclass(frozen=True)
@@ -46,6 +32,9 @@ class SimConfig:
     num_layers: int = 32
     sliding_window_layers: int = 0
     sliding_window_tokens: int = 4096
+    # The catalogue entry whose published latency fits apply (and whether attention is MLA); the shape fields above
+    # are what the server simulates.
+    profile: ModelProfile = DEFAULT_PROFILE
     time_scale: float = 1.0
     latency_multiplier: float = 1.0
     seed: int = 0
@@ -73,6 +62,11 @@ class SimConfig:
     @property
     def fp8(self) -> bool:
         return self.kv_cache_dtype in FP8_KV_DTYPES
+
+    @property
+    def layer_kv_elements(self) -> int:
+        """Cached elements per token in one layer: K and V of every KV head, or one MLA latent."""
+        return self.head_dim if self.profile.mla else 2 * KV_HEADS * self.head_dim
 
     def is_sliding_window(self, layer: int) -> bool:
         """Sliding-window layers are spread evenly: the full-attention layers are evenly spaced, the last included."""

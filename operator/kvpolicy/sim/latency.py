@@ -1,20 +1,23 @@
 """Latency model: the published concurrency-1 fits (vLLM blog, 2026-04-22; shared/reference/vllm-facts.md).
 
 ITL(L) = slope·L + intercept and TTFT(L) = a·L² + b·L + c, in ms, for a Llama-3.1-8B-like reference model (32 layers,
-head_dim 128). A profile scales the length terms by the KV width of its full-attention layers; sliding-window layers
-attend to a bounded window and add nothing per context token.
+head_dim 128, 8 KV heads). The width model scales the length terms by the KV width (cached elements per token) of a
+configuration's full-attention layers; sliding-window layers attend to a bounded window and add nothing per context
+token. A catalogued model with its own published fits (kvpolicy.sim.models) gets factors on the width model that
+reproduce them: on the GPU they were measured on, and carried to the others by the GPU tables below.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from kvpolicy.numerics import Accumulation
-from kvpolicy.sim.config import Gpu, SimConfig
+from kvpolicy.sim.config import KV_HEADS, Gpu, SimConfig
+from kvpolicy.sim.models import ModelProfile
 
-REFERENCE_KV_WIDTH = 32 * 128  # layers x head_dim of the reference model
+REFERENCE_KV_WIDTH = 32 * 2 * KV_HEADS * 128  # cached elements per token of the reference model
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ GPU_LATENCY: dict[Gpu, GpuLatency] = {
     Gpu.L40S: GpuLatency(4.37e-5 * 3.35 / 0.864, 6.44 * 3.35 / 0.864, 0.6, 0.50, 1.25e-6, 0.081, 25.0),
 }
 # gpt-oss-20b on H100: FP8 on its sliding-window layers too gives slope 7.14e-6 instead of 6.34e-6 with them skipped,
-# with half its layers sliding-window: +12.6% per half.
+# with half its layers sliding-window: +12.6% per half. Models without a published pair use this one.
 SLIDING_WINDOW_FP8_OVERHEAD = 2 * (7.14 / 6.34 - 1)
 # FP8 attention prefill runs somewhat faster than BF16 on GPUs with FP8 MMAs (assumed; TTFT under load: 742.8 vs 763.6).
 FP8_PREFILL_FACTOR = 0.9
@@ -67,9 +70,66 @@ class LatencyFit:
         return self.ttft_quad_ms * prompt_tokens**2 + self.ttft_linear_ms * prompt_tokens + self.ttft_const_ms
 
 
+@dataclass(frozen=True)
+class ModelCalibration:
+    """Factors on the width model (1.0: none) and the sliding-window FP8 overhead of one model."""
+
+    itl_slope: float = 1.0
+    fp8_slope_ratio: float = 1.0  # multiplies the GPU's FP8 slope ratio
+    sliding_window_fp8_overhead: float = SLIDING_WINDOW_FP8_OVERHEAD
+    fp8_intercept_delta: float = 1.0
+    ttft_quad: float = 1.0
+
+
+def _prefill_factor(gpu: Gpu) -> float:
+    """FP8 attention prefill relative to BF16: faster only with FP8 tensor cores (compute capability 8.9 and up)."""
+    return FP8_PREFILL_FACTOR if gpu.compute_capability >= (8, 9) else 1.0
+
+
+def model_calibration(profile: ModelProfile, gpu: Gpu) -> ModelCalibration:
+    """The factors that make the width model reproduce a profile's published fits (its catalogue shape).
+
+    A fit counts on `gpu` where one was published for it, else the H100's carries over (an H200 decodes gpt-oss-20b
+    as much faster than its H100 fit as Llama's H200 table is than Llama's H100 fit).
+    """
+    full_layers = profile.num_layers - profile.sliding_window_layers
+    width = full_layers * (profile.head_dim if profile.mla else 2 * KV_HEADS * profile.head_dim) / REFERENCE_KV_WIDTH
+    sliding_share = profile.sliding_window_layers / profile.num_layers
+    calibration = ModelCalibration()
+    itl_gpu = gpu if gpu in profile.itl_fits else Gpu.H100
+    itl = profile.itl_fits.get(itl_gpu)
+    if itl is not None:
+        reference = GPU_LATENCY[itl_gpu]
+        overhead = SLIDING_WINDOW_FP8_OVERHEAD
+        if itl.fp8_skip_sliding_window_slope_ms is not None and sliding_share:
+            skip_slope = break_even_slope = itl.fp8_skip_sliding_window_slope_ms
+            overhead = (itl.fp8_slope_ms / skip_slope - 1) / sliding_share
+        else:
+            skip_slope, break_even_slope = itl.fp8_slope_ms / (1 + overhead * sliding_share), itl.fp8_slope_ms
+        intercept_delta_ms = (
+            itl.break_even_tokens * (itl.bf16_slope_ms - break_even_slope)
+            if itl.break_even_tokens is not None
+            else reference.fp8_intercept_delta_ms
+        )
+        calibration = ModelCalibration(
+            itl_slope=itl.bf16_slope_ms / (reference.itl_slope_ms * width),
+            fp8_slope_ratio=skip_slope / itl.bf16_slope_ms / reference.fp8_slope_ratio,
+            sliding_window_fp8_overhead=overhead,
+            fp8_intercept_delta=intercept_delta_ms / reference.fp8_intercept_delta_ms,
+        )
+    ttft_gpu = gpu if gpu in profile.fp8_ttft_quad_ms else Gpu.H100
+    fp8_quad = profile.fp8_ttft_quad_ms.get(ttft_gpu)
+    if fp8_quad is not None:
+        predicted = GPU_LATENCY[ttft_gpu].ttft_quad_ms * width * _prefill_factor(ttft_gpu)
+        calibration = replace(calibration, ttft_quad=fp8_quad / predicted)
+    return calibration
+
+
 def latency_fit(config: SimConfig) -> LatencyFit:
     """The noise-free latency curves of a server configuration."""
     gpu = GPU_LATENCY[config.gpu]
+    calibration = model_calibration(config.profile, config.gpu)
+    fp8_slope_ratio = min(1.0, gpu.fp8_slope_ratio * calibration.fp8_slope_ratio)
     itl_width = 0.0
     ttft_width = 0.0
     fp8_sliding_layers = 0
@@ -78,20 +138,24 @@ def latency_fit(config: SimConfig) -> LatencyFit:
         if config.is_sliding_window(layer):
             fp8_sliding_layers += fp8
             continue
-        itl_width += config.head_dim * (gpu.fp8_slope_ratio if fp8 else 1.0)
-        prefill = FP8_PREFILL_FACTOR if fp8 and config.gpu.compute_capability >= (8, 9) else 1.0
+        itl_width += config.layer_kv_elements * (fp8_slope_ratio if fp8 else 1.0)
+        prefill = _prefill_factor(config.gpu) if fp8 else 1.0
+        # FlashMLA, not FA3, runs MLA attention: no head_dim-256 two-level path there.
         slow_two_level = (
             config.layer_accumulation(layer) is Accumulation.FP8_TWO_LEVEL
             and config.head_dim >= 256
+            and not config.profile.mla
             and not config.fast_head_dim_256
         )
-        ttft_width += config.head_dim * prefill * (HEAD_DIM_256_TWO_LEVEL_PENALTY if slow_two_level else 1.0)
-    sliding_overhead = 1.0 + SLIDING_WINDOW_FP8_OVERHEAD * fp8_sliding_layers / config.num_layers
+        ttft_width += config.layer_kv_elements * prefill * (HEAD_DIM_256_TWO_LEVEL_PENALTY if slow_two_level else 1.0)
+    sliding_overhead = 1.0 + calibration.sliding_window_fp8_overhead * fp8_sliding_layers / config.num_layers
+    itl_width *= calibration.itl_slope * sliding_overhead
+    intercept_delta_ms = gpu.fp8_intercept_delta_ms * calibration.fp8_intercept_delta if config.fp8 else 0.0
     scale = config.latency_multiplier
     return LatencyFit(
-        itl_slope_ms=scale * gpu.itl_slope_ms * itl_width / REFERENCE_KV_WIDTH * sliding_overhead,
-        itl_intercept_ms=scale * (gpu.itl_intercept_ms + (gpu.fp8_intercept_delta_ms if config.fp8 else 0.0)),
-        ttft_quad_ms=scale * gpu.ttft_quad_ms * ttft_width / REFERENCE_KV_WIDTH,
+        itl_slope_ms=scale * gpu.itl_slope_ms * itl_width / REFERENCE_KV_WIDTH,
+        itl_intercept_ms=scale * (gpu.itl_intercept_ms + intercept_delta_ms),
+        ttft_quad_ms=scale * gpu.ttft_quad_ms * calibration.ttft_quad * ttft_width / REFERENCE_KV_WIDTH,
         ttft_linear_ms=scale * gpu.ttft_linear_ms,
         ttft_const_ms=scale * gpu.ttft_const_ms,
     )

@@ -37,9 +37,10 @@ REQUEST_LATENCY_BUCKETS = (
 
 GPU_MEMORY_GIB = {Gpu.H100: 80, Gpu.H200: 141, Gpu.B200: 180, Gpu.A100: 80, Gpu.L40S: 48}
 WEIGHTS_GIB = 16  # an 8B model in BF16
-KV_HEADS = 8
 GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_MAX_TOKENS = 16
+# vLLM's FinishReason values, the `finished_reason` label of vllm:request_success_total.
+FINISHED_REASONS = ("stop", "length", "abort", "error")
 
 
 def token_count_buckets(max_model_len: int) -> list[float]:
@@ -131,17 +132,30 @@ class Metrics:
         self.kv_usage = Gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels, registry=r
         )
-        for metric in (self.prompt_tokens, self.generation_tokens, self.running, self.waiting, self.kv_usage):
+        # vLLM registers every series at start-up, so a scrape before the first request already sees zeros and
+        # Prometheus catches the first increase.
+        histograms = (
+            self.ttft,
+            self.itl,
+            self.e2e,
+            self.queue,
+            self.prefill,
+            self.decode,
+            self.prompt_tokens_hist,
+            self.generation_tokens_hist,
+        )
+        scalars = (self.prompt_tokens, self.generation_tokens, self.running, self.waiting, self.kv_usage)
+        for metric in (*histograms, *scalars):
             metric.labels(**self.label_values)
-        for reason in ("stop", "length", "abort"):
-            self.success.labels(**self.label_values, finished_reason=reason)  # fmt: skip
+        for reason in FINISHED_REASONS:
+            self.success.labels(**self.label_values, finished_reason=reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
 def kv_cache_capacity_tokens(config: SimConfig) -> int:
-    bytes_per_token = 2 * config.num_layers * KV_HEADS * config.head_dim * (1 if config.fp8 else 2)
+    bytes_per_token = config.num_layers * config.layer_kv_elements * (1 if config.fp8 else 2)
     free_gib = GPU_MEMORY_GIB[config.gpu] * GPU_MEMORY_UTILIZATION - WEIGHTS_GIB
     return max(1, int(free_gib * 2**30 / bytes_per_token))
 
