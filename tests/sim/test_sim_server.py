@@ -9,7 +9,8 @@ import pytest
 from kvpolicy.gates import niah
 from kvpolicy.sim import SimConfig, serve
 from kvpolicy.sim.latency import latency_fit
-from kvpolicy.sim.server import ITL_BUCKETS, TTFT_BUCKETS
+from kvpolicy.sim.server import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, token_count_buckets
+from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "test/model"
 
@@ -186,3 +187,35 @@ async def test_a_client_leaving_mid_stream_counts_as_an_aborted_request() -> Non
             await asyncio.sleep(0.05)
         else:
             raise AssertionError("the aborted stream was not counted")
+
+
+async def test_every_metric_series_exists_with_zero_values_before_any_request() -> None:
+    """As vLLM registers them at start-up: Prometheus sees the series before the first request and so its increase."""
+    async with serve(config()) as url, aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as response:
+        families = {family.name: family for family in text_string_to_metric_families(await response.text())}
+    server_labels = {"engine": "0", "model_name": MODEL}
+    histograms = {
+        "vllm:time_to_first_token_seconds": TTFT_BUCKETS,
+        "vllm:inter_token_latency_seconds": ITL_BUCKETS,
+        "vllm:e2e_request_latency_seconds": REQUEST_LATENCY_BUCKETS,
+        "vllm:request_queue_time_seconds": REQUEST_LATENCY_BUCKETS,
+        "vllm:request_prefill_time_seconds": REQUEST_LATENCY_BUCKETS,
+        "vllm:request_decode_time_seconds": REQUEST_LATENCY_BUCKETS,
+        "vllm:request_prompt_tokens": token_count_buckets(4096),
+        "vllm:request_generation_tokens": token_count_buckets(4096),
+    }
+    for name, buckets in histograms.items():
+        samples = families[name].samples
+        bounds = [float(s.labels["le"]) for s in samples if s.name == f"{name}_bucket"]
+        assert bounds == [*buckets, float("inf")], name
+        assert {s.name for s in samples} >= {f"{name}_bucket", f"{name}_count", f"{name}_sum"}, name
+        assert all({k: v for k, v in s.labels.items() if k != "le"} == server_labels for s in samples), name
+        assert all(s.value == 0 for s in samples), name
+    for name in ("vllm:prompt_tokens", "vllm:generation_tokens"):
+        [total] = [s for s in families[name].samples if s.name == f"{name}_total"]
+        assert (total.labels, total.value) == (server_labels, 0)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert [(s.labels, s.value) for s in families[name].samples] == [(server_labels, 0)]
+    success = [s for s in families["vllm:request_success"].samples if s.name == "vllm:request_success_total"]
+    assert {s.labels["finished_reason"]: s.value for s in success} == {"stop": 0, "length": 0, "abort": 0, "error": 0}
+    assert all({k: v for k, v in s.labels.items() if k != "finished_reason"} == server_labels for s in success)

@@ -63,9 +63,10 @@ def _given_or(value: int | None, profile_value: int) -> int:
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     """The configuration the flags describe; shape flags not given come from the model's catalogue profile."""
-    profile = find_profile(args.model, args.served_model_name) or DEFAULT_PROFILE
+    served_model_name = args.served_model_name or args.model or SimConfig.served_model_name
+    profile = find_profile(args.model, served_model_name) or DEFAULT_PROFILE
     return SimConfig(
-        served_model_name=args.served_model_name or args.model or SimConfig.served_model_name,
+        served_model_name=served_model_name,
         kv_cache_dtype=args.kv_cache_dtype,
         skip_layers=tuple(args.kv_cache_dtype_skip_layers),
         attention_backend=args.attention_backend,
