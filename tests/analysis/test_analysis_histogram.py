@@ -54,13 +54,31 @@ def test_quantile_out_of_range(q: float) -> None:
 
 
 def test_minus_and_plus() -> None:
-    earlier = hist({0.1: 3, 0.2: 5, INF: 6})
-    now = hist({0.1: 4, 0.2: 9, INF: 10})
-    assert now.minus(earlier) == CumulativeHistogram({0.1: 1, 0.2: 4, INF: 4}, 4)
+    earlier = CumulativeHistogram({0.1: 3, 0.2: 5, INF: 6}, 6, 0.75)
+    now = CumulativeHistogram({0.1: 4, 0.2: 9, INF: 10}, 10, 1.5)
+    assert now.minus(earlier) == CumulativeHistogram({0.1: 1, 0.2: 4, INF: 4}, 4, 0.75)
     assert now.minus(earlier).plus(earlier) == now
+    assert now.minus(earlier).mean() == pytest.approx(0.75 / 4)
 
 
 def test_minus_after_a_reset_keeps_everything() -> None:
-    before_restart = hist({0.1: 30, INF: 40})
-    after_restart = hist({0.1: 2, INF: 3})
+    before_restart = CumulativeHistogram({0.1: 30, INF: 40}, 40, 8.0)
+    after_restart = CumulativeHistogram({0.1: 2, INF: 3}, 3, 0.3)
     assert after_restart.minus(before_restart) == after_restart
+    assert after_restart.minus(before_restart).mean() == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    "histogram",
+    [
+        CumulativeHistogram({0.1: 0, INF: 0}, 0, 0.0),  # no observations
+        CumulativeHistogram({0.1: 2, INF: 2}, 2),  # no _sum series
+        CumulativeHistogram({0.1: 2, INF: 2}, 2, 0.1).plus(CumulativeHistogram({0.1: 1, INF: 1}, 1)),
+    ],
+)
+def test_mean_undefined(histogram: CumulativeHistogram) -> None:
+    assert histogram.mean() is None
+
+
+def test_bounds_are_sorted_upper_bounds() -> None:
+    assert hist({INF: 3, 0.2: 2, 0.1: 1}).bounds == (0.1, 0.2, INF)

@@ -16,6 +16,7 @@ def test_both_prefix_spellings_parse_the_same() -> None:
     assert parsed_colon == parse_scrape(underscore.exposition().decode(), 0.0)
     assert parsed_colon.histograms["time_to_first_token_seconds"].count == 3
     assert parsed_colon.histograms["inter_token_latency_seconds"].count == 9
+    assert parsed_colon.histograms["inter_token_latency_seconds"].total == pytest.approx(9 * 0.05)
 
 
 def test_sums_label_sets_and_skips_other_metrics() -> None:
@@ -35,6 +36,7 @@ process_cpu_seconds_total 12
     parsed = parse_scrape(text, 3.0)
     ttft = parsed.histograms["time_to_first_token_seconds"]
     assert ttft.count == 5 and dict(ttft.buckets) == {0.1: 4, float("inf"): 5}
+    assert ttft.total is None and ttft.mean() is None  # no _sum series: no mean
     assert parsed.kv_cache_usage == pytest.approx(0.3)
     assert parsed.finished == {"stop": 5} and parsed.http_statuses == {} and parsed.at == 3.0
 

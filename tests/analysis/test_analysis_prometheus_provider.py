@@ -6,6 +6,7 @@ Its answers from a real Prometheus are tested in test_analysis_real_prometheus.p
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -80,6 +81,11 @@ async def test_queries_and_answers(fake_prometheus: Callable[[Handler], Awaitabl
         queries.append(query)
         if "inter_token_latency_seconds" in query:
             result: list[dict[str, Any]] = []  # an old vLLM: no ITL series
+        elif query.startswith("count by (le)"):
+            bounds = ("0.01", "0.025", "+Inf") if "time_per_output_token" in query else ("0.5", "1", "+Inf")
+            result = [{"metric": {"le": le}, "value": [1, "2"]} for le in bounds]
+        elif "_sum" in query:
+            result = [{"metric": {}, "value": [1, "0.017" if "time_per_output_token" in query else "0.41"]}]
         elif "time_per_output_token_seconds" in query:
             result = [{"metric": {}, "value": [1, "0.02"]}]
         elif query.startswith("histogram_quantile"):
@@ -103,6 +109,9 @@ async def test_queries_and_answers(fake_prometheus: Callable[[Handler], Awaitabl
     assert metrics.ttft_seconds == {0.5: 0.5, 0.95: None}
     assert metrics.itl_seconds == {0.5: 0.02, 0.95: 0.02}
     assert metrics.itl_metric == "time_per_output_token_seconds"
+    assert (metrics.ttft_mean_seconds, metrics.itl_mean_seconds) == (0.41, 0.017)
+    assert metrics.ttft_bucket_bounds == (0.5, 1.0, math.inf)
+    assert metrics.itl_bucket_bounds == (0.01, 0.025, math.inf)
     assert (metrics.error_ratio, metrics.http_error_ratio, metrics.kv_cache_usage) == (0.01, None, 0.3)
     selector = 'namespace="llm", pod=~"m\\\\-canary\\\\-7d9f\\\\.1|m\\\\-canary\\\\-x2"'
     ttft = (
@@ -112,7 +121,14 @@ async def test_queries_and_answers(fake_prometheus: Callable[[Handler], Awaitabl
     assert ttft in queries
     assert f'sum(increase({{__name__=~"vllm[:_]time_to_first_token_seconds_count", {selector}}}[300000ms]))' in queries
     assert f'count({{__name__=~"vllm[:_].+", {selector}}})' in queries
-    assert len(queries) == 11
+    # The mean reads both prefix spellings, and the deprecated ITL name where ITL is missing.
+    for metric in ("time_to_first_token_seconds", "time_per_output_token_seconds"):
+        total = f'{{__name__=~"vllm[:_]{metric}_sum", {selector}}}'
+        count = f'{{__name__=~"vllm[:_]{metric}_count", {selector}}}'
+        assert f"sum(rate({total}[300000ms])) / sum(rate({count}[300000ms]))" in queries
+        assert f'count by (le) ({{__name__=~"vllm[:_]{metric}_bucket", {selector}}})' in queries
+    # Per histogram (TTFT, ITL, deprecated ITL): two quantiles, the mean, the bounds; and five scalars.
+    assert len(queries) == 3 * 4 + 5
 
 
 async def test_a_side_without_pods_asks_nothing() -> None:

@@ -3,11 +3,12 @@ the deprecated ITL name, counter resets, and every failure turned into ProviderU
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 from aiohttp import web
-from fake_vllm import VLLMMetrics
+from fake_vllm import ITL_BUCKETS, TTFT_BUCKETS, VLLMMetrics
 from kvpolicy.analysis import (
     LatencyGateConfig,
     ProviderUnavailableError,
@@ -92,6 +93,10 @@ async def test_window_delta_quantiles(serve_pod: Callable[[VLLMMetrics], object]
     assert second.ttft_seconds[0.5] == pytest.approx(0.03)
     assert second.ttft_seconds[0.95] == pytest.approx(0.039)
     assert second.itl_seconds[0.5] == pytest.approx(0.0375)  # (0.025, 0.05]
+    # Means from the _sum and _count deltas: the 500 slow requests before the window do not count.
+    assert (second.ttft_mean_seconds, second.itl_mean_seconds) == (pytest.approx(0.03), pytest.approx(0.03))
+    assert second.ttft_bucket_bounds == (*TTFT_BUCKETS, math.inf)
+    assert second.itl_bucket_bounds == (*ITL_BUCKETS, math.inf)
     assert second.itl_metric == "inter_token_latency_seconds"
     assert second.kv_cache_usage == pytest.approx(0.25)
     assert second.error_ratio == 0.0 and second.http_error_ratio == 0.0
@@ -125,6 +130,7 @@ async def test_pods_of_a_side_add_up_and_a_restart_counts_from_zero(
         clock.now += 60
         snapshot = await provider.latency_snapshot(side("baseline", *pods), 60, QUANTILES)
     assert snapshot.requests == 15
+    assert snapshot.ttft_mean_seconds == pytest.approx(0.03)
 
 
 async def test_error_ratios(serve_pod: Callable[[VLLMMetrics], object]) -> None:
@@ -154,6 +160,7 @@ async def test_deprecated_itl_name(serve_pod: Callable[[VLLMMetrics], object]) -
         snapshot = await provider.latency_snapshot(side("canary", pod), 60, QUANTILES)
     assert snapshot.itl_metric == "time_per_output_token_seconds"
     assert snapshot.itl_seconds[0.5] == pytest.approx(0.0625)
+    assert snapshot.itl_mean_seconds == pytest.approx(0.06)
 
 
 async def test_a_pod_without_vllm_metrics_has_no_series(serve_pod: Callable[[VLLMMetrics], object]) -> None:
@@ -212,3 +219,25 @@ async def test_first_check_is_no_data_then_pass_then_breach(serve_pod: Callable[
         serve(baseline_metrics, 30, ttft=0.05, itl=0.02)
         clock.now += 60
         assert await check() is VerdictKind.BREACH
+
+
+@pytest.mark.parametrize("prefix", ["vllm:", "vllm_"])
+async def test_itl_regression_below_the_first_bucket_is_a_breach(
+    serve_pod: Callable[[VLLMMetrics], object], prefix: str
+) -> None:
+    canary_metrics, baseline_metrics = VLLMMetrics(prefix), VLLMMetrics(prefix)
+    canary, baseline = await serve_pod(canary_metrics), await serve_pod(baseline_metrics)  # type: ignore[misc]
+    config = LatencyGateConfig(window_seconds=60, min_requests=20, ttft_max_ratio=1.2, itl_max_ratio=1.2)
+    clock = FakeClock()
+    async with ScrapeProvider(clock=clock) as provider:
+        await run_check(provider, config, side("canary", canary), side("baseline", baseline))
+        serve(canary_metrics, 30, ttft=0.05, itl=0.0086)  # 1.3x a 6.6 ms decode: all in vLLM's (0, 10 ms] bucket
+        serve(baseline_metrics, 30, ttft=0.05, itl=0.0066)
+        clock.now += 60
+        verdict = await run_check(provider, config, side("canary", canary), side("baseline", baseline))
+    assert (verdict.kind, verdict.reason) == (VerdictKind.BREACH, "ITLRatioExceeded"), verdict.message
+    assert verdict.ratio("itl", 0.5) == pytest.approx(1.0) and verdict.ratio("itl", 0.95) == pytest.approx(1.0)
+    assert verdict.mean_ratio("itl") == pytest.approx(0.0086 / 0.0066)
+    assert (
+        "ITL p50 and p95 fall in one bucket (<= 10 ms) on both sides; compared means: canary 8.6 ms" in verdict.message
+    )

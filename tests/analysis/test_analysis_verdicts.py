@@ -140,13 +140,17 @@ def test_verdict_serialises_to_json_types() -> None:
     assert data["canary"]["ttftSeconds"] == {"p50": 0.1, "p95": 0.3}
     assert data["checks"][1] == {
         "metric": "ttft",
+        "statistic": "p95",
         "quantile": 0.95,
         "canarySeconds": 0.3,
         "baselineSeconds": 0.2,
         "ratio": 1.5,
         "maxRatio": 1.2,
         "breached": True,
+        "resolved": True,
+        "sharedBucketSeconds": None,
     }
+    assert data["meanChecks"] == []
 
 
 PASS = assess(CONFIG, side("canary"), BASELINE)

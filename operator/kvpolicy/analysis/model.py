@@ -151,7 +151,13 @@ class SideSelector:
 
 @dataclass(frozen=True)
 class SideMetrics:
-    """What one side served during the window. Latency values are seconds; None where there was nothing to measure."""
+    """What one side served during the window. Latency values are seconds; None where there was nothing to measure.
+
+    Quantiles are `histogram_quantile` estimates, so each is only known to lie in its bucket: `*_bucket_bounds` are
+    the histogram's upper bounds (`le`, +Inf included; empty when the quantiles are exact rather than estimated) and
+    `*_mean_seconds` the mean over the window (sum / count), which the assessor compares when the bucket cannot tell
+    the two sides apart.
+    """
 
     role: str
     series_found: bool
@@ -163,6 +169,10 @@ class SideMetrics:
     error_ratio: float | None = None
     http_error_ratio: float | None = None
     kv_cache_usage: float | None = None
+    ttft_mean_seconds: float | None = None
+    itl_mean_seconds: float | None = None
+    ttft_bucket_bounds: tuple[float, ...] = ()
+    itl_bucket_bounds: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -176,22 +186,134 @@ class SideMetrics:
             "errorRatio": _finite_or_none(self.error_ratio),
             "httpErrorRatio": _finite_or_none(self.http_error_ratio),
             "kvCacheUsage": _finite_or_none(self.kv_cache_usage),
+            "ttftMeanSeconds": _finite_or_none(self.ttft_mean_seconds),
+            "itlMeanSeconds": _finite_or_none(self.itl_mean_seconds),
         }
 
 
-@dataclass(frozen=True)
-class RatioCheck:
-    """One canary/baseline comparison, e.g. TTFT p95."""
+def _milliseconds(seconds: float) -> str:
+    return f"{seconds * 1000:g}"
+
+
+def describe_bucket(bucket: tuple[float, float]) -> str:
+    """(0, 0.01) -> "<= 10 ms", (0.01, 0.025) -> "10-25 ms", (80, inf) -> "> 80000 ms"."""
+    lower, upper = bucket
+    if math.isinf(upper):
+        return f"> {_milliseconds(lower)} ms"
+    if lower <= 0:
+        return f"<= {_milliseconds(upper)} ms"
+    return f"{_milliseconds(lower)}-{_milliseconds(upper)} ms"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+class _Comparison:
+    """What a canary/baseline comparison of one statistic (a quantile or the mean) has in common."""
 
     metric: str  # "ttft" or "itl"
-    quantile: float
     canary_seconds: float
     baseline_seconds: float
     max_ratio: float
 
     @property
+    def statistic(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def key(self) -> str:
+        """e.g. "itl_p95" or "itl_mean"."""
+        return f"{self.metric}_{self.statistic}"
+
+    @property
     def ratio(self) -> float:
         return self.canary_seconds / self.baseline_seconds
+
+    def _common_dict(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "statistic": self.statistic,
+            "canarySeconds": self.canary_seconds,
+            "baselineSeconds": self.baseline_seconds,
+            "ratio": round(self.ratio, 4),
+            "maxRatio": self.max_ratio,
+        }
+
+
+@dataclass(frozen=True)
+class RatioCheck(_Comparison):
+    """One canary/baseline comparison of a quantile, e.g. TTFT p95.
+
+    `shared_bucket` is the histogram bucket (lower, upper] both sides' estimates fall in, if they do: interpolation
+    inside one bucket makes the two estimates nearly equal whatever the real latencies, so such a ratio is no evidence
+    either way (`resolved` is False, and it never breaches); the assessor compares the means instead.
+    """
+
+    metric: str
+    quantile: float
+    canary_seconds: float
+    baseline_seconds: float
+    max_ratio: float
+    shared_bucket: tuple[float, float] | None = None
+
+    @property
+    def statistic(self) -> str:
+        return quantile_label(self.quantile)
+
+    @property
+    def resolved(self) -> bool:
+        return self.shared_bucket is None
+
+    @property
+    def breached(self) -> bool:
+        return self.resolved and self.ratio > self.max_ratio
+
+    def describe(self) -> str:
+        return (
+            f"canary {self.metric.upper()} {self.statistic} {self.canary_seconds * 1000:.1f} ms is "
+            f"{self.ratio:.2f}x baseline {self.baseline_seconds * 1000:.1f} ms (max {self.max_ratio:.2f}x)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        bucket = None
+        if self.shared_bucket is not None:
+            lower, upper = self.shared_bucket
+            bucket = [lower, None if math.isinf(upper) else upper]
+        return {
+            **self._common_dict(),
+            "quantile": self.quantile,
+            "breached": self.breached,
+            "resolved": self.resolved,
+            "sharedBucketSeconds": bucket,
+        }
+
+
+def describe_unresolved(metric: str, unresolved: tuple[RatioCheck, ...]) -> str:
+    """e.g. "ITL p50 and p95 fall in one bucket (<= 10 ms) on both sides"."""
+    labels = [check.statistic for check in unresolved]
+    buckets = [check.shared_bucket for check in unresolved if check.shared_bucket is not None]
+    verb = "falls" if len(labels) == 1 else "fall"
+    if len(set(buckets)) == 1:
+        return f"{metric.upper()} {_and(labels)} {verb} in one bucket ({describe_bucket(buckets[0])}) on both sides"
+    placed = [f"{label} ({describe_bucket(bucket)})" for label, bucket in zip(labels, buckets, strict=True)]
+    return f"{metric.upper()} {_and(placed)} fall in one bucket each on both sides"
+
+
+@dataclass(frozen=True)
+class MeanCheck(_Comparison):
+    """A canary/baseline comparison of the mean, made in place of the quantiles of `unresolved` (one or more quantile
+    comparisons of the same metric whose two estimates fell in one bucket)."""
+
+    metric: str
+    canary_seconds: float
+    baseline_seconds: float
+    max_ratio: float
+    unresolved: tuple[RatioCheck, ...]
+
+    @property
+    def statistic(self) -> str:
+        return "mean"
 
     @property
     def breached(self) -> bool:
@@ -199,19 +321,16 @@ class RatioCheck:
 
     def describe(self) -> str:
         return (
-            f"canary {self.metric.upper()} {quantile_label(self.quantile)} {self.canary_seconds * 1000:.1f} ms is "
-            f"{self.ratio:.2f}x baseline {self.baseline_seconds * 1000:.1f} ms (max {self.max_ratio:.2f}x)"
+            f"{describe_unresolved(self.metric, self.unresolved)}; compared means: canary "
+            f"{self.canary_seconds * 1000:.1f} ms vs baseline {self.baseline_seconds * 1000:.1f} ms = "
+            f"{self.ratio:.2f}x (max {self.max_ratio:.2f}x)"
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "metric": self.metric,
-            "quantile": self.quantile,
-            "canarySeconds": self.canary_seconds,
-            "baselineSeconds": self.baseline_seconds,
-            "ratio": round(self.ratio, 4),
-            "maxRatio": self.max_ratio,
+            **self._common_dict(),
             "breached": self.breached,
+            "replaces": [check.statistic for check in self.unresolved],
         }
 
 
@@ -225,6 +344,8 @@ class Verdict:
     checks: tuple[RatioCheck, ...] = ()
     canary: SideMetrics | None = None
     baseline: SideMetrics | None = None
+    # Mean comparisons made where quantiles were unresolved (see RatioCheck.shared_bucket).
+    mean_checks: tuple[MeanCheck, ...] = ()
 
     @classmethod
     def provider_unavailable(cls, error: ProviderUnavailableError) -> Verdict:
@@ -236,12 +357,20 @@ class Verdict:
                 return check.ratio
         return None
 
+    def mean_ratio(self, metric: str) -> float | None:
+        return next((check.ratio for check in self.mean_checks if check.metric == metric), None)
+
+    def ratios(self) -> dict[str, float]:
+        """Every ratio by key: "ttft_p50", "itl_p95", ..., and "itl_mean" where the means were compared."""
+        return {check.key: round(check.ratio, 4) for check in (*self.checks, *self.mean_checks)}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind.value,
             "reason": self.reason,
             "message": self.message,
             "checks": [check.to_dict() for check in self.checks],
+            "meanChecks": [check.to_dict() for check in self.mean_checks],
             "canary": self.canary.to_dict() if self.canary else None,
             "baseline": self.baseline.to_dict() if self.baseline else None,
         }

@@ -7,6 +7,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from string import Template
 from typing import Any
 
@@ -57,6 +58,17 @@ def quantile_query(metric: str, quantile: float, matchers: str, window_seconds: 
     return f"histogram_quantile({quantile!r}, sum by (le) (rate({bucket}[{_duration(window_seconds)}])))"
 
 
+def mean_query(metric: str, matchers: str, window_seconds: float) -> str:
+    window = _duration(window_seconds)
+    total, count = _vllm(f"{metric}_sum", matchers), _vllm(f"{metric}_count", matchers)
+    return f"sum(rate({total}[{window}])) / sum(rate({count}[{window}]))"
+
+
+def bucket_bounds_query(metric: str, matchers: str) -> str:
+    """One series per bucket upper bound (`le`) of the side's histogram."""
+    return f"count by (le) ({_vllm(f'{metric}_bucket', matchers)})"
+
+
 def series_query(matchers: str) -> str:
     """Counts the side's vLLM series: any of them shows Prometheus scrapes the pods, with or without traffic (some
     servers create their latency histograms only on the first request)."""
@@ -92,6 +104,17 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+@dataclass(frozen=True)
+class _HistogramReading:
+    quantiles: dict[float, float | None]
+    mean: float | None
+    bounds: tuple[float, ...]
+
+    @property
+    def empty(self) -> bool:
+        return self.mean is None and all(value is None for value in self.quantiles.values())
+
+
 class PrometheusProvider(HttpClient):
     """Reads both sides' latency over the window from Prometheus. Errors raise ProviderUnavailableError."""
 
@@ -116,6 +139,10 @@ class PrometheusProvider(HttpClient):
 
     async def query(self, promql: str) -> list[float]:
         """Evaluate an instant query; one value per series of the resulting vector (NaN stays NaN)."""
+        return [value for _, value in await self.query_samples(promql)]
+
+    async def query_samples(self, promql: str) -> list[tuple[dict[str, str], float]]:
+        """Evaluate an instant query; the labels and value of each series of the resulting vector."""
         url = f"{self.base_url}/api/v1/query"
         form = {"query": promql, "timeout": _duration(self.timeout_seconds)}
         try:
@@ -146,18 +173,29 @@ class PrometheusProvider(HttpClient):
             raise ProviderUnavailableError(
                 "QueryRejected", f"Prometheus answered {promql!r} with a {data.get('resultType')!r}, not a vector"
             )
-        return [float(sample["value"][1]) for sample in data.get("result", [])]
+        return [(sample.get("metric", {}), float(sample["value"][1])) for sample in data.get("result", [])]
 
     async def _single(self, promql: str) -> float | None:
         """The value of a query that aggregates to one series; None for an empty vector."""
         values = await self.query(promql)
         return values[0] if values else None
 
-    async def _quantiles(
+    async def _bucket_bounds(self, metric: str, matchers: str) -> tuple[float, ...]:
+        samples = await self.query_samples(bucket_bounds_query(metric, matchers))
+        return tuple(sorted({float(labels["le"]) for labels, _ in samples if "le" in labels}))
+
+    async def _histogram(
         self, metric: str, quantiles: Sequence[float], matchers: str, window_seconds: float
-    ) -> list[float | None]:
+    ) -> _HistogramReading:
         queries = [quantile_query(metric, q, matchers, window_seconds) for q in quantiles]
-        return list(await asyncio.gather(*(self._single(query) for query in queries)))
+        values, mean, bounds = await asyncio.gather(
+            asyncio.gather(*(self._single(query) for query in queries)),
+            self._single(mean_query(metric, matchers, window_seconds)),
+            self._bucket_bounds(metric, matchers),
+        )
+        return _HistogramReading(
+            {q: _finite(value) for q, value in zip(quantiles, values, strict=True)}, _finite(mean), bounds
+        )
 
     async def latency_snapshot(
         self, side: SideSelector, window_seconds: float, quantiles: Sequence[float]
@@ -175,23 +213,27 @@ class PrometheusProvider(HttpClient):
         )
         values, ttft, itl = await asyncio.gather(
             asyncio.gather(*(self._single(query) for query in scalars)),
-            self._quantiles(names.TTFT, quantiles, matchers, window_seconds),
-            self._quantiles(names.ITL, quantiles, matchers, window_seconds),
+            self._histogram(names.TTFT, quantiles, matchers, window_seconds),
+            self._histogram(names.ITL, quantiles, matchers, window_seconds),
         )
         series, requests, error_ratio, http_error_ratio, kv_cache_usage = values
         itl_metric: str | None = names.ITL
-        if all(value is None for value in itl):  # no ITL series at all: an older vLLM
-            itl = await self._quantiles(names.ITL_DEPRECATED, quantiles, matchers, window_seconds)
-            itl_metric = None if all(value is None for value in itl) else names.ITL_DEPRECATED
+        if itl.empty:  # no ITL series at all: an older vLLM
+            itl = await self._histogram(names.ITL_DEPRECATED, quantiles, matchers, window_seconds)
+            itl_metric = None if itl.empty else names.ITL_DEPRECATED
         return SideMetrics(
             role=side.role,
             series_found=series is not None,
             requests=_finite(requests) or 0.0,
             window_seconds=window_seconds,
-            ttft_seconds={q: _finite(v) for q, v in zip(quantiles, ttft, strict=True)},
-            itl_seconds={q: _finite(v) for q, v in zip(quantiles, itl, strict=True)},
+            ttft_seconds=ttft.quantiles,
+            itl_seconds=itl.quantiles,
             itl_metric=itl_metric,
             error_ratio=_finite(error_ratio),
             http_error_ratio=_finite(http_error_ratio),
             kv_cache_usage=_finite(kv_cache_usage),
+            ttft_mean_seconds=ttft.mean,
+            itl_mean_seconds=itl.mean,
+            ttft_bucket_bounds=ttft.bounds,
+            itl_bucket_bounds=itl.bounds,
         )

@@ -40,6 +40,7 @@ def parse_scrape(text: str, at: float) -> PodScrape:
     """Extract the vLLM series from a Prometheus text exposition (either spelling of the `vllm` prefix)."""
     buckets: dict[str, dict[float, float]] = {}
     counts: dict[str, float] = {}
+    sums: dict[str, float] = {}
     finished: dict[str, float] = {}
     http_statuses: dict[str, float] = {}
     kv_values: list[float] = []
@@ -66,8 +67,12 @@ def parse_scrape(text: str, at: float) -> PodScrape:
                     per_bound[bound] = per_bound.get(bound, 0.0) + sample.value
                 elif name == f"{histogram}_count":
                     counts[histogram] = counts.get(histogram, 0.0) + sample.value
+                elif name == f"{histogram}_sum":
+                    sums[histogram] = sums.get(histogram, 0.0) + sample.value
     histograms = {
-        histogram: CumulativeHistogram(bounds, counts.get(histogram, max(bounds.values(), default=0.0)))
+        histogram: CumulativeHistogram(
+            bounds, counts.get(histogram, max(bounds.values(), default=0.0)), sums.get(histogram)
+        )
         for histogram, bounds in buckets.items()
     }
     kv_cache_usage = sum(kv_values) / len(kv_values) if kv_values else None
@@ -92,7 +97,7 @@ class _Delta:
     def plus(self, now: PodScrape, earlier: PodScrape) -> _Delta:
         histograms = dict(self.histograms)
         for name, histogram in now.histograms.items():
-            change = histogram.minus(earlier.histograms.get(name, CumulativeHistogram({}, 0.0)))
+            change = histogram.minus(earlier.histograms.get(name, CumulativeHistogram({}, 0.0, 0.0)))
             histograms[name] = histograms[name].plus(change) if name in histograms else change
         finished = dict(self.finished)
         for key, value in _counter_delta(now.finished, earlier.finished).items():
@@ -176,6 +181,7 @@ class ScrapeProvider(HttpClient):
             delta = delta.plus(scrape, earlier)
         ttft = delta.histograms.get(names.TTFT)
         itl_metric = next((name for name in (names.ITL, names.ITL_DEPRECATED) if name in delta.histograms), None)
+        itl = delta.histograms.get(itl_metric) if itl_metric else None
         finished = sum(delta.finished.values())
         errors = sum(delta.finished.get(reason, 0.0) for reason in names.ERROR_FINISHED_REASONS)
         http_total = sum(delta.http_statuses.values())
@@ -186,9 +192,13 @@ class ScrapeProvider(HttpClient):
             requests=ttft.count if ttft else 0.0,
             window_seconds=min(covered, default=0.0),
             ttft_seconds=_quantiles(ttft, quantiles),
-            itl_seconds=_quantiles(delta.histograms.get(itl_metric) if itl_metric else None, quantiles),
+            itl_seconds=_quantiles(itl, quantiles),
             itl_metric=itl_metric,
             error_ratio=_ratio(errors, finished),
             http_error_ratio=_ratio(http_errors, http_total),
             kv_cache_usage=sum(kv_values) / len(kv_values) if kv_values else None,
+            ttft_mean_seconds=ttft.mean() if ttft else None,
+            itl_mean_seconds=itl.mean() if itl else None,
+            ttft_bucket_bounds=ttft.bounds if ttft else (),
+            itl_bucket_bounds=itl.bounds if itl else (),
         )

@@ -2,23 +2,29 @@
 
 Missing data is never a pass and never a failure: it is NoData (or ProviderUnavailable), which neither extends nor
 breaks a run of breaches, and only a stall deadline turns it into a Hold or a Rollback. Promotion needs a Pass.
+Missing resolution is missing data too: a quantile whose two estimates fall in one histogram bucket is compared
+through the means instead, and without means it is NoData.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from kvpolicy.analysis.histogram import bucket_containing
 from kvpolicy.analysis.model import (
     Action,
     AnalysisState,
     LatencyGateConfig,
+    MeanCheck,
     OnInconclusive,
     Outcome,
     RatioCheck,
     SideMetrics,
     Verdict,
     VerdictKind,
+    describe_unresolved,
     quantile_label,
 )
 
@@ -27,27 +33,73 @@ def _no_data(reason: str, message: str, canary: SideMetrics, baseline: SideMetri
     return Verdict(VerdictKind.NO_DATA, reason, message, canary=canary, baseline=baseline)
 
 
-def _ratio_checks(
-    config: LatencyGateConfig, canary: SideMetrics, baseline: SideMetrics
-) -> tuple[list[RatioCheck], list[str]]:
-    """Comparisons that could be made, and the names of those that could not (a quantile missing on a side)."""
-    checks: list[RatioCheck] = []
-    missing: list[str] = []
-    metrics = (
-        ("ttft", config.ttft_max_ratio, canary.ttft_seconds, baseline.ttft_seconds),
-        ("itl", config.itl_max_ratio, canary.itl_seconds, baseline.itl_seconds),
-    )
-    for metric, max_ratio, canary_values, baseline_values in metrics:
+@dataclass(frozen=True)
+class _Comparisons:
+    checks: list[RatioCheck] = field(default_factory=list)
+    mean_checks: list[MeanCheck] = field(default_factory=list)
+    missing_quantiles: list[str] = field(default_factory=list)  # e.g. "ITL p95 (canary)"
+    missing_means: list[str] = field(default_factory=list)  # why a mean was needed and which side lacks it
+
+    @property
+    def evidence(self) -> list[RatioCheck | MeanCheck]:
+        """The comparisons that can decide: resolved quantiles, and the means standing in for unresolved ones."""
+        return [*(check for check in self.checks if check.resolved), *self.mean_checks]
+
+
+def _latency(side: SideMetrics, metric: str) -> tuple[Mapping[float, float | None], float | None, tuple[float, ...]]:
+    if metric == "ttft":
+        return side.ttft_seconds, side.ttft_mean_seconds, side.ttft_bucket_bounds
+    return side.itl_seconds, side.itl_mean_seconds, side.itl_bucket_bounds
+
+
+def _shared_bucket(
+    canary_value: float, canary_bounds: tuple[float, ...], baseline_value: float, baseline_bounds: tuple[float, ...]
+) -> tuple[float, float] | None:
+    canary_bucket = bucket_containing(canary_bounds, canary_value)
+    return canary_bucket if canary_bucket == bucket_containing(baseline_bounds, baseline_value) else None
+
+
+def _compare(config: LatencyGateConfig, canary: SideMetrics, baseline: SideMetrics) -> _Comparisons:
+    """Compare each configured quantile; where both sides' estimates fall in one bucket, compare the means instead."""
+    result = _Comparisons()
+    for metric, max_ratio in (("ttft", config.ttft_max_ratio), ("itl", config.itl_max_ratio)):
         if max_ratio is None:
             continue
+        canary_quantiles, canary_mean, canary_bounds = _latency(canary, metric)
+        baseline_quantiles, baseline_mean, baseline_bounds = _latency(baseline, metric)
+        unresolved: list[RatioCheck] = []
         for quantile in config.quantiles:
-            canary_value, baseline_value = canary_values.get(quantile), baseline_values.get(quantile)
+            canary_value, baseline_value = canary_quantiles.get(quantile), baseline_quantiles.get(quantile)
             if canary_value is None or baseline_value is None or baseline_value <= 0:
                 side = "canary" if canary_value is None else "baseline"
-                missing.append(f"{metric.upper()} {quantile_label(quantile)} ({side})")
+                result.missing_quantiles.append(f"{metric.upper()} {quantile_label(quantile)} ({side})")
                 continue
-            checks.append(RatioCheck(metric, quantile, canary_value, baseline_value, max_ratio))
-    return checks, missing
+            bucket = _shared_bucket(canary_value, canary_bounds, baseline_value, baseline_bounds)
+            check = RatioCheck(metric, quantile, canary_value, baseline_value, max_ratio, bucket)
+            result.checks.append(check)
+            if not check.resolved:
+                unresolved.append(check)
+        if not unresolved:
+            continue
+        if canary_mean is None or baseline_mean is None or baseline_mean <= 0:
+            side = "canary" if canary_mean is None else "baseline"
+            note = describe_unresolved(metric, tuple(unresolved))
+            result.missing_means.append(f"{note}, and the {side} has no {metric.upper()} mean")
+            continue
+        result.mean_checks.append(MeanCheck(metric, canary_mean, baseline_mean, max_ratio, tuple(unresolved)))
+    return result
+
+
+def _breach_reason(breaches: list[RatioCheck | MeanCheck], error_breach: bool) -> str:
+    """The reason names what breached (reasons are matched by alerts), the message whether quantiles or means did."""
+    if error_breach:
+        return "ErrorRatioExceeded"
+    metrics = sorted({check.metric for check in breaches})
+    if metrics == ["ttft"]:
+        return "TTFTRatioExceeded"
+    if metrics == ["itl"]:
+        return "ITLRatioExceeded"
+    return "LatencyRatioExceeded"
 
 
 def assess(config: LatencyGateConfig, canary: SideMetrics, baseline: SideMetrics) -> Verdict:
@@ -70,43 +122,48 @@ def assess(config: LatencyGateConfig, canary: SideMetrics, baseline: SideMetrics
                 canary,
                 baseline,
             )
-    checks, missing = _ratio_checks(config, canary, baseline)
-    if missing:
+    compared = _compare(config, canary, baseline)
+    if compared.missing_quantiles:
         return _no_data(
             "MissingLatencyQuantile",
-            f"cannot compare {', '.join(missing)}: no observations in the window",
+            f"cannot compare {', '.join(compared.missing_quantiles)}: no observations in the window",
             canary,
             baseline,
         )
-    breaches = [check for check in checks if check.breached]
+    if compared.missing_means:
+        return _no_data(
+            "MissingLatencyMean",
+            f"{'; '.join(compared.missing_means)}: the quantiles cannot tell the sides apart and there is no mean "
+            "to compare",
+            canary,
+            baseline,
+        )
+    checks, mean_checks = tuple(compared.checks), tuple(compared.mean_checks)
+    breaches = [check for check in compared.evidence if check.breached]
     error_breach = (
         config.max_error_ratio is not None
         and canary.error_ratio is not None
         and canary.error_ratio > config.max_error_ratio
     )
     if breaches or error_breach:
-        metrics = sorted({check.metric for check in breaches})
-        if error_breach:
-            reason = "ErrorRatioExceeded"
-        elif metrics == ["ttft"]:
-            reason = "TTFTRatioExceeded"
-        elif metrics == ["itl"]:
-            reason = "ITLRatioExceeded"
-        else:
-            reason = "LatencyRatioExceeded"
         parts = [check.describe() for check in breaches]
         if error_breach:
             parts.insert(0, f"canary error ratio {canary.error_ratio:.3f} is above {config.max_error_ratio:.3f}")
-        return Verdict(VerdictKind.BREACH, reason, "; ".join(parts), tuple(checks), canary, baseline)
-    worst = max(checks, key=lambda check: check.ratio / check.max_ratio)
+        reason = _breach_reason(breaches, error_breach)
+        return Verdict(VerdictKind.BREACH, reason, "; ".join(parts), checks, canary, baseline, mean_checks)
+    evidence = compared.evidence
+    worst = max(evidence, key=lambda check: check.ratio / check.max_ratio)
+    # A pass decided on means says so, whichever comparison came closest.
+    parts = [worst.describe(), *(check.describe() for check in mean_checks if check is not worst)]
     return Verdict(
         VerdictKind.PASS,
         "WithinThresholds",
-        f"all {len(checks)} comparisons within thresholds over {canary.requests:.0f} canary and "
-        f"{baseline.requests:.0f} baseline requests; closest: {worst.describe()}",
-        tuple(checks),
+        f"all {len(evidence)} comparisons within thresholds over {canary.requests:.0f} canary and "
+        f"{baseline.requests:.0f} baseline requests; closest: {'; '.join(parts)}",
+        checks,
         canary,
         baseline,
+        mean_checks,
     )
 
 
