@@ -186,7 +186,8 @@ async def drive_load(url: str, requests: int, concurrency: int = 8, max_tokens: 
 OLD_SPELLINGS = ("--ttft", "0.048", "--itl", "0.0066", "--prefix", "vllm_")
 OLD_SPELLINGS += ("--itl-name", "time_per_output_token_seconds")
 # The simulator's H100 fit gives ~48 ms TTFT at this prompt length, the middle of vLLM's (40, 60] ms bucket, and 1.5x
-# of it lands in the (60, 80] ms bucket.
+# of it lands in the (60, 80] ms bucket. Its ITL is ~6.6 ms, and 1.3x of it (~8.6 ms) is still in vLLM's first ITL
+# bucket, (0, 10] ms.
 PROMPT = "the" + " the" * 1099
 LOADED_REQUESTS = 60
 
@@ -204,6 +205,7 @@ class Fleet:
             launch_simulator("m-canary-0"),
             launch_simulator("m-baseline-0"),
             launch_simulator("m-slow-0", latency_multiplier=1.5),
+            launch_simulator("m-decode-slow-0", latency_multiplier=1.3),
             launch_simulator("m-idle-0"),
             launch_fake_vllm("m-underscore-0", *OLD_SPELLINGS),
         ]
