@@ -29,6 +29,11 @@ def test_flags_mirror_vllm_serve_and_the_model_names_the_server() -> None:
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["--gpu", "v100"], "invalid choice: 'v100'"),
         (["--kv-cache-dtype-skip-layers", "every_other"], "--kv-cache-dtype-skip-layers takes"),
+        (
+            ["openai/gpt-oss-20b", "--num-layers", "8"],
+            "sliding_window_layers must be between 0 and num_layers - 1 (7), got 12 (shape flags not given come "
+            "from model profile gpt-oss-20b)",
+        ),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -65,24 +65,27 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     """The configuration the flags describe; shape flags not given come from the model's catalogue profile."""
     served_model_name = args.served_model_name or args.model or SimConfig.served_model_name
     profile = find_profile(args.model, served_model_name) or DEFAULT_PROFILE
-    return SimConfig(
-        served_model_name=served_model_name,
-        kv_cache_dtype=args.kv_cache_dtype,
-        skip_layers=tuple(args.kv_cache_dtype_skip_layers),
-        attention_backend=args.attention_backend,
-        max_model_len=args.max_model_len,
-        gpu=Gpu(args.gpu),
-        two_level_fix=args.two_level_fix,
-        fast_head_dim_256=args.fast_head_dim_256,
-        head_dim=_given_or(args.head_dim, profile.head_dim),
-        num_layers=_given_or(args.num_layers, profile.num_layers),
-        sliding_window_layers=_given_or(args.sliding_window_layers, profile.sliding_window_layers),
-        sliding_window_tokens=_given_or(args.sliding_window_tokens, profile.sliding_window_tokens),
-        profile=profile,
-        time_scale=args.time_scale,
-        latency_multiplier=args.latency_multiplier,
-        seed=args.seed,
-    )
+    try:
+        return SimConfig(
+            served_model_name=served_model_name,
+            kv_cache_dtype=args.kv_cache_dtype,
+            skip_layers=tuple(args.kv_cache_dtype_skip_layers),
+            attention_backend=args.attention_backend,
+            max_model_len=args.max_model_len,
+            gpu=Gpu(args.gpu),
+            two_level_fix=args.two_level_fix,
+            fast_head_dim_256=args.fast_head_dim_256,
+            head_dim=_given_or(args.head_dim, profile.head_dim),
+            num_layers=_given_or(args.num_layers, profile.num_layers),
+            sliding_window_layers=_given_or(args.sliding_window_layers, profile.sliding_window_layers),
+            sliding_window_tokens=_given_or(args.sliding_window_tokens, profile.sliding_window_tokens),
+            profile=profile,
+            time_scale=args.time_scale,
+            latency_multiplier=args.latency_multiplier,
+            seed=args.seed,
+        )
+    except ValueError as error:
+        raise ValueError(f"{error} (shape flags not given come from model profile {profile.name})") from None
 
 
 def describe(config: SimConfig) -> str:
