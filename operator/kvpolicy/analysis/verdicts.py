@@ -33,8 +33,10 @@ def _no_data(reason: str, message: str, canary: SideMetrics, baseline: SideMetri
     return Verdict(VerdictKind.NO_DATA, reason, message, canary=canary, baseline=baseline)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Comparisons:
+    """What one check could compare, and what it could not."""
+
     checks: list[RatioCheck] = field(default_factory=list)
     mean_checks: list[MeanCheck] = field(default_factory=list)
     missing_quantiles: list[str] = field(default_factory=list)  # e.g. "ITL p95 (canary)"
