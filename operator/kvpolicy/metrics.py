@@ -12,7 +12,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kvpolicy import __version__
-from kvpolicy.analysis.model import Verdict
+from kvpolicy.analysis.model import MeanCheck, RatioCheck, Verdict
 
 # Values the alert rules match on: the operator must record decisions and gates with these exact strings.
 RESULT_PROMOTED = "Promoted"
@@ -143,8 +143,14 @@ class OperatorMetrics:
         """Count the verdict and publish its numbers; a check without numbers clears the previous ones."""
         self.record_verdict(verdict.kind.value)
         self.clear_analysis(namespace, policy)
-        for check in verdict.checks:
-            series = (namespace, policy, check.metric, f"{check.quantile:g}")
+        # Publish what the gate decided on: resolved quantiles, and means (quantile="mean") where the quantiles of
+        # both sides fell in one bucket, so alerts never fire on a ratio the gate ignored.
+        compared: list[tuple[RatioCheck | MeanCheck, str]] = [
+            (c, f"{c.quantile:g}") for c in verdict.checks if c.resolved
+        ]
+        compared += [(m, "mean") for m in verdict.mean_checks]
+        for check, statistic in compared:
+            series = (namespace, policy, check.metric, statistic)
             self.latency_ratio.set(series, check.ratio)
             self.latency_max_ratio.set(series, check.max_ratio)
             self.latency_seconds.set((*series, "canary"), check.canary_seconds)

@@ -115,3 +115,30 @@ async def test_metrics_and_health_endpoints() -> None:
     assert families["kvpolicy_build_info"].samples[0].value == 1
     verdicts = families["kvpolicy_analysis_verdicts"].samples
     assert any(s.labels == {"verdict": "ProviderUnavailable"} and s.value == 1 for s in verdicts)
+
+
+def test_unresolved_quantiles_are_not_published_and_the_means_are() -> None:
+    """ITL below vLLM's first 10 ms bucket on both sides: the gate compared means, so the metrics show the means."""
+    bounds = (0.01, 0.025, 0.05, float("inf"))
+
+    def fast_decoder(role: str, itl_mean: float) -> SideMetrics:
+        return SideMetrics(
+            role,
+            True,
+            100,
+            300,
+            {0.5: 0.2, 0.95: 0.4},
+            {0.5: 0.005, 0.95: 0.0095},
+            itl_mean_seconds=itl_mean,
+            ttft_mean_seconds=0.25,
+            itl_bucket_bounds=bounds,
+        )
+
+    metrics = OperatorMetrics()
+    verdict = assess(CONFIG, fast_decoder("canary", 0.0078), fast_decoder("baseline", 0.006))
+    assert verdict.kind is VerdictKind.BREACH
+    metrics.record_analysis("llm", "m", verdict)
+    itl = {"namespace": "llm", "policy": "m", "metric": "itl"}
+    assert value(metrics, "kvpolicy_analysis_latency_ratio", **itl, quantile="0.5") is None
+    assert value(metrics, "kvpolicy_analysis_latency_ratio", **itl, quantile="0.95") is None
+    assert value(metrics, "kvpolicy_analysis_latency_ratio", **itl, quantile="mean") == pytest.approx(1.3)

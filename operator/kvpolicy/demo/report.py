@@ -20,11 +20,10 @@ DEPLOYMENTS_FILE = "deployments.yaml"
 
 
 RATIO_NOTE = (
-    "TTFT and ITL ratios are the largest canary/baseline ratio over the compared quantiles in the last latency check, "
-    "estimated by `histogram_quantile` from vLLM's histograms. vLLM's buckets are fixed (its first ITL bucket ends at "
-    "10 ms), so when both sides decode faster than that, as the simulated 8B models here do, both quantiles land in "
-    "the same bucket and the ratio reads 1.00 whatever the difference: the analysis can then only catch regressions "
-    "that cross a bucket boundary."
+    "TTFT and ITL ratios are the largest canary/baseline ratio the last latency check compared, estimated by "
+    "`histogram_quantile` from vLLM's histograms. vLLM's buckets are fixed (its first ITL bucket ends at 10 ms): when "
+    "both sides' quantiles fall in one bucket the quantile cannot show a difference, so the check compares the means "
+    "(rate of `_sum` over rate of `_count`) instead and says so in its message."
 )
 
 
