@@ -9,6 +9,7 @@ import pytest
 from e2e_helpers import OperatorFactory
 from kopf.testing import KopfRunner
 from kvpolicy.api import crd
+from kvpolicy.controller import handlers
 from kvpolicy.devcluster import ThreadedDevCluster
 
 OPERATOR_ENV = {
@@ -26,14 +27,14 @@ def kvpolicy_crd(devcluster: ThreadedDevCluster) -> None:
 
 @pytest.fixture
 def operator(kvpolicy_crd: None, monkeypatch: pytest.MonkeyPatch) -> OperatorFactory:
-    """`with operator() as runner:` runs `kvpolicy.controller.handlers` under kopf, as `kvpolicy run` does."""
+    """`with operator() as runner:` runs the operator's handlers under kopf, as `kvpolicy run` does."""
     for key, value in OPERATOR_ENV.items():
         monkeypatch.setenv(key, value)
 
     @contextmanager
     def run() -> Iterator[KopfRunner]:
-        args = ["run", "--standalone", "--all-namespaces", "-m", "kvpolicy.controller.handlers"]
-        with KopfRunner(args, timeout=60) as runner:
+        args = ["run", "--standalone", "--all-namespaces"]
+        with KopfRunner(args, registry=handlers.registry, timeout=60) as runner:
             yield runner
         assert runner.exception is None, runner.output
         assert runner.exit_code == 0, runner.output

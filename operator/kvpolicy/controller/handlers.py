@@ -1,6 +1,7 @@
 """kopf handlers, kept thin: each hands over to the `Reconciler` kept in kopf's memo.
 
-Load with `kvpolicy run` (or `kopf run --standalone -m kvpolicy.controller.handlers`). Settings come from the memo
+They live in a registry of their own (`registry`), which `kvpolicy run` (and the tests' KopfRunner) hand to kopf, so
+importing this module never changes what another kopf operator in the same process runs. Settings come from the memo
 `kvpolicy run` passes, else from the environment (`OperatorOptions.from_env`).
 """
 
@@ -73,7 +74,13 @@ def _reconciler(memo: Any) -> Reconciler:
     return reconciler
 
 
-@kopf.on.startup()
+registry = kopf.OperatorRegistry()
+# A registry of one's own starts without kopf's default logins: in a pod the service account, else the kubeconfig.
+kopf.on.login(registry=registry)(kopf.login_with_service_account)
+kopf.on.login(registry=registry)(kopf.login_with_kubeconfig)
+
+
+@kopf.on.startup(registry=registry)
 async def startup(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -94,7 +101,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **
         logger.info("metrics on :%d/metrics", options.metrics_port)
 
 
-@kopf.on.cleanup()
+@kopf.on.cleanup(registry=registry)
 async def shutdown(memo: Any, **_: Any) -> None:
     reconciler = memo.get("reconciler")
     if reconciler is not None and reconciler.analyser is not None:
@@ -105,13 +112,13 @@ async def shutdown(memo: Any, **_: Any) -> None:
         await memo["metrics_server"].cleanup()
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, registry=registry)
 async def rollout(stopped: kopf.DaemonStopped, meta: kopf.Meta, memo: Any, **_: Any) -> None:
     """One loop per KVPolicy for its whole life; all its progress is in its status."""
     await _reconciler(memo).run_policy(str(meta["namespace"]), str(meta["name"]), str(meta["uid"]), stopped)
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
+@kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
 def watched(body: kopf.Body, memo: Any, **_: Any) -> None:
     """Wake a policy's loop at once when its spec changes, instead of at its next requeue."""
     if "reconciler" in memo:
@@ -119,7 +126,7 @@ def watched(body: kopf.Body, memo: Any, **_: Any) -> None:
         _reconciler(memo).notice(str(meta.get("uid")), meta.get("generation"), bool(meta.get("deletionTimestamp")))
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL)
+@kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
 async def deleted(body: kopf.Body, memo: Any, **_: Any) -> None:
     """Remove the canary, Services and Jobs now (ownerReferences would, later) and say what the target runs."""
     reconciler = _reconciler(memo)

@@ -39,6 +39,7 @@ def main(argv: list[str]) -> int:
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     asyncio.run(
         kopf.operator(
+            registry=handlers.registry,
             standalone=True,
             clusterwide=args.all_namespaces,
             namespaces=args.namespace or (),
