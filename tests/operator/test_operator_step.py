@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from kvpolicy.analysis import SideMetrics, Verdict, VerdictKind
+from kvpolicy.analysis import LatencyGateConfig, SideMetrics, Verdict, VerdictKind, assess
 from kvpolicy.controller.state import Create, Delete, Kind, Patch, PodView
 from kvpolicy.controller.step import latency_check_due, parse_gate_output, phase_deadline, rollout_hash, step
 from operator_helpers import (
@@ -552,3 +552,29 @@ def test_a_due_check_without_a_verdict_waits_a_poll_instead_of_spinning() -> Non
     result = driver.tick(60, settle=False)
     assert driver.phase == "LatencyAnalysis"
     assert result.requeue_after == CONFIG.poll_seconds
+
+
+def test_status_ratios_are_what_the_gate_compared() -> None:
+    """ITL below vLLM's first bucket on both sides: status shows the resolved TTFT quantiles and the ITL mean, not the
+    unresolved ITL quantiles (their 1.00 says nothing)."""
+    bounds = (0.01, 0.025, float("inf"))
+
+    def fast_decoder(role: str, itl_mean: float) -> SideMetrics:
+        return SideMetrics(
+            role,
+            True,
+            100,
+            60.0,
+            {0.5: 0.1, 0.95: 0.2},
+            {0.5: 0.005, 0.95: 0.0095},
+            itl_mean_seconds=itl_mean,
+            itl_bucket_bounds=bounds,
+        )
+
+    config = LatencyGateConfig(ttft_max_ratio=1.2, itl_max_ratio=1.2, min_requests=1)
+    breach = assess(config, fast_decoder("canary", 0.0078), fast_decoder("baseline", 0.006))
+    driver = live()
+    driver.tick(60, latency_verdict=breach)
+    ratios = driver.policy.status.latency.last.ratios
+    assert set(ratios) == {"ttft_p50", "ttft_p95", "itl_mean"}
+    assert ratios["itl_mean"] == pytest.approx(1.3)

@@ -739,7 +739,8 @@ def _record_check(latency: LatencyAnalysis, state: AnalysisState, verdict: Verdi
         verdict=verdict.kind.value,
         reason=verdict.reason,
         message=verdict.message,
-        ratios={f"{c.metric}_p{c.quantile * 100:g}": round(c.ratio, 4) for c in verdict.checks},
+        # What the gate compared: resolved quantiles, and means where both sides' quantiles shared a bucket.
+        ratios={c.key: round(c.ratio, 4) for c in (*(q for q in verdict.checks if q.resolved), *verdict.mean_checks)},
         canary_requests=int(verdict.canary.requests) if verdict.canary else None,
         baseline_requests=int(verdict.baseline.requests) if verdict.baseline else None,
         at=timestamp(now),
