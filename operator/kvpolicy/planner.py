@@ -101,8 +101,8 @@ def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
             return draft
         draft.say(
             "TwoLevelAccumulationImage",
-            f"{name} truncates FP8 accumulation; the canary runs {spec.images.fp8_patched}, which promotes partial "
-            "sums per tile (two-level accumulation)",
+            f"{name} truncates FP8 accumulation; {spec.images.fp8_patched} promotes partial sums per tile "
+            "(two-level accumulation)",
         )
     elif generation == GpuGeneration.BLACKWELL:
         draft.say("BlackwellNoFixNeeded", "Blackwell FP8 attention (FlashInfer) accumulates without truncation")

@@ -45,8 +45,6 @@ class _Model(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
-        use_enum_values=False,
-        validate_assignment=False,
     )
     # Rules declared by subclasses; collected into the CRD by kvpolicy.api.crd.
     rules: ClassVar[tuple[Rule, ...]] = ()

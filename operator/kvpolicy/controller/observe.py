@@ -20,10 +20,10 @@ from kvpolicy.controller import builders as b
 from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, NODES, PODS, SERVICES, KubeApi, label_selector
 from kvpolicy.controller.state import TERMINAL_PHASES, JobView, Observations, Phase, PodView
 from kvpolicy.controller.step import latency_check_due, latency_gate_config, rollout_hash
-from kvpolicy.gpu import gpu_facts
+from kvpolicy.gpu import PRESENT_LABEL, gpu_facts
 
 Obj = dict[str, Any]
-GPU_PRESENT = {"nvidia.com/gpu.present": "true"}
+GPU_PRESENT = {PRESENT_LABEL: "true"}
 JOB_NAME_LABEL = "job-name"
 # What each phase's step looks at beyond the target (fewer requests per pass: 1,000 policies poll one API server).
 PHASE_NEEDS: dict[Phase, frozenset[str]] = {
