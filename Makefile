@@ -10,12 +10,12 @@ PYTEST_ARGS ?=
 
 test: $(VENV)/.installed prometheus tools lint typecheck pytest
 
-$(VENV)/.installed: pyproject.toml kernels/pyproject.toml
+$(VENV)/.installed: pyproject.toml dev/pyproject.toml kernels/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch comes from a local wheel on these machines; pin it before anything asks for torch.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,demo]' -e './kernels[test]'
+	$(BIN)/pip install -q -e '.[test]' -e ./dev -e './kernels[test]'
 	touch $@
 
 prometheus:

@@ -19,7 +19,7 @@ import aiohttp
 import kopf
 import kubernetes
 from kopf.testing import KopfRunner
-from kvpolicy.devcluster import SimulatorRunner, ThreadedDevCluster
+from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
 
 NS = "default"
 CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"

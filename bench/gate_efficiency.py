@@ -1,7 +1,7 @@
 """Accuracy-gate efficiency: the sequential gate against a fixed 100-prompt run, and the gate's wall time.
 
 Decisions: for each configuration and seed, canary and baseline answer the same seeded prompts through the
-simulator's own answer model (kvpolicy.sim.accuracy, what `kvpolicy sim` runs per request, without HTTP);
+simulator's own answer model (kvpolicy_dev.sim.accuracy, what `kvpolicy sim` runs per request, without HTTP);
 the sequential gate stops by `sequential_decision`, the fixed run scores 100 prompts and passes when the point
 recovery reaches min_recovery. Wall time: `run_accuracy_gate` over loopback HTTP against `kvpolicy sim` child
 processes (time scale 0.001). Emulator speed: one query row of `attention_row` at 128k, head_dim 128.
@@ -24,9 +24,9 @@ import numpy as np
 from kvpolicy.gates import niah
 from kvpolicy.gates.accuracy import AccuracyOptions, run_accuracy_gate, sequential_decision
 from kvpolicy.gates.stats import PairedCounts, recovery_interval
-from kvpolicy.numerics import Accumulation, attention_row, quantize
-from kvpolicy.sim import SimConfig, start_simulator_subprocess
-from kvpolicy.sim.accuracy import NumericsModel, answer_needles
+from kvpolicy_dev.numerics import Accumulation, attention_row, quantize
+from kvpolicy_dev.sim import SimConfig, start_simulator_subprocess
+from kvpolicy_dev.sim.accuracy import NumericsModel, answer_needles
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 FIXED_RUN = 100

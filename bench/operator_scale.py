@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpolicy.api import crd
-from kvpolicy.devcluster import CPU_POOL, POOL_LABEL, NodePool, NoProcessRunner, ThreadedDevCluster, kubelet
+from kvpolicy_dev.devcluster import CPU_POOL, POOL_LABEL, NodePool, NoProcessRunner, ThreadedDevCluster, kubelet
 
 NAMESPACE = "bench"
 PATCHED_IMAGE = "vllm-fp8-twolevel:bench"

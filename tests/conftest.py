@@ -1,10 +1,10 @@
-# Shared fixtures: the emulated Kubernetes cluster (`devcluster`, `devcluster_namespace`); see kvpolicy/devcluster.
+"""Shared fixtures: the emulated Kubernetes cluster (`devcluster`, `devcluster_namespace`), from kvpolicy_dev."""
 import atexit
 import os
 import signal
 from types import FrameType
 
-pytest_plugins = ["kvpolicy.devcluster.pytest_plugin"]
+pytest_plugins = ["kvpolicy_dev.devcluster.pytest_plugin"]
 
 
 def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:

@@ -11,8 +11,8 @@ from chart_helpers import RELEASE_NAMESPACE, Manifest, Renderer, Triple, granted
 from kopf.testing import KopfRunner
 from kvpolicy.controller import handlers
 from kvpolicy.controller.run import _parser as run_parser
-from kvpolicy.devcluster import POOL_LABEL, SimulatorRunner, ThreadedDevCluster
-from kvpolicy.devcluster.apiserver import ApiPath
+from kvpolicy_dev.devcluster import POOL_LABEL, SimulatorRunner, ThreadedDevCluster
+from kvpolicy_dev.devcluster.apiserver import ApiPath
 
 FIXED_IMAGE = "vllm-fp8-twolevel:rbac-test"
 # Checked by admission (ownerReferences with blockOwnerDeletion), never requested: no request can show it is used.

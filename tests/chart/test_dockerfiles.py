@@ -119,7 +119,7 @@ def test_operator_image_entrypoint_is_kvpolicy_run_and_the_package_provides_it(t
     wheel = build_wheel_from_context(OPERATOR_DOCKERFILE, tmp_path)
     [script] = entry_points(wheel).select(group="console_scripts", name="kvpolicy")
     assert script.value == "kvpolicy.cli:main"
-    run_module = SUBCOMMANDS["run"][0].replace(".", "/") + ".py"
+    run_module = SUBCOMMANDS["run"].module.replace(".", "/") + ".py"
     assert run_module in wheel.namelist(), f"`kvpolicy run` imports {run_module}, which the image would lack"
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kvpolicy.demo import scenarios
+from kvpolicy_dev.demo import scenarios
 
 
 def policy_object(name: str, status: dict[str, Any]) -> dict[str, Any]:

@@ -4,8 +4,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from kvpolicy.demo import cli
-from kvpolicy.demo.scenarios import DEMO_TIMING, FAST_TIMING
+from kvpolicy_dev.demo import cli
+from kvpolicy_dev.demo.scenarios import DEMO_TIMING, FAST_TIMING
 
 NOW = datetime(2026, 11, 30, 10, 15, 0, tzinfo=UTC)
 

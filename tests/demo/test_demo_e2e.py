@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 from demo_helpers import processes_mentioning
-from kvpolicy.demo import scenarios
-from kvpolicy.demo.table import HEADERS
+from kvpolicy_dev.demo import scenarios
+from kvpolicy_dev.demo.table import HEADERS
 
 # Generous: the speed target (3 minutes on 2 cores) is measured by bench/demo_duration.py, not asserted here.
 DEADLINE_SECONDS = 300

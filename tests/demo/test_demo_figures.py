@@ -5,8 +5,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kvpolicy.demo import figures
-from kvpolicy.sim.config import Gpu
+from kvpolicy_dev.demo import figures
+from kvpolicy_dev.sim.config import Gpu
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

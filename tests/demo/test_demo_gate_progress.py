@@ -3,10 +3,10 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
-from kvpolicy.demo.gate_progress import canary_endpoints, canary_requests, finished_requests
-from kvpolicy.demo.prometheus import free_loopback_port
-from kvpolicy.sim.config import SimConfig
-from kvpolicy.sim.server import serve
+from kvpolicy_dev.demo.gate_progress import canary_endpoints, canary_requests, finished_requests
+from kvpolicy_dev.demo.prometheus import free_loopback_port
+from kvpolicy_dev.sim.config import SimConfig
+from kvpolicy_dev.sim.server import serve
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 EXPOSITION = """# TYPE vllm:request_success counter

@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kvpolicy.demo.plots import Curve, ItlPanel, LineFit, break_even, fit_line, plot_accuracy, plot_itl
+from kvpolicy_dev.demo.plots import Curve, ItlPanel, LineFit, break_even, fit_line, plot_accuracy, plot_itl
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LENGTHS = [256.0, 8192.0, 32768.0, 65536.0, 125000.0]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from demo_helpers import eventually, process_alive
-from kvpolicy.demo.processes import ChildExitedError, ChildProcess
+from kvpolicy_dev.demo.processes import ChildExitedError, ChildProcess
 
 # A leader that starts a grandchild deaf to SIGTERM, then waits: stopping must still leave nothing behind.
 STUBBORN = """

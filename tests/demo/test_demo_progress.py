@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kvpolicy.api.v1alpha1 import KVPolicy
-from kvpolicy.demo.progress import ProgressDisplay, bar, policy_progress, progress_of, render_line
+from kvpolicy_dev.demo.progress import ProgressDisplay, bar, policy_progress, progress_of, render_line
 
 NOW = datetime(2026, 11, 30, 10, 0, 30, tzinfo=UTC)
 

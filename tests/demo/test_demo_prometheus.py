@@ -10,7 +10,7 @@ import aiohttp
 import aiohttp.web
 import pytest
 import yaml
-from kvpolicy.demo.prometheus import LocalPrometheus, find_prometheus, prometheus_config, scrape_targets
+from kvpolicy_dev.demo.prometheus import LocalPrometheus, find_prometheus, prometheus_config, scrape_targets
 
 
 def _pod(name: str, ip: str | None, *, ready: bool = True, ports: bool = True) -> dict[str, Any]:

@@ -4,8 +4,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kvpolicy.demo import scenarios
-from kvpolicy.demo.report import DEPLOYMENTS_FILE, POLICIES_FILE, Observed, RunFacts, policy_events, write_report
+from kvpolicy_dev.demo import scenarios
+from kvpolicy_dev.demo.report import DEPLOYMENTS_FILE, POLICIES_FILE, Observed, RunFacts, policy_events, write_report
 
 FACTS = RunFacts("2026-11-30T10:00:00Z", 95.0, "x86_64, 2 CPUs", "Prometheus 2.42", "demo mode", 1234, 2)
 FIGURES = {"itl": [{"title": "Llama-3.1-8B on H200", "breakEvenTokens": 7731.2}]}

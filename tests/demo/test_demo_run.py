@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 from demo_helpers import processes_mentioning
-from kvpolicy.demo import run as demo_run
-from kvpolicy.demo import scenarios
-from kvpolicy.demo.processes import ChildExitedError
-from kvpolicy.demo.run import DemoError, DemoOptions, all_decided, in_scenario_order, log_records_to, run_demo
+from kvpolicy_dev.demo import run as demo_run
+from kvpolicy_dev.demo import scenarios
+from kvpolicy_dev.demo.processes import ChildExitedError
+from kvpolicy_dev.demo.run import DemoError, DemoOptions, all_decided, in_scenario_order, log_records_to, run_demo
 
 
 def _options(report_dir: Path, deadline_seconds: float = 120.0) -> DemoOptions:
@@ -104,6 +104,6 @@ def test_log_records_go_to_the_file_while_the_demo_runs(tmp_path: Path) -> None:
     log = tmp_path / "demo.log"
     handlers = list(logging.getLogger().handlers)
     with log_records_to(log):
-        logging.getLogger("kvpolicy.devcluster.kubelet").warning("pod exited with 1")
-    assert "WARNING kvpolicy.devcluster.kubelet: pod exited with 1" in log.read_text()
+        logging.getLogger("kvpolicy_dev.devcluster.kubelet").warning("pod exited with 1")
+    assert "WARNING kvpolicy_dev.devcluster.kubelet: pod exited with 1" in log.read_text()
     assert logging.getLogger().handlers == handlers

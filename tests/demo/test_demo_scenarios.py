@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from kvpolicy.api.v1alpha1 import KVPolicySpec, Plan
-from kvpolicy.demo import scenarios
 from kvpolicy.gpu import gpu_facts
 from kvpolicy.planner import plan
+from kvpolicy_dev.demo import scenarios
 
 
 def _plan_for(scenario: scenarios.Scenario) -> tuple[KVPolicySpec, Plan]:

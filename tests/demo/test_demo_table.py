@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvpolicy.api.v1alpha1 import LatencyCheck
-from kvpolicy.demo.table import HEADERS, MISSING, decision_rows, render_markdown, render_text, worst_ratio
+from kvpolicy_dev.demo.table import HEADERS, MISSING, decision_rows, render_markdown, render_text, worst_ratio
 
 HOPPER = {"generation": "Hopper", "product": "NVIDIA-H200", "computeCapability": "9.0", "source": "ComputeCapability"}
 FP8_PLAN = {"kvCacheDtype": "FP8", "vllmKvCacheDtype": "fp8", "skipLayers": ["sliding_window"]}

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 from demo_helpers import eventually
-from kvpolicy.demo.prometheus import free_loopback_port
-from kvpolicy.demo.traffic import Route, TrafficGenerator, endpoints, prompt_of
-from kvpolicy.sim import tokenizer
-from kvpolicy.sim.config import SimConfig
-from kvpolicy.sim.server import serve
+from kvpolicy_dev.demo.prometheus import free_loopback_port
+from kvpolicy_dev.demo.traffic import Route, TrafficGenerator, endpoints, prompt_of
+from kvpolicy_dev.sim import tokenizer
+from kvpolicy_dev.sim.config import SimConfig
+from kvpolicy_dev.sim.server import serve
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SELECTOR = {"app.kubernetes.io/name": "llama"}

@@ -8,7 +8,7 @@ import aiohttp
 import kmock
 import pytest
 import pytest_asyncio
-from kvpolicy.devcluster import ThreadedDevCluster
+from kvpolicy_dev.devcluster import ThreadedDevCluster
 
 WIDGETS_CRD = {
     "apiVersion": "apiextensions.k8s.io/v1",
@@ -132,7 +132,7 @@ async def test_selector_watch_sees_objects_entering_and_leaving(
 
 async def test_watch_from_an_expired_version_reports_410(http: aiohttp.ClientSession, devcluster_namespace: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    monkeypatch.setattr("kvpolicy.devcluster.store.EVENT_LOG_LIMIT", 1)
+    monkeypatch.setattr("kvpolicy_dev.devcluster.store.EVENT_LOG_LIMIT", 1)
     url = f"/api/v1/namespaces/{devcluster_namespace}/configmaps"
     for name in ("e1", "e2"):
         async with http.post(url, json=configmap(name)):

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 import yaml
-from kvpolicy.devcluster import DevCluster, NodePool, NoProcessRunner, ThreadedDevCluster
+from kvpolicy_dev.devcluster import DevCluster, NodePool, NoProcessRunner, ThreadedDevCluster
 
 
 async def test_dev_cluster_on_the_current_loop(tmp_path) -> None:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from kvpolicy.devcluster import ThreadedDevCluster
+from kvpolicy_dev.devcluster import ThreadedDevCluster
 
 HELM = shutil.which("helm", path=str(Path(sys.executable).parent)) or shutil.which("helm")
 pytestmark = pytest.mark.skipif(HELM is None, reason="helm missing: run `make tools`")

@@ -7,7 +7,7 @@ import kopf
 import kubernetes
 import pytest
 from kopf.testing import KopfRunner
-from kvpolicy.devcluster import ThreadedDevCluster
+from kvpolicy_dev.devcluster import ThreadedDevCluster
 
 GROUP, VERSION, PLURAL = "kopf.example.dev", "v1", "gizmos"
 CRD = {

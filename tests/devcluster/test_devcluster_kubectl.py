@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kvpolicy.devcluster import ThreadedDevCluster
+from kvpolicy_dev.devcluster import ThreadedDevCluster
 
 KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl missing: run `make tools`")

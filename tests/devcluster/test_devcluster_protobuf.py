@@ -3,7 +3,7 @@
 import base64
 
 import pytest
-from kvpolicy.devcluster.protobuf import MAGIC, ProtobufError, decode, fields
+from kvpolicy_dev.devcluster.protobuf import MAGIC, ProtobufError, decode, fields
 
 
 def varint(value: int) -> bytes:

@@ -5,10 +5,10 @@ import random
 import sys
 
 import pytest
-from kvpolicy.devcluster import GPU_MODELS, POOL_LABEL, NodePool, SimulatorRunner
-from kvpolicy.devcluster.kubelet import job_argv, template_hash, with_condition
-from kvpolicy.devcluster.nodes import PodIpAllocator, rewrite_service_urls, schedule, unresolved_service_urls
-from kvpolicy.devcluster.runners import vllm_serve_args
+from kvpolicy_dev.devcluster import GPU_MODELS, POOL_LABEL, NodePool, SimulatorRunner
+from kvpolicy_dev.devcluster.kubelet import job_argv, template_hash, with_condition
+from kvpolicy_dev.devcluster.nodes import PodIpAllocator, rewrite_service_urls, schedule, unresolved_service_urls
+from kvpolicy_dev.devcluster.runners import vllm_serve_args
 
 H200_LABELS = NodePool("h200", "NVIDIA-H200").labels()
 

@@ -1,13 +1,13 @@
 import datetime
 
 import pytest
-from kvpolicy.devcluster.selectors import (
+from kvpolicy_dev.devcluster.selectors import (
     SelectorError,
     match_labels,
     parse_field_selector,
     parse_label_selector,
 )
-from kvpolicy.devcluster.tables import (
+from kvpolicy_dev.devcluster.tables import (
     AGE_COLUMN,
     JSONPathError,
     PrinterColumn,

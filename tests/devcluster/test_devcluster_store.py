@@ -1,7 +1,7 @@
 """The state layer: resource versions, generations, conflicts, status subresource, deletion, GC, event log, CRDs."""
 
 import pytest
-from kvpolicy.devcluster.store import (
+from kvpolicy_dev.devcluster.store import (
     JSON_PATCH,
     MERGE_PATCH,
     ApiError,
@@ -188,7 +188,7 @@ def test_event_log_replays_from_a_resource_version_and_expires(store: Store, mon
         store.create(configmaps, "ns", {"metadata": {"name": f"c{index}"}})
     events = store.events_since(start + 1)
     assert [(event.type, event.obj["metadata"]["name"]) for event in events] == [("ADDED", "c1"), ("ADDED", "c2")]
-    monkeypatch.setattr("kvpolicy.devcluster.store.EVENT_LOG_LIMIT", 2)
+    monkeypatch.setattr("kvpolicy_dev.devcluster.store.EVENT_LOG_LIMIT", 2)
     store.create(configmaps, "ns", {"metadata": {"name": "c3"}})
     with pytest.raises(ApiError) as exc:
         store.events_since(start)

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 from gate_fakes import MAX_MODEL_LEN, MODEL
-from kvpolicy.sim import start_simulator_subprocess
+from kvpolicy_dev.sim import start_simulator_subprocess
 
 FAST = ["--time-scale", "0.001", "--max-model-len", str(MAX_MODEL_LEN)]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from aiohttp import web
 from kvpolicy.gates import niah
-from kvpolicy.sim import serve, tokenizer
-from kvpolicy.sim.config import SimConfig
+from kvpolicy_dev.sim import serve, tokenizer
+from kvpolicy_dev.sim.config import SimConfig
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 # Room for a 131072-token prompt plus the gate's answer tokens.

@@ -20,7 +20,7 @@ from gate_fakes import (
 from kvpolicy.gates import niah
 from kvpolicy.gates.accuracy import AccuracyOptions, run_accuracy_gate, sized_prompt
 from kvpolicy.gates.client import VllmClient
-from kvpolicy.sim import free_port
+from kvpolicy_dev.sim import free_port
 
 RESULT_KEYS = {
     "gate", "verdict", "reason", "message", "lengthTokens", "samples", "canaryScore", "baselineScore", "recovery",

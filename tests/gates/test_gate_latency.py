@@ -15,8 +15,8 @@ from kvpolicy.gates.latency import (
     fit_measurements,
     run_latency_probe,
 )
-from kvpolicy.sim import SimConfig, free_port, start_simulator_subprocess
-from kvpolicy.sim.latency import latency_fit
+from kvpolicy_dev.sim import SimConfig, free_port, start_simulator_subprocess
+from kvpolicy_dev.sim.latency import latency_fit
 
 TIME_SCALE = 0.3
 LENGTHS = ["1024", "8192", "16384", "32768"]

@@ -4,9 +4,9 @@ import functools
 
 import numpy as np
 import pytest
-from kvpolicy.numerics import HOPPER, Accumulation, MmaModel, attention_row, quantize
-from kvpolicy.numerics.accumulation import reference_attention
-from kvpolicy.numerics.probe import attention_error as emulate
+from kvpolicy_dev.numerics import HOPPER, Accumulation, MmaModel, attention_row, quantize
+from kvpolicy_dev.numerics.accumulation import reference_attention
+from kvpolicy_dev.numerics.probe import attention_error as emulate
 
 # Deterministic for given arguments, so runs are shared between tests; one query row suffices because the
 # shrink is systematic (two rows differ by ~1%).

@@ -10,7 +10,7 @@ from e2e_helpers import OperatorFactory
 from kopf.testing import KopfRunner
 from kvpolicy.api import crd
 from kvpolicy.controller import handlers
-from kvpolicy.devcluster import ThreadedDevCluster
+from kvpolicy_dev.devcluster import ThreadedDevCluster
 
 OPERATOR_ENV = {
     "KVPOLICY_POLL_SECONDS": "0.2",

@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from kopf.testing import KopfRunner
-from kvpolicy.devcluster import POOL_LABEL, ThreadedDevCluster
+from kvpolicy_dev.devcluster import POOL_LABEL, ThreadedDevCluster
 from operator_helpers import set_paths
 
 PATCHED_IMAGE = "vllm-fp8-twolevel:test"

@@ -18,7 +18,7 @@ from e2e_helpers import (
     wait_phase,
     wait_until,
 )
-from kvpolicy.devcluster import SimulatorRunner, ThreadedDevCluster
+from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 from kvpolicy.controller import run
 from kvpolicy.controller.handlers import DEFAULT_PROBE_IMAGE, OperatorOptions
 from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, PODS, ApiError, Credentials, HttpKubeApi, Resource
-from kvpolicy.devcluster import ThreadedDevCluster
+from kvpolicy_dev.devcluster import ThreadedDevCluster
 from operator_helpers import target_deployment
 
 

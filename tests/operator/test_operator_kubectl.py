@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from e2e_helpers import OperatorFactory, policy, target, wait_phase
-from kvpolicy.devcluster import ThreadedDevCluster
+from kvpolicy_dev.devcluster import ThreadedDevCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")

@@ -20,8 +20,8 @@ from e2e_helpers import (
     target,
     wait_decided,
 )
-from kvpolicy.demo.traffic import Route, TrafficGenerator
-from kvpolicy.devcluster import SimulatorRunner, ThreadedDevCluster
+from kvpolicy_dev.demo.traffic import Route, TrafficGenerator
+from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ import sys
 import urllib.request
 
 from e2e_helpers import wait_until
-from kvpolicy.devcluster import ThreadedDevCluster
+from kvpolicy_dev.devcluster import ThreadedDevCluster
 
 
 def free_port() -> int:

@@ -4,8 +4,8 @@ import json
 import urllib.request
 
 import pytest
-from kvpolicy.sim import start_simulator_subprocess
-from kvpolicy.sim.cli import build_parser, config_from_args, main
+from kvpolicy_dev.sim import start_simulator_subprocess
+from kvpolicy_dev.sim.cli import build_parser, config_from_args, main
 
 
 def test_flags_mirror_vllm_serve_and_the_model_names_the_server() -> None:

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kvpolicy.numerics import Accumulation
-from kvpolicy.sim import accuracy
-from kvpolicy.sim.accuracy import NumericsModel, answer_needles
-from kvpolicy.sim.config import Gpu, SimConfig
-from kvpolicy.sim.latency import HEAD_DIM_256_TWO_LEVEL_PENALTY, latency_fit, sample_latencies
+from kvpolicy_dev.numerics import Accumulation
+from kvpolicy_dev.sim import accuracy
+from kvpolicy_dev.sim.accuracy import NumericsModel, answer_needles
+from kvpolicy_dev.sim.config import Gpu, SimConfig
+from kvpolicy_dev.sim.latency import HEAD_DIM_256_TWO_LEVEL_PENALTY, latency_fit, sample_latencies
 
 BF16 = SimConfig()
 UNFIXED = SimConfig(kv_cache_dtype="fp8")

@@ -1,11 +1,11 @@
 """The model catalogue: the profile a `vllm serve` command line gets, and the published fits each profile reproduces."""
 
 import pytest
-from kvpolicy.sim.cli import build_parser, config_from_args, describe
-from kvpolicy.sim.config import Gpu, SimConfig
-from kvpolicy.sim.latency import GPU_LATENCY, HEAD_DIM_256_TWO_LEVEL_PENALTY, latency_fit
-from kvpolicy.sim.models import DEFAULT_PROFILE
-from kvpolicy.sim.server import kv_cache_capacity_tokens
+from kvpolicy_dev.sim.cli import build_parser, config_from_args, describe
+from kvpolicy_dev.sim.config import Gpu, SimConfig
+from kvpolicy_dev.sim.latency import GPU_LATENCY, HEAD_DIM_256_TWO_LEVEL_PENALTY, latency_fit
+from kvpolicy_dev.sim.models import DEFAULT_PROFILE
+from kvpolicy_dev.sim.server import kv_cache_capacity_tokens
 
 
 def config(*argv: str) -> SimConfig:

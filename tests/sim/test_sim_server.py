@@ -7,9 +7,9 @@ import re
 import aiohttp
 import pytest
 from kvpolicy.gates import niah
-from kvpolicy.sim import SimConfig, serve
-from kvpolicy.sim.latency import latency_fit
-from kvpolicy.sim.server import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, token_count_buckets
+from kvpolicy_dev.sim import SimConfig, serve
+from kvpolicy_dev.sim.latency import latency_fit
+from kvpolicy_dev.sim.server import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, token_count_buckets
 from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "test/model"

@@ -1,0 +1,482 @@
+"""An aiohttp server that behaves like vLLM's OpenAI-compatible server for one simulated configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from kvpolicy.gates.niah import FILLER, parse_prompt
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from kvpolicy_dev.sim import tokenizer
+from kvpolicy_dev.sim.accuracy import NumericsModel, answer_needles
+from kvpolicy_dev.sim.config import Gpu, SimConfig
+from kvpolicy_dev.sim.latency import latency_fit, sample_latencies
+
+# vLLM's default buckets (vllm/v1/metrics/loggers.py).
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+    1920.0, 7680.0,
+)  # fmt: skip
+
+GPU_MEMORY_GIB = {Gpu.H100: 80, Gpu.H200: 141, Gpu.B200: 180, Gpu.A100: 80, Gpu.L40S: 48}
+WEIGHTS_GIB = 16  # an 8B model in BF16
+GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_MAX_TOKENS = 16
+# vLLM's FinishReason values, the `finished_reason` label of vllm:request_success_total.
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+
+
+def token_count_buckets(max_model_len: int) -> list[float]:
+    """vLLM's build_1_2_5_buckets(max_model_len): 1, 2, 5, 10, 20, 50, ... up to the limit."""
+    buckets: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_model_len:
+                return buckets
+            buckets.append(value)
+        exponent += 1
+
+
+class RequestError(Exception):
+    """A request vLLM would reject; rendered in vLLM's error shape."""
+
+    def __init__(self, status: int, message: str, error_type: str = "BadRequestError", param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.param = param
+
+    def response(self) -> web.Response:
+        body = {"error": {"message": str(self), "type": self.error_type, "param": self.param, "code": self.status}}
+        return web.json_response(body, status=self.status)
+
+
+class Metrics:
+    """vLLM's Prometheus metrics for one server, in their own registry."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name", "engine"]
+        self.label_values = {"model_name": config.served_model_name, "engine": "0"}
+        r = self.registry
+
+        def histogram(name: str, doc: str, buckets: list[float] | tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
+        token_buckets = token_count_buckets(config.max_model_len)
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
+        )
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS
+        )
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS
+        )
+        self.queue = histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.prefill = histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.decode = histogram(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.prompt_tokens_hist = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets
+        )
+        self.generation_tokens_hist = histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", token_buckets
+        )
+        self.success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*labels, "finished_reason"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=r
+        )
+        self.running = Gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", labels, registry=r
+        )
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels, registry=r
+        )
+        self.kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels, registry=r
+        )
+        # vLLM registers every series at start-up, so a scrape before the first request already sees zeros and
+        # Prometheus catches the first increase.
+        histograms = (
+            self.ttft,
+            self.itl,
+            self.e2e,
+            self.queue,
+            self.prefill,
+            self.decode,
+            self.prompt_tokens_hist,
+            self.generation_tokens_hist,
+        )
+        scalars = (self.prompt_tokens, self.generation_tokens, self.running, self.waiting, self.kv_usage)
+        for metric in (*histograms, *scalars):
+            metric.labels(**self.label_values)
+        for reason in FINISHED_REASONS:
+            self.success.labels(**self.label_values, finished_reason=reason)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def kv_cache_capacity_tokens(config: SimConfig) -> int:
+    bytes_per_token = config.num_layers * config.layer_kv_elements * (1 if config.fp8 else 2)
+    free_gib = GPU_MEMORY_GIB[config.gpu] * GPU_MEMORY_UTILIZATION - WEIGHTS_GIB
+    return max(1, int(free_gib * 2**30 / bytes_per_token))
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt_text: str
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool
+
+
+@dataclass(frozen=True)
+class Generation:
+    tokens: list[int]
+    finish_reason: str
+
+
+class Simulator:
+    """One simulated vLLM server. `app()` gives the aiohttp application."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.metrics = Metrics(config)
+        self.numerics = NumericsModel(config)
+        self.fit = latency_fit(config)
+        self._rng = np.random.default_rng(config.seed)
+        self._capacity = kv_cache_capacity_tokens(config)
+        self._active_tokens = 0
+        self._running = 0
+        self._created = int(time.time())
+        self._filler_tokens = tokenizer.encode(" " + FILLER)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 2**20, middlewares=[_errors_middleware])
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/metrics", self.render_metrics)
+        return app
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, _: web.Request) -> web.Response:
+        name = self.config.served_model_name
+        card = {
+            "id": name,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "vllm",
+            "root": name,
+            "parent": None,
+            "max_model_len": self.config.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def render_metrics(self, _: web.Request) -> web.Response:
+        response = web.Response(body=self.metrics.render())
+        response.headers["Content-Type"] = CONTENT_TYPE_PLAIN_0_0_4
+        return response
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await _json_object(request)
+        self._check_model(body)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise RequestError(400, "'prompt' must be a string", param="prompt")
+        tokens = tokenizer.encode(prompt)
+        return web.json_response({"count": len(tokens), "max_model_len": self.config.max_model_len, "tokens": tokens})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await _json_object(request)
+        self._check_model(body)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise RequestError(400, "'tokens' must be a list of integers", param="tokens")
+        try:
+            return web.json_response({"prompt": tokenizer.decode(tokens)})
+        except ValueError as error:
+            raise RequestError(400, str(error), param="tokens") from error
+
+    def _check_model(self, body: dict[str, Any]) -> None:
+        model = body.get("model")
+        if model is not None and model != self.config.served_model_name:
+            raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+
+    def _parse_completion(self, body: dict[str, Any]) -> CompletionRequest:
+        self._check_model(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            text, count = prompt, tokenizer.count(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            try:
+                text, count = tokenizer.decode(prompt), len(prompt)
+            except ValueError as error:
+                raise RequestError(400, str(error), param="prompt") from error
+        else:
+            raise RequestError(400, "'prompt' must be a string or a non-empty list of token ids", param="prompt")
+        max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise RequestError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+        limit = self.config.max_model_len
+        if count >= limit:
+            raise RequestError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your request has {count} input "
+                "tokens. Please reduce the length of the input messages.",
+                param="input_tokens",
+            )
+        if count + max_tokens > limit:
+            raise RequestError(
+                400,
+                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context "
+                f"length is {limit} tokens and your request has {count} input tokens "
+                f"({max_tokens} > {limit} - {count}).",
+                param="max_tokens",
+            )
+        options = body.get("stream_options") or {}
+        return CompletionRequest(
+            prompt_text=text,
+            prompt_tokens=count,
+            max_tokens=max_tokens,
+            stream=bool(body.get("stream", False)),
+            include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+            ignore_eos=bool(body.get("ignore_eos", False)),
+        )
+
+    async def _generate(self, request: CompletionRequest) -> Generation:
+        needles, asked = parse_prompt(request.prompt_text)
+        answer: str | None = None
+        if asked:
+            capability_p, survival_p = await self.numerics.retrieval_probability(request.prompt_tokens)
+            answer = answer_needles(needles, asked, request.prompt_tokens, capability_p, survival_p, self.config.seed)
+        tokens = tokenizer.encode(answer) if answer is not None else []
+        if len(tokens) >= request.max_tokens:
+            return Generation(tokens[: request.max_tokens], "length")
+        if answer is not None and not request.ignore_eos:
+            return Generation(tokens, "stop")
+        padding = request.max_tokens - len(tokens)
+        repeats = -(-padding // len(self._filler_tokens))
+        return Generation(tokens + (self._filler_tokens * repeats)[:padding], "length")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        # Simulated time runs from the request's arrival, so parsing a long prompt overlaps the prefill sleep
+        # instead of adding real seconds that a time scale would magnify.
+        arrival = asyncio.get_running_loop().time()
+        completion = self._parse_completion(await _json_object(request))
+        generation = await self._generate(completion)
+        self._running += 1
+        self._active_tokens += completion.prompt_tokens + len(generation.tokens)
+        self._update_gauges()
+        ttft_ms, gaps_ms = sample_latencies(
+            self.fit, completion.prompt_tokens, len(generation.tokens), self._running, self._rng
+        )
+        try:
+            if completion.stream:
+                response = web.StreamResponse(
+                    headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                )
+                try:
+                    await self._stream(request, response, completion, generation, arrival, ttft_ms, gaps_ms)
+                except ConnectionResetError:
+                    # The client left mid-stream: vLLM counts the request as aborted.
+                    generation = Generation(generation.tokens, "abort")
+            else:
+                await self._sleep_until(arrival, ttft_ms + sum(gaps_ms))
+                response = web.json_response(self._completion_body(completion, generation))
+        finally:
+            self._running -= 1
+            self._active_tokens -= completion.prompt_tokens + len(generation.tokens)
+            self._update_gauges()
+        self._record(completion, generation, ttft_ms, gaps_ms)
+        return response
+
+    async def _stream(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        completion: CompletionRequest,
+        generation: Generation,
+        arrival: float,
+        ttft_ms: float,
+        gaps_ms: list[float],
+    ) -> None:
+        await response.prepare(request)
+        request_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        # The first token is due TTFT after the arrival, each later one at a fixed offset from the first, so
+        # per-chunk overhead does not pile up into the ITL and a late first token does not compress the rest.
+        loop = asyncio.get_running_loop()
+        offsets_ms = np.cumsum([0.0, *gaps_ms])
+        last = len(generation.tokens) - 1
+        first_sent = arrival
+        for index, (token, offset_ms) in enumerate(zip(generation.tokens, offsets_ms, strict=True)):
+            if index == 0:
+                await self._sleep_until(arrival, ttft_ms)
+                first_sent = loop.time()
+            else:
+                await self._sleep_until(first_sent, float(offset_ms))
+            choice = {
+                "index": 0,
+                "text": tokenizer.decode([token]),
+                "logprobs": None,
+                "finish_reason": generation.finish_reason if index == last else None,
+                "stop_reason": None,
+            }
+            chunk = {
+                "id": request_id,
+                "object": "text_completion",
+                "created": created,
+                "model": self.config.served_model_name,
+            }
+            await response.write(_sse({**chunk, "choices": [choice]}))
+        if completion.include_usage:
+            usage_chunk = {"id": request_id, "object": "text_completion", "created": created}
+            usage_chunk |= {
+                "model": self.config.served_model_name,
+                "choices": [],
+                "usage": _usage(completion, generation),
+            }
+            await response.write(_sse(usage_chunk))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+
+    def _completion_body(self, completion: CompletionRequest, generation: Generation) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "text": tokenizer.decode(generation.tokens),
+            "logprobs": None,
+            "finish_reason": generation.finish_reason,
+            "stop_reason": None,
+        }
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.config.served_model_name,
+            "choices": [choice],
+            "usage": _usage(completion, generation),
+        }
+
+    async def _sleep_until(self, arrival: float, simulated_ms: float) -> None:
+        """Sleep until `simulated_ms` (scaled by the time scale) after the loop time `arrival`."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, arrival + simulated_ms / 1000 * self.config.time_scale - loop.time()))
+
+    def _update_gauges(self) -> None:
+        labels = self.metrics.label_values
+        self.metrics.running.labels(**labels).set(self._running)
+        self.metrics.kv_usage.labels(**labels).set(min(1.0, self._active_tokens / self._capacity))
+
+    def _record(
+        self, completion: CompletionRequest, generation: Generation, ttft_ms: float, gaps_ms: list[float]
+    ) -> None:
+        """Metrics carry simulated (unscaled) seconds, as the real server would report them."""
+        m, labels = self.metrics, self.metrics.label_values
+        ttft, decode = ttft_ms / 1000, sum(gaps_ms) / 1000
+        m.ttft.labels(**labels).observe(ttft)
+        itl = m.itl.labels(**labels)
+        for gap in gaps_ms:
+            itl.observe(gap / 1000)
+        m.e2e.labels(**labels).observe(ttft + decode)
+        m.queue.labels(**labels).observe(0.0)
+        m.prefill.labels(**labels).observe(ttft)
+        m.decode.labels(**labels).observe(decode)
+        m.prompt_tokens_hist.labels(**labels).observe(completion.prompt_tokens)
+        m.generation_tokens_hist.labels(**labels).observe(len(generation.tokens))
+        m.prompt_tokens.labels(**labels).inc(completion.prompt_tokens)
+        m.generation_tokens.labels(**labels).inc(len(generation.tokens))
+        m.success.labels(**labels, finished_reason=generation.finish_reason).inc()
+
+
+def _usage(completion: CompletionRequest, generation: Generation) -> dict[str, int]:
+    generated = len(generation.tokens)
+    return {
+        "prompt_tokens": completion.prompt_tokens,
+        "completion_tokens": generated,
+        "total_tokens": completion.prompt_tokens + generated,
+    }
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except json.JSONDecodeError as error:
+        raise RequestError(400, f"request body is not valid JSON: {error}") from error
+    if not isinstance(body, dict):
+        raise RequestError(400, "request body must be a JSON object")
+    return body
+
+
+Handler = Callable[[web.Request], Any]
+
+
+@web.middleware
+async def _errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except RequestError as error:
+        return error.response()
+
+
+@contextlib.asynccontextmanager
+async def serve(config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    """Run a simulator in this event loop; yields its base URL once it accepts connections (port 0: a free one)."""
+    # Stop promptly: in-flight streams are cut, as when a real server is killed.
+    runner = web.AppRunner(Simulator(config).app(), access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound_port = runner.addresses[0][1]
+        yield f"http://{host}:{bound_port}"
+    finally:
+        await runner.cleanup()
