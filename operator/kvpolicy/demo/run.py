@@ -25,8 +25,7 @@ from typing import Any, TextIO
 import aiohttp
 
 from kvpolicy.api.crd import crd_object
-from kvpolicy.api.v1alpha1 import API_VERSION, KIND
-from kvpolicy.controller.state import TERMINAL_PHASES
+from kvpolicy.api.v1alpha1 import API_VERSION, KIND, TERMINAL_PHASES
 from kvpolicy.demo import scenarios as world
 from kvpolicy.demo.figures import DATA_FILE
 from kvpolicy.demo.gate_progress import SCRAPE_TIMEOUT_SECONDS, canary_requests
