@@ -1,4 +1,5 @@
-"""Inputs and results of the latency analysis, independent of the KVPolicy CRD (the operator maps its spec into these).
+"""Inputs and results of the latency analysis; the operator maps its spec into these (the verdict and onInconclusive
+enums are the API's, so status and analysis share one spelling).
 
 Everything here is plain data: frozen dataclasses with `to_dict()` so the operator can put verdicts in events and
 reports. The operator keeps an `AnalysisState` in the KVPolicy status (LatencyAnalysis) to resume after a restart.

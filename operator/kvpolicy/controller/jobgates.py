@@ -91,7 +91,7 @@ class JobGate:
     timed_out: Callable[[KVPolicySpec], GateResult]
     judge: Callable[[KVPolicySpec, GateResult], Judgement]
     result: Callable[[KVPolicyStatus], GateResult | None]
-    set_result: Callable[[KVPolicyStatus, GateResult], None]
+    set_result: Callable[[KVPolicyStatus, GateResult | None], None]
 
 
 def _readable(report: GateReport, verdicts: tuple[GateVerdict, ...]) -> bool:
@@ -298,15 +298,15 @@ def _probe_judge(spec: KVPolicySpec, result: GateResult) -> Judgement:
     return Judgement(Then.INCONCLUSIVE, ConditionStatus.UNKNOWN, reason, message)
 
 
-def _set_preflight(status: KVPolicyStatus, result: GateResult) -> None:
+def _set_preflight(status: KVPolicyStatus, result: GateResult | None) -> None:
     status.preflight = result
 
 
-def _set_accuracy(status: KVPolicyStatus, result: GateResult) -> None:
+def _set_accuracy(status: KVPolicyStatus, result: GateResult | None) -> None:
     status.accuracy = result
 
 
-def _set_probe(status: KVPolicyStatus, result: GateResult) -> None:
+def _set_probe(status: KVPolicyStatus, result: GateResult | None) -> None:
     if status.latency is not None:
         status.latency.probe = result
 

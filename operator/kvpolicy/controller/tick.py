@@ -217,8 +217,6 @@ def restart(t: Tick, spec_hash: str, why: str) -> None:
             "plan": None,
             "gpu": None,
             "canary": None,
-            "preflight": None,
-            "accuracy": None,
             "latency": None,
             "decision": None,
             "conditions": [],
@@ -227,6 +225,8 @@ def restart(t: Tick, spec_hash: str, why: str) -> None:
             "rollout_started_at": timestamp(t.now),
         }
     )
+    for gate in PHASE_GATES:
+        gate.set_result(t.status, None)
     t.status.message = why
     t.enter(Phase.PLANNING)
 
