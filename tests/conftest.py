@@ -1,4 +1,5 @@
 """Shared fixtures: the emulated Kubernetes cluster (`devcluster`, `devcluster_namespace`), from kvpolicy_dev."""
+
 import atexit
 import os
 import signal

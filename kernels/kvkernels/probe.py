@@ -35,6 +35,10 @@ TERMINATION_LOG_LIMIT = 4096
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
 EXIT_SAFE, EXIT_UNSAFE, EXIT_CANNOT_RUN = 0, 1, 2
 BACKENDS = ("triton", "vllm-fa3")
+# The report is the operator's GateReport (kvpolicy/gates/report.py), written here without depending on kvpolicy;
+# tests/gates/test_gate_report_contract.py holds the two to the same JSON.
+VERDICT_INCONCLUSIVE = "Inconclusive"
+REASON_SAFE, REASON_UNSAFE, REASON_CANNOT_RUN = "AccumulationSafe", "AccumulationUnsafe", "ProbeCouldNotRun"
 
 
 class ProbeUnavailable(RuntimeError):
@@ -88,8 +92,10 @@ class ProbeReport:
         if self.verdict is None:
             raise ValueError("the report has no verdict yet")
         return {
+            "gate": "preflight",
             "verdict": "Safe" if self.verdict.safe else "Unsafe",
-            "reason": self.verdict.reason,
+            "reason": REASON_SAFE if self.verdict.safe else REASON_UNSAFE,
+            "message": self.verdict.reason,
             "backend": self.backend,
             "mode": self.mode,
             "device": self.device,
@@ -103,6 +109,10 @@ class ProbeReport:
             "elapsedSeconds": round(self.elapsed_seconds, 3),
             "note": self.note,
         }
+
+
+def cannot_run_report(message: str) -> dict[str, Any]:
+    return {"gate": "preflight", "verdict": VERDICT_INCONCLUSIVE, "reason": REASON_CANNOT_RUN, "message": message}
 
 
 def probe_lengths(min_len: int, max_len: int) -> list[int]:
@@ -154,7 +164,8 @@ def termination_message(document: dict[str, Any], limit: int = TERMINATION_LOG_L
     text = json.dumps(short, separators=(",", ":"))
     if len(text.encode()) <= limit:
         return text
-    return json.dumps({"verdict": document.get("verdict"), "reason": str(document.get("reason", ""))[:3000]})
+    essentials = {"verdict": document.get("verdict"), "reason": document.get("reason", "")}
+    return json.dumps({**essentials, "message": str(document.get("message", ""))[:3000]})
 
 
 def write_termination_log(document: dict[str, Any], environ: dict[str, str] | None = None) -> Path | None:
@@ -373,8 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = run_probe(args)
     except (ProbeUnavailable, ValueError) as error:
         message = f"probe could not run: {error}"
-        print(json.dumps({"verdict": None, "error": message}) if args.json else message, file=sys.stdout)
-        write_termination_log({"verdict": None, "error": message})
+        document = cannot_run_report(message)
+        print(json.dumps(document) if args.json else message, file=sys.stdout)
+        write_termination_log(document)
         return EXIT_CANNOT_RUN
     document = report.as_json()
     if args.json:

@@ -83,7 +83,7 @@ def test_cpu_run_is_unsafe_past_a_tight_threshold(capsys: pytest.CaptureFixture[
 def test_without_cuda_the_probe_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:
     code = probe.main(["--max-len", "131072", "--head-dim", "128", "--json"])
     assert code == 2
-    assert "no CUDA device" in json.loads(capsys.readouterr().out)["error"]
+    assert "no CUDA device" in json.loads(capsys.readouterr().out)["message"]
 
 
 def test_vllm_backend_without_vllm_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,9 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from kvpolicy import __version__
 from kvpolicy.analysis.model import MeanCheck, RatioCheck, Verdict
 
-# Values the alert rules match on: the operator must record decisions and gates with these exact strings.
-RESULT_PROMOTED = "Promoted"
-RESULT_ROLLED_BACK = "RolledBack"
+# Gate label values the alert rules match on (decision results are the API's DecisionResult).
 GATE_ACCURACY = "accuracy"
 GATE_LATENCY = "latency"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvpolicy.api.reasons import BF16_CAUSES, PlanCode
 from kvpolicy.api.v1alpha1 import (
     AttentionKind,
     GpuFacts,
@@ -245,3 +246,14 @@ def plan(spec: KVPolicySpec, gpu: GpuFacts) -> Plan:
         gates=gates,
         reasons=draft.reasons,
     )
+
+
+def bf16_cause(plan_: Plan) -> PlanReason:
+    """Why a plan holds BF16: its most specific cause (BF16_CAUSES order), else its last reason."""
+    by_code = {reason.code: reason for reason in plan_.reasons}
+    for code in BF16_CAUSES:
+        if code in by_code:
+            return by_code[code]
+    if plan_.reasons:
+        return plan_.reasons[-1]
+    return PlanReason(code=PlanCode.HOLD_BF16, message="the plan keeps BF16")

@@ -18,6 +18,9 @@ from kvpolicy.analysis import (
     assess,
     next_analysis_state,
 )
+from kvpolicy.api.v1alpha1 import LatencyAnalysis
+from kvpolicy.controller.latency_phase import analysis_state, record_check
+from kvpolicy.controller.state import timestamp
 
 CONFIG = LatencyGateConfig(
     ttft_max_ratio=1.2,
@@ -266,7 +269,10 @@ def test_state_counts_and_survives_a_restart() -> None:
     assert state.last_verdict is VerdictKind.BREACH and state.last_reason == "TTFTRatioExceeded"
     assert state.inconclusive_since is None
     assert state.next_check_at(CONFIG) == T0 + timedelta(seconds=150)
-    restored = AnalysisState.from_dict(state.to_dict())
+    # The operator keeps the state in its status (LatencyAnalysis) and reads it back after a restart.
+    latency = LatencyAnalysis(started_at=timestamp(T0))
+    record_check(latency, state, BREACH, T0 + timedelta(seconds=120))
+    restored = analysis_state(LatencyAnalysis.model_validate(latency.to_k8s()))
     assert restored == state
     # The third breach after a restart still rolls back: the streak came back from status.
     _, outcome = next_analysis_state(CONFIG, restored, BREACH, T0 + timedelta(seconds=150))

@@ -52,8 +52,14 @@ def test_a_decision_ends_progress(make_policy: Any) -> None:
 
 
 def test_no_gate_running_shows_the_status_message(make_policy: Any) -> None:
-    progress = _progress(make_policy, "support-chat", {"phase": "Canary", "message": "waiting for the canary pod"})
-    assert (progress.phase, progress.fraction, progress.detail) == ("Canary", None, "waiting for the canary pod")
+    progress = _progress(
+        make_policy, "support-chat", {"phase": "CanaryStarting", "message": "waiting for the canary pod"}
+    )
+    assert (progress.phase, progress.fraction, progress.detail) == (
+        "CanaryStarting",
+        None,
+        "waiting for the canary pod",
+    )
     assert _progress(make_policy, "support-chat", {}).phase == "Pending"
 
 

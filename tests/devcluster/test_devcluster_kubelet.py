@@ -13,7 +13,8 @@ from typing import Any
 import aiohttp
 import kvpolicy
 import pytest
-from kvpolicy_dev.devcluster import TERMINATION_LOG_ENV, ThreadedDevCluster
+from kvpolicy.gates.report import TERMINATION_LOG_ENV
+from kvpolicy_dev.devcluster import ThreadedDevCluster
 
 H200 = {"nvidia.com/gpu.product": "NVIDIA-H200"}
 B200 = {"nvidia.com/gpu.product": "NVIDIA-B200"}

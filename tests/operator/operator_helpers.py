@@ -11,8 +11,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jsonpatch
-from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy
+from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy, Phase
 from kvpolicy.controller.observe import PHASE_NEEDS
+from kvpolicy.controller.rules import rollout_hash
 from kvpolicy.controller.state import (
     Create,
     Delete,
@@ -20,12 +21,11 @@ from kvpolicy.controller.state import (
     Kind,
     Observations,
     Patch,
-    Phase,
     PodView,
     StepConfig,
     StepResult,
 )
-from kvpolicy.controller.step import rollout_hash, step
+from kvpolicy.controller.step import step
 from kvpolicy.gpu import KNOWN_PRODUCTS, gpu_facts
 
 NAMESPACE = "serving"

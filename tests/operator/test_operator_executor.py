@@ -21,8 +21,8 @@ from kvpolicy.controller.executor import (
 from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, ApiError
 from kvpolicy.controller.observe import Observer, gpu_node_selector, job_view, pod_view
 from kvpolicy.controller.reconciler import Reconciler
+from kvpolicy.controller.rules import rollout_hash
 from kvpolicy.controller.state import Create, Delete, Event, Kind, Patch
-from kvpolicy.controller.step import rollout_hash
 from kvpolicy.gpu import KNOWN_PRODUCTS
 from operator_helpers import CONFIG, NAMESPACE, make_policy, policy_spec, target_deployment
 

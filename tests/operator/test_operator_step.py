@@ -7,8 +7,13 @@ from typing import Any
 
 import pytest
 from kvpolicy.analysis import LatencyGateConfig, SideMetrics, Verdict, VerdictKind, assess
+from kvpolicy.api.reasons import GateReason
+from kvpolicy.api.v1alpha1 import GateVerdict, LatencyAnalysis
+from kvpolicy.controller.latency_phase import analysis_state
+from kvpolicy.controller.rules import latency_check_due, phase_deadline, rollout_hash
 from kvpolicy.controller.state import Create, Delete, Kind, Patch, PodView
-from kvpolicy.controller.step import latency_check_due, parse_gate_output, phase_deadline, rollout_hash, step
+from kvpolicy.controller.step import step
+from kvpolicy.gates.report import read_report
 from operator_helpers import (
     CONFIG,
     PATCHED_IMAGE,
@@ -477,12 +482,12 @@ def test_history_keeps_the_last_ten_decisions() -> None:
 
 def test_gate_output_parsing_takes_the_last_json_line() -> None:
     logs = 'starting\n{"verdict": "Pass", "recovery": 0.97}\n'
-    assert parse_gate_output(JobView("j", succeeded=True, termination_message=logs)) == {
-        "verdict": "Pass",
-        "recovery": 0.97,
-    }
-    assert parse_gate_output(JobView("j", failed=True, termination_message="Killed")) is None
-    assert parse_gate_output(JobView("j", failed=True)) is None
+    report = read_report(JobView("j", succeeded=True, termination_message=logs).termination_message)
+    assert (report.verdict, report.recovery) == (GateVerdict.PASS, 0.97)
+    killed = read_report(JobView("j", failed=True, termination_message="Killed").termination_message)
+    assert (killed.verdict, killed.reason) == (GateVerdict.INCONCLUSIVE, GateReason.REPORT_UNREADABLE)
+    silent = read_report(JobView("j", failed=True).termination_message)
+    assert (silent.verdict, silent.reason) == (GateVerdict.INCONCLUSIVE, GateReason.REPORT_MISSING)
 
 
 def test_canary_pods_count_only_when_ready() -> None:
@@ -578,3 +583,26 @@ def test_status_ratios_are_what_the_gate_compared() -> None:
     ratios = driver.policy.status.latency.last.ratios
     assert set(ratios) == {"ttft_p50", "ttft_p95", "itl_mean"}
     assert ratios["itl_mean"] == pytest.approx(1.3)
+
+
+def test_the_latency_analysis_is_resumed_from_a_status_written_by_hand() -> None:
+    status = {
+        "startedAt": "2026-01-01T12:00:00Z",
+        "checks": 2,
+        "last": {"verdict": "NoData", "at": "2026-01-01T12:01:00Z"},
+    }
+    state = analysis_state(LatencyAnalysis.model_validate(status))
+    assert state.started_at == T0 and state.last_check_at == T0 + timedelta(minutes=1)
+    assert state.checks == 2 and state.passes == 0 and state.last_verdict == VerdictKind.NO_DATA
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [
+        ({"startedAt": "yesterday"}, "Invalid isoformat string"),
+        ({"startedAt": "2026-01-01T12:00:00Z", "last": {"verdict": "Maybe"}}, "Pass', 'Breach', 'NoData' or"),
+    ],
+)
+def test_a_latency_analysis_status_that_is_no_state_is_rejected(status: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        analysis_state(LatencyAnalysis.model_validate(status))

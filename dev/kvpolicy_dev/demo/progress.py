@@ -11,11 +11,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from kvpolicy.api.v1alpha1 import KVPolicy
-from kvpolicy.controller.state import Phase
+from kvpolicy.api.v1alpha1 import GateVerdict, KVPolicy, Phase
 
 BAR_WIDTH = 20
-RUNNING = "Running"
 ACCURACY_PHASE = Phase.ACCURACY_GATE.value
 LATENCY_PHASE = Phase.LATENCY_ANALYSIS.value
 # Wide enough for every phase the operator writes, so lines printed at different times line up.
@@ -56,10 +54,10 @@ def policy_progress(policy: KVPolicy, now: datetime, gate_prompts: int | None = 
         decision = status.decision
         return PolicyProgress(name, phase, decision.result, f"{decision.result}: {decision.reason}", None, True)
     accuracy = status.accuracy
-    if phase == ACCURACY_PHASE and accuracy is not None and accuracy.verdict == RUNNING:
+    if phase == ACCURACY_PHASE and accuracy is not None and accuracy.verdict == GateVerdict.RUNNING:
         limit = policy.spec.gates.accuracy.max_samples
         samples = gate_prompts if gate_prompts is not None else (accuracy.samples or 0)
-        length = accuracy.length_tokens or policy.spec.accuracy_length
+        length = accuracy.length_tokens or policy.spec.capped_accuracy_length
         detail = f"accuracy gate: {samples}/{limit} NIAH prompts at {length:,} tokens"
         return PolicyProgress(name, phase, "accuracy gate", detail, min(1.0, samples / limit), False)
     latency = status.latency

@@ -24,8 +24,7 @@ from typing import Any, TextIO
 
 import aiohttp
 from kvpolicy.api.crd import crd_object
-from kvpolicy.api.v1alpha1 import API_VERSION, KIND
-from kvpolicy.controller.state import TERMINAL_PHASES
+from kvpolicy.api.v1alpha1 import API_VERSION, KIND, TERMINAL_PHASES
 
 from kvpolicy_dev.demo import scenarios as world
 from kvpolicy_dev.demo.figures import DATA_FILE

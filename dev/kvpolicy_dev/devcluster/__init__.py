@@ -6,7 +6,6 @@ stand-in that runs Deployments and Jobs as local processes. See README.md beside
 
 from kvpolicy_dev.devcluster.apiserver import EmulatedApiServer, Fault
 from kvpolicy_dev.devcluster.cluster import DevCluster, ThreadedDevCluster, default_pools, kubeconfig_text
-from kvpolicy_dev.devcluster.kubelet import TERMINATION_LOG_ENV
 from kvpolicy_dev.devcluster.nodes import CPU_POOL, POOL_LABEL, NodePool
 from kvpolicy_dev.devcluster.runners import (
     GPU_MODELS,
@@ -22,7 +21,6 @@ __all__ = [
     "GPU_MODELS",
     "GPU_PRODUCT_LABEL",
     "POOL_LABEL",
-    "TERMINATION_LOG_ENV",
     "ApiError",
     "ContainerRunner",
     "DevCluster",

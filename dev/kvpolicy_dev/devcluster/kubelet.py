@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from kvpolicy.gates.report import TERMINATION_LOG_ENV, TERMINATION_LOG_LIMIT
 
 from kvpolicy_dev.devcluster.nodes import (
     POOL_LABEL,
@@ -56,9 +57,7 @@ def _kill_stray_process_groups() -> None:
             os.killpg(process_group, signal.SIGKILL)
 
 
-TERMINATION_LOG_ENV = "KVPOLICY_TERMINATION_LOG"
 HASH_LABEL = "pod-template-hash"
-TERMINATION_MESSAGE_LIMIT = 4096
 HEALTH_POLL_SECONDS = 0.05
 STOP_GRACE_SECONDS = 3.0
 LOG_READ_LIMIT = 1 << 20
@@ -645,11 +644,11 @@ class Kubelet:
 
     def _termination_message(self, runtime: PodRuntime, container: Mapping[str, Any], exit_code: int) -> str:
         if runtime.termination_log.exists():
-            message = runtime.termination_log.read_bytes()[:TERMINATION_MESSAGE_LIMIT].decode(errors="replace")
+            message = runtime.termination_log.read_bytes()[:TERMINATION_LOG_LIMIT].decode(errors="replace")
             if message:
                 return message
         if exit_code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
-            return self._log_tail(runtime, TERMINATION_MESSAGE_LIMIT)
+            return self._log_tail(runtime, TERMINATION_LOG_LIMIT)
         return ""
 
     @staticmethod

@@ -11,20 +11,19 @@ from kvpolicy.analysis.model import (
     AnalysisState,
     LatencyGateConfig,
     MeanCheck,
-    OnInconclusive,
     Outcome,
     ProviderUnavailableError,
     RatioCheck,
     SideMetrics,
     SideSelector,
     Verdict,
-    VerdictKind,
     parse_ratio,
     quantile_label,
 )
 from kvpolicy.analysis.prometheus import DEFAULT_SELECTOR_TEMPLATE, PrometheusProvider
 from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.analysis.verdicts import assess, next_analysis_state
+from kvpolicy.api.v1alpha1 import OnInconclusive, VerdictKind
 
 __all__ = [
     "DEFAULT_QUANTILES",

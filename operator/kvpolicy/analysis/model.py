@@ -1,7 +1,8 @@
-"""Inputs and results of the latency analysis, independent of the KVPolicy CRD (the operator maps its spec into these).
+"""Inputs and results of the latency analysis; the operator maps its spec into these (the verdict and onInconclusive
+enums are the API's, so status and analysis share one spelling).
 
 Everything here is plain data: frozen dataclasses with `to_dict()` so the operator can put verdicts in events and
-status, and `AnalysisState.from_dict()` so it can resume an analysis after a restart.
+reports. The operator keeps an `AnalysisState` in the KVPolicy status (LatencyAnalysis) to resume after a restart.
 """
 
 from __future__ import annotations
@@ -9,27 +10,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from kvpolicy.api.v1alpha1 import OnInconclusive, VerdictKind
+
 DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.95)
-
-
-class VerdictKind(StrEnum):
-    PASS = "Pass"
-    BREACH = "Breach"
-    NO_DATA = "NoData"
-    PROVIDER_UNAVAILABLE = "ProviderUnavailable"
-
-    @property
-    def conclusive(self) -> bool:
-        return self in (VerdictKind.PASS, VerdictKind.BREACH)
-
-
-class OnInconclusive(StrEnum):
-    HOLD = "Hold"
-    ROLLBACK = "Rollback"
 
 
 class Action(StrEnum):
@@ -376,20 +363,6 @@ class Verdict:
         }
 
 
-def _timestamp(value: datetime | None) -> str | None:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
-
-
-def _parse_timestamp(value: Any, key: str) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"analysis state: {key}={value!r} is not an RFC 3339 timestamp") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
 @dataclass(frozen=True)
 class AnalysisState:
     """Progress of one analysis, kept in the KVPolicy status between checks (timestamps are timezone-aware)."""
@@ -415,50 +388,6 @@ class AnalysisState:
         if self.last_check_at is None:
             return self.started_at
         return self.last_check_at + timedelta(seconds=config.interval_seconds)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "startedAt": _timestamp(self.started_at),
-            "checks": self.checks,
-            "passes": self.passes,
-            "breaches": self.breaches,
-            "inconclusive": self.inconclusive,
-            "consecutiveBreaches": self.consecutive_breaches,
-            "inconclusiveSince": _timestamp(self.inconclusive_since),
-            "lastCheckAt": _timestamp(self.last_check_at),
-            "lastVerdict": self.last_verdict.value if self.last_verdict else None,
-            "lastReason": self.last_reason,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> AnalysisState:
-        started_at = _parse_timestamp(data.get("startedAt"), "startedAt")
-        if started_at is None:
-            raise ValueError("analysis state: startedAt is missing")
-        counts: dict[str, int] = {}
-        for key in ("checks", "passes", "breaches", "inconclusive", "consecutiveBreaches"):
-            value = data.get(key, 0)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"analysis state: {key}={value!r} must be a non-negative integer")
-            counts[key] = value
-        last_verdict = data.get("lastVerdict")
-        try:
-            verdict = VerdictKind(last_verdict) if last_verdict is not None else None
-        except ValueError:
-            known = [kind.value for kind in VerdictKind]
-            raise ValueError(f"analysis state: lastVerdict={last_verdict!r} is not one of {known}") from None
-        return cls(
-            started_at=started_at,
-            checks=counts["checks"],
-            passes=counts["passes"],
-            breaches=counts["breaches"],
-            inconclusive=counts["inconclusive"],
-            consecutive_breaches=counts["consecutiveBreaches"],
-            inconclusive_since=_parse_timestamp(data.get("inconclusiveSince"), "inconclusiveSince"),
-            last_check_at=_parse_timestamp(data.get("lastCheckAt"), "lastCheckAt"),
-            last_verdict=verdict,
-            last_reason=data.get("lastReason"),
-        )
 
 
 @dataclass(frozen=True)

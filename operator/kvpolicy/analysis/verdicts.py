@@ -18,15 +18,14 @@ from kvpolicy.analysis.model import (
     AnalysisState,
     LatencyGateConfig,
     MeanCheck,
-    OnInconclusive,
     Outcome,
     RatioCheck,
     SideMetrics,
     Verdict,
-    VerdictKind,
     describe_unresolved,
     quantile_label,
 )
+from kvpolicy.api.v1alpha1 import OnInconclusive, VerdictKind
 
 
 def _no_data(reason: str, message: str, canary: SideMetrics, baseline: SideMetrics) -> Verdict:

@@ -26,6 +26,9 @@ PLURAL = "kvpolicies"
 SINGULAR = "kvpolicy"
 SHORT_NAMES = ("kvp",)
 
+# A gate asks for a short answer after its prompt: both must fit in the model's length.
+ANSWER_HEADROOM_TOKENS = 128
+
 DECIMAL_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
 _DECIMAL_RE = re.compile(DECIMAL_PATTERN)
 
@@ -128,6 +131,77 @@ class Traffic(StrEnum):
 class Approval(StrEnum):
     AUTOMATIC = "Automatic"
     MANUAL = "Manual"
+
+
+class Phase(StrEnum):
+    """status.phase: Planning -> HeldBF16 | CanaryStarting -> [GpuPreflight] -> [AccuracyGate] -> LatencyAnalysis
+    -> [AwaitingApproval] -> Promoting -> Promoted, and from anywhere before the promotion: RollingBack ->
+    RolledBack."""
+
+    PLANNING = "Planning"
+    HELD_BF16 = "HeldBF16"
+    CANARY_STARTING = "CanaryStarting"
+    GPU_PREFLIGHT = "GpuPreflight"
+    ACCURACY_GATE = "AccuracyGate"
+    LATENCY_ANALYSIS = "LatencyAnalysis"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    PROMOTING = "Promoting"
+    PROMOTED = "Promoted"
+    ROLLING_BACK = "RollingBack"
+    ROLLED_BACK = "RolledBack"
+
+
+TERMINAL_PHASES = frozenset({Phase.HELD_BF16, Phase.PROMOTED, Phase.ROLLED_BACK})
+
+
+class GateVerdict(StrEnum):
+    """What a gate Job reported (its GateReport), or Running while it runs. Error: it ended without a verdict."""
+
+    RUNNING = "Running"
+    PASS = "Pass"
+    FAIL = "Fail"
+    BREACH = "Breach"
+    SAFE = "Safe"
+    UNSAFE = "Unsafe"
+    INCONCLUSIVE = "Inconclusive"
+    ERROR = "Error"
+
+
+class VerdictKind(StrEnum):
+    """A latency analysis check's verdict."""
+
+    PASS = "Pass"
+    BREACH = "Breach"
+    NO_DATA = "NoData"
+    PROVIDER_UNAVAILABLE = "ProviderUnavailable"
+
+    @property
+    def conclusive(self) -> bool:
+        return self in (VerdictKind.PASS, VerdictKind.BREACH)
+
+
+class DecisionResult(StrEnum):
+    PROMOTED = "Promoted"
+    ROLLED_BACK = "RolledBack"
+    HELD_BF16 = "HeldBF16"
+
+
+class ConditionType(StrEnum):
+    PLANNED = "Planned"
+    CANARY_READY = "CanaryReady"
+    CAPACITY_AVAILABLE = "CapacityAvailable"
+    PREFLIGHT_PASSED = "PreflightPassed"
+    ACCURACY_GATE_PASSED = "AccuracyGatePassed"
+    LATENCY_GATE_PASSED = "LatencyGatePassed"
+    PROMOTED = "Promoted"
+    ROLLED_BACK = "RolledBack"
+    PAUSED = "Paused"
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
 
 
 # ----------------------------------------------------------------------------------------------------------- spec
@@ -399,7 +473,14 @@ class KVPolicySpec(_Model):
 
     @property
     def accuracy_length(self) -> int:
+        """The longest context the gates must vouch for (the GPU probe measures attention up to it). The prompts the
+        gate tools send are `capped_accuracy_length`."""
         return self.gates.accuracy.length_tokens or self.workload.max_context_tokens
+
+    @property
+    def capped_accuracy_length(self) -> int:
+        """The longest prompt a gate sends: `accuracy_length`, less room for the answer when it would not fit."""
+        return max(1, min(self.accuracy_length, self.model.max_model_len - ANSWER_HEADROOM_TOKENS))
 
 
 # --------------------------------------------------------------------------------------------------------- status
@@ -473,7 +554,7 @@ class Condition(_Model):
 class GateResult(_Model):
     """A finished (or running) gate: accuracy, GPU preflight or latency probe."""
 
-    verdict: str = Field(description="Pass, Fail, Inconclusive (or Running).")
+    verdict: GateVerdict = Field(description="Pass, Fail, Breach, Safe, Unsafe, Inconclusive, Error (or Running).")
     reason: str = ""
     message: str = ""
     job: str | None = None
@@ -488,7 +569,7 @@ class GateResult(_Model):
 
 
 class LatencyCheck(_Model):
-    verdict: str = Field(description="Pass, Breach, NoData or ProviderUnavailable.")
+    verdict: VerdictKind = Field(description="Pass, Breach, NoData or ProviderUnavailable.")
     reason: str = ""
     message: str = ""
     ratios: dict[str, float] = Field(default_factory=dict, description="e.g. ttft_p95: canary/baseline.")
@@ -519,7 +600,7 @@ class PodTemplateRecord(_Model):
 
 
 class Decision(_Model):
-    result: str = Field(description="Promoted, RolledBack or HeldBF16.")
+    result: DecisionResult = Field(description="Promoted, RolledBack or HeldBF16.")
     reason: str
     message: str = ""
     generation: int | None = None
@@ -536,7 +617,7 @@ class CanaryRef(_Model):
 class KVPolicyStatus(_Model):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
-    phase: str | None = None
+    phase: Phase | None = None
     phase_entered_at: str | None = None
     observed_generation: int | None = None
     message: str | None = None

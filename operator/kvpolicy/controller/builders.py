@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpolicy.api.v1alpha1 import API_VERSION, KIND, KVPolicySpec, Plan, PodTemplateRecord
+from kvpolicy.gates.report import DEFAULT_TERMINATION_LOG
 
 Obj = dict[str, Any]
 
@@ -31,9 +32,7 @@ DEFAULT_SERVING_PORT = 8000
 KV_FLAGS = ("--kv-cache-dtype", "--kv-cache-dtype-skip-layers", "--attention-backend")
 # Flags whose value is a list of tokens (until the next flag) rather than one token.
 MULTI_VALUE_FLAGS = frozenset({"--kv-cache-dtype-skip-layers"})
-GATE_TERMINATION_LOG = "/dev/termination-log"
-# The accuracy gate asks for a short answer after its prompt: both must fit in the model's length.
-ANSWER_HEADROOM_TOKENS = 128
+GATE_TERMINATION_LOG = str(DEFAULT_TERMINATION_LOG)
 
 
 def child_name(policy: str, suffix: str) -> str:
@@ -51,8 +50,9 @@ def canary_name(policy: str, generation: int) -> str:
     return child_name(policy, f"canary-g{generation}")
 
 
-def baseline_service_name(policy: str) -> str:
-    return child_name(policy, "baseline")
+def baseline_service_name(policy: str, generation: int) -> str:
+    """The gates' view of the target's pods, one per rollout (its canary's generation)."""
+    return child_name(policy, f"baseline-g{generation}")
 
 
 def job_name(policy: str, gate: str, generation: int) -> str:
@@ -303,11 +303,11 @@ def canary_service(policy: PolicyRef, name: str, port: int) -> Obj:
     return _service(policy, name, ROLE_CANARY, {POLICY_LABEL: policy.name, CANARY_LABEL: name}, port)
 
 
-def baseline_service(policy: PolicyRef, target: Mapping[str, Any], port: int) -> Obj:
+def baseline_service(policy: PolicyRef, target: Mapping[str, Any], port: int, generation: int) -> Obj:
     """The gates' view of the target's pods. It selects what the target's Deployment selects, which the canary's pods
     only match once they have joined (ReplicaRatio, after the accuracy gate)."""
     selector = target["spec"]["selector"].get("matchLabels") or template_labels(target)
-    return _service(policy, baseline_service_name(policy.name), ROLE_BASELINE, selector, port)
+    return _service(policy, baseline_service_name(policy.name, generation), ROLE_BASELINE, selector, port)
 
 
 # ------------------------------------------------------------------------------------------------------- gate Jobs
@@ -361,11 +361,6 @@ def gate_job(policy: PolicyRef, job: GateJob) -> Obj:
 GATE_RESOURCES: Obj = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 
 
-def accuracy_length(spec: KVPolicySpec) -> int:
-    """The gate's prompt length: the workload's longest, less room for the answer when it would not fit."""
-    return max(1, min(spec.accuracy_length, spec.model.max_model_len - ANSWER_HEADROOM_TOKENS))
-
-
 def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]:
     accuracy = spec.gates.accuracy
     return [
@@ -377,7 +372,7 @@ def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> 
         "--baseline",
         baseline_url,
         "--length",
-        str(accuracy_length(spec)),
+        str(spec.capped_accuracy_length),
         "--model",
         spec.model.served_model_name,
         "--min-recovery",
@@ -391,14 +386,14 @@ def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> 
 
 def latency_lengths(spec: KVPolicySpec) -> list[int]:
     """Prompt lengths the latency probe fits its curves over (at least three): spread up to the longest prompt."""
-    longest = accuracy_length(spec)
+    longest = spec.capped_accuracy_length
     lengths = {max(1, longest // 16), max(1, longest // 4), min(spec.workload.typical_tokens, longest), longest}
     return sorted(lengths)
 
 
 def latency_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]:
     latency = spec.gates.latency
-    longest = accuracy_length(spec)
+    longest = spec.capped_accuracy_length
     workload = sorted({min(spec.workload.typical_tokens, longest), longest})
     return [
         "kvpolicy",
@@ -422,6 +417,8 @@ def latency_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> l
 
 
 def preflight_command(spec: KVPolicySpec) -> list[str]:
+    """The probe measures attention up to the full context the gates vouch for: it sends no prompt, so it needs no
+    room for an answer (hence the uncapped `accuracy_length`)."""
     return [
         "python",
         "-m",

@@ -15,6 +15,7 @@ from typing import Any
 import kopf
 
 from kvpolicy import __version__, metrics
+from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
 from kvpolicy.controller.executor import post_events
 from kvpolicy.controller.kube import ApiError, Credentials, HttpKubeApi
@@ -138,5 +139,5 @@ async def deleted(body: kopf.Body, memo: Any, **_: Any) -> None:
             raise kopf.TemporaryError(str(error), delay=reconciler.config.poll_seconds) from error
         raise kopf.PermanentError(str(error)) from error
     await post_events(
-        reconciler.api, raw, [Event("Normal", "Deleted", f"children removed; {stated}")], reconciler.clock()
+        reconciler.api, raw, [Event("Normal", Reason.DELETED, f"children removed; {stated}")], reconciler.clock()
     )

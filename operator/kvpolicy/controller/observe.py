@@ -15,21 +15,23 @@ from kvpolicy.analysis import (
     Verdict,
     run_check,
 )
-from kvpolicy.api.v1alpha1 import KVPolicy, LatencyProvider
+from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, KVPolicy, LatencyProvider, Phase
 from kvpolicy.controller import builders as b
+from kvpolicy.controller.jobgates import PHASE_GATES
 from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, NODES, PODS, SERVICES, KubeApi, label_selector
-from kvpolicy.controller.state import TERMINAL_PHASES, JobView, Observations, Phase, PodView
-from kvpolicy.controller.step import latency_check_due, latency_gate_config, rollout_hash
+from kvpolicy.controller.rules import latency_check_due, latency_gate_config, rollout_hash
+from kvpolicy.controller.state import JobView, Observations, PodView
 from kvpolicy.gpu import PRESENT_LABEL, gpu_facts
 
 Obj = dict[str, Any]
 GPU_PRESENT = {PRESENT_LABEL: "true"}
 JOB_NAME_LABEL = "job-name"
+# The scheduler's PodScheduled reason for a pod it cannot place (Kubernetes', not one of ours).
+POD_UNSCHEDULABLE = "Unschedulable"
 # What each phase's step looks at beyond the target (fewer requests per pass: 1,000 policies poll one API server).
 PHASE_NEEDS: dict[Phase, frozenset[str]] = {
     Phase.CANARY_STARTING: frozenset({"canary", "pods", "services"}),
-    Phase.GPU_PREFLIGHT: frozenset({"jobs"}),
-    Phase.ACCURACY_GATE: frozenset({"jobs"}),
+    **{gate.phase: frozenset({"jobs"}) for gate in PHASE_GATES},
     Phase.LATENCY_ANALYSIS: frozenset({"canary", "pods", "jobs"}),
     Phase.PROMOTING: frozenset({"canary", "services"}),
     Phase.ROLLING_BACK: frozenset({"canary", "services", "jobs"}),
@@ -47,8 +49,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     ready = _condition(pod, "Ready")
     scheduled = _condition(pod, "PodScheduled")
     unschedulable = None
-    if scheduled and scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
-        unschedulable = str(scheduled.get("message") or "Unschedulable")
+    if scheduled and scheduled.get("status") == "False" and scheduled.get("reason") == POD_UNSCHEDULABLE:
+        unschedulable = str(scheduled.get("message") or POD_UNSCHEDULABLE)
     return PodView(
         name=pod["metadata"]["name"],
         ip=(pod.get("status") or {}).get("podIP"),
@@ -147,7 +149,7 @@ class Observer:
         namespace = str(policy.metadata.get("namespace", ""))
         name = str(policy.metadata.get("name", ""))
         restarting = status.spec_hash != rollout_hash(policy.spec)
-        phase = Phase.PLANNING if restarting or not status.phase else Phase(status.phase)
+        phase = Phase.PLANNING if restarting or status.phase is None else status.phase
         if phase in TERMINAL_PHASES - {Phase.HELD_BF16}:
             return Observations(now=now)
         target = await self.api.get(DEPLOYMENTS, namespace, policy.spec.target_ref.name)

@@ -19,13 +19,15 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from kvpolicy import metrics
-from kvpolicy.api.v1alpha1 import KVPolicy
+from kvpolicy.api.reasons import Reason
+from kvpolicy.api.v1alpha1 import GateVerdict, KVPolicy, Phase
 from kvpolicy.controller import builders as b
 from kvpolicy.controller.executor import apply_actions, post_events, write_status
 from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, label_selector
 from kvpolicy.controller.observe import LatencyAnalyser, Observer
-from kvpolicy.controller.state import Event, Observations, Phase, StepConfig, StepResult, parse_timestamp
-from kvpolicy.controller.step import phase_deadline, step
+from kvpolicy.controller.rules import phase_deadline
+from kvpolicy.controller.state import Event, Observations, StepConfig, StepResult, parse_timestamp
+from kvpolicy.controller.step import step
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -136,7 +138,7 @@ class Reconciler:
         except ValidationError as error:
             # The API server's schema should have refused it; say what is wrong and wait for a fix.
             message = f"invalid KVPolicy: {error.errors()[0]['msg']} at {error.errors()[0]['loc']}"
-            await post_events(self.api, raw, [Event("Warning", "InvalidSpec", message)], self.clock())
+            await post_events(self.api, raw, [Event("Warning", Reason.INVALID_SPEC, message)], self.clock())
             return self.config.idle_seconds
         now = self.clock()
         observations = await self.observer.observe(policy, now)
@@ -155,7 +157,7 @@ class Reconciler:
         namespace, name = str(policy.metadata["namespace"]), str(policy.metadata["name"])
         before, after = policy.status, result.status
         uid = str(policy.metadata.get("uid"))
-        self._phases[uid] = after.phase or Phase.PLANNING.value
+        self._phases[uid] = after.phase or Phase.PLANNING
         metrics.set_policies_by_phase(Counter(self._phases.values()))
         if after.decision is not None and after.decision != before.decision:
             metrics.record_decision(after.decision.result, after.decision.reason, namespace, name)
@@ -167,12 +169,13 @@ class Reconciler:
         new_probe = after.latency.probe if after.latency else None
         if (
             new_probe is not None
-            and new_probe.verdict != "Running"
-            and (old_probe is None or old_probe.verdict == "Running")
+            and new_probe.verdict != GateVerdict.RUNNING
+            and (old_probe is None or old_probe.verdict == GateVerdict.RUNNING)
         ):
             metrics.record_gate_result(name, namespace, metrics.GATE_LATENCY, new_probe.verdict, None, None, None)
         old, new = before.accuracy, after.accuracy
-        if new is not None and new.verdict != "Running" and (old is None or old.verdict == "Running"):
+        running = GateVerdict.RUNNING
+        if new is not None and new.verdict != running and (old is None or old.verdict == running):
             metrics.record_gate_result(
                 name, namespace, metrics.GATE_ACCURACY, new.verdict, new.recovery, new.canary_score, new.baseline_score
             )
@@ -181,7 +184,7 @@ class Reconciler:
         metrics.set_phase_deadline(namespace, name, after.phase or "", deadline.timestamp() if deadline else None)
         if observations.latency_verdict is not None:
             metrics.record_analysis(namespace, name, observations.latency_verdict)
-        elif after.phase != Phase.LATENCY_ANALYSIS.value and before.phase == Phase.LATENCY_ANALYSIS.value:
+        elif after.phase != Phase.LATENCY_ANALYSIS and before.phase == Phase.LATENCY_ANALYSIS:
             metrics.clear_analysis(namespace, name)
 
     # -------------------------------------------------------------------------------------------------- deletion
@@ -203,7 +206,7 @@ class Reconciler:
         if target is None:
             return f"target Deployment {policy.spec.target_ref.name} does not exist"
         previous = policy.status.previous_template
-        if policy.status.phase == Phase.ROLLING_BACK.value and previous is not None:
+        if policy.status.phase == Phase.ROLLING_BACK and previous is not None:
             patch = b.container_patch(target, policy.spec.target_ref.container, previous)
             await self.api.patch(DEPLOYMENTS, namespace, target["metadata"]["name"], patch, "json")
             return f"{policy.spec.target_ref.name} restored to its recorded BF16 configuration (image {previous.image})"

@@ -1,4 +1,4 @@
-"""What the pure step sees and says: phases, observations of the cluster, actions, and the step's result."""
+"""What the pure step sees and says: observations of the cluster, actions, and the step's result."""
 
 from __future__ import annotations
 
@@ -12,27 +12,6 @@ from kvpolicy.analysis import Verdict
 from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicyStatus
 
 Obj = dict[str, Any]
-
-
-class Phase(StrEnum):
-    PLANNING = "Planning"
-    HELD_BF16 = "HeldBF16"
-    CANARY_STARTING = "CanaryStarting"
-    GPU_PREFLIGHT = "GpuPreflight"
-    ACCURACY_GATE = "AccuracyGate"
-    LATENCY_ANALYSIS = "LatencyAnalysis"
-    AWAITING_APPROVAL = "AwaitingApproval"
-    PROMOTING = "Promoting"
-    PROMOTED = "Promoted"
-    ROLLING_BACK = "RollingBack"
-    ROLLED_BACK = "RolledBack"
-
-
-TERMINAL_PHASES = frozenset({Phase.HELD_BF16, Phase.PROMOTED, Phase.ROLLED_BACK})
-# Phases with a canary running: they watch it, and `paused` holds them.
-CANARY_PHASES = frozenset(
-    {Phase.CANARY_STARTING, Phase.GPU_PREFLIGHT, Phase.ACCURACY_GATE, Phase.LATENCY_ANALYSIS, Phase.AWAITING_APPROVAL}
-)
 
 
 class Kind(StrEnum):

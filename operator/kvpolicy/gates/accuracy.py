@@ -17,6 +17,7 @@ import aiohttp
 
 from kvpolicy.gates import niah
 from kvpolicy.gates.client import EndpointUnavailable, RequestRejected, VllmClient
+from kvpolicy.gates.report import GateError
 from kvpolicy.gates.stats import PairedCounts, RecoveryInterval, recovery_interval
 
 ANSWER_TOKENS = 64
@@ -38,14 +39,6 @@ class AccuracyOptions:
     needles: int = 8
     asked: int = 4
     retry_delays_s: tuple[float, ...] = (0.2, 0.5, 1.0)
-
-
-class GateError(Exception):
-    """Ends the gate as Inconclusive with a reason code."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 async def sized_prompt(client: VllmClient, sample: niah.NiahSample, length: int) -> str:

@@ -14,9 +14,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from kvpolicy.gates.accuracy import GateError
 from kvpolicy.gates.client import EndpointUnavailable, RequestRejected, VllmClient
 from kvpolicy.gates.niah import FILLER
+from kvpolicy.gates.report import GateError
 
 
 @dataclass(frozen=True)

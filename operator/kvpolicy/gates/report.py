@@ -1,28 +1,80 @@
-"""A gate's result: one JSON object on stdout, also in the pod's termination log, and an exit code."""
+"""A gate's result, the contract between the gate tools and the operator: one `GateReport` as compact JSON on stdout,
+also in the pod's termination log (Kubernetes keeps at most 4 KiB), and an exit code.
+
+Every gate writes it through `emit`; the operator reads it back with `read_report`, which never raises: a missing,
+unreadable or oversized report is an Inconclusive report with a `REPORT_PROBLEMS` reason. The GPU probe
+(`kvkernels.probe`, a separate distribution) writes the same JSON with its own writer; a contract test holds it to this
+model.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from kvpolicy.api.reasons import GateReason
+from kvpolicy.api.v1alpha1 import GateVerdict
 
 TERMINATION_LOG_ENV = "KVPOLICY_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
 TERMINATION_LOG_LIMIT = 4096
 
-EXIT_CODES = {"Pass": 0, "Fail": 1, "Breach": 1, "Inconclusive": 2}
+EXIT_CODES = {
+    GateVerdict.PASS: 0,
+    GateVerdict.SAFE: 0,
+    GateVerdict.FAIL: 1,
+    GateVerdict.BREACH: 1,
+    GateVerdict.UNSAFE: 1,
+    GateVerdict.INCONCLUSIVE: 2,
+}
 
 
-def render(result: dict[str, Any]) -> str:
-    """Compact JSON within the termination-log limit (Kubernetes keeps at most 4 KiB): shorten the message if needed."""
-    text = json.dumps(result, separators=(",", ":"))
+class GateReport(BaseModel):
+    """What a gate concluded: a verdict, a CamelCase reason, a sentence, and the figures the operator records.
+    Gate-specific figures beyond these (fits, per-length detail) ride along as extra camelCase keys."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+    gate: str | None = None
+    verdict: GateVerdict
+    reason: str = Field(default="", pattern=r"^([A-Za-z][A-Za-z0-9_]*)?$")
+    message: str = ""
+    length_tokens: int | None = None
+    samples: int | None = None
+    canary_score: float | None = None
+    baseline_score: float | None = None
+    recovery: float | None = None
+    recovery_low: float | None = None
+    recovery_high: float | None = None
+
+    @classmethod
+    def problem(cls, reason: GateReason, message: str) -> GateReport:
+        return cls(verdict=GateVerdict.INCONCLUSIVE, reason=reason, message=message)
+
+
+class GateError(Exception):
+    """Ends a gate as Inconclusive with a reason code."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def render(report: GateReport) -> str:
+    """Compact JSON within the termination-log limit: shorten the message if needed."""
+    document = report.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    text = json.dumps(document, separators=(",", ":"))
     overflow = len(text.encode()) - TERMINATION_LOG_LIMIT
-    if overflow > 0 and isinstance(result.get("message"), str):
-        message: str = result["message"]
-        text = json.dumps(
-            {**result, "message": message[: max(0, len(message) - overflow - 3)] + "..."}, separators=(",", ":")
-        )
+    if overflow > 0:
+        message = report.message
+        document["message"] = message[: max(0, len(message) - overflow - 3)] + "..."
+        text = json.dumps(document, separators=(",", ":"))
     return text
 
 
@@ -33,11 +85,41 @@ def termination_log_path() -> Path | None:
     return DEFAULT_TERMINATION_LOG if DEFAULT_TERMINATION_LOG.exists() else None
 
 
-def emit(result: dict[str, Any]) -> int:
-    """Print the result, write the termination log, and return the exit code for its verdict."""
-    text = render(result)
+def emit(result: GateReport | Mapping[str, Any]) -> int:
+    """Print the report, write the termination log, and return the exit code for its verdict. A gate's dict is held
+    to the contract here: one that is no GateReport fails loudly in the gate, not silently in the operator."""
+    report = result if isinstance(result, GateReport) else GateReport.model_validate(result)
+    text = render(report)
     print(text, flush=True)
     path = termination_log_path()
     if path is not None:
         path.write_text(text)
-    return EXIT_CODES[result["verdict"]]
+    return EXIT_CODES.get(report.verdict, 2)
+
+
+def _parse(text: str) -> GateReport | None:
+    try:
+        return GateReport.model_validate_json(text)
+    except ValidationError:
+        return None
+
+
+def read_report(text: str | None) -> GateReport:
+    """The report a gate's pod left in its termination message. With FallbackToLogsOnError the message may be the log
+    tail, so the last line holding a report wins. Never raises."""
+    if not text or not text.strip():
+        return GateReport.problem(GateReason.REPORT_MISSING, "the gate wrote no report")
+    size = len(text.encode())
+    if size > TERMINATION_LOG_LIMIT:
+        return GateReport.problem(
+            GateReason.REPORT_TOO_LARGE,
+            f"the gate's report is {size} bytes, over the {TERMINATION_LOG_LIMIT}-byte termination-message limit",
+        )
+    for line in reversed(text.strip().splitlines()):
+        report = _parse(line)
+        if report is not None:
+            return report
+    whole = _parse(text)
+    if whole is not None:
+        return whole
+    return GateReport.problem(GateReason.REPORT_UNREADABLE, f"the gate's output is no report: {text.strip()[-200:]!r}")

@@ -1,0 +1,186 @@
+"""Every reason code kvpolicy writes, in one place: conditions, events and decisions (`Reason`, `DecisionReason`),
+the planner's reasons (`PlanCode`), the gate tools' reports (`GateReason`) and the latency checks (`AnalysisReason`).
+
+The README's reason tables and the alert runbooks are checked against these enums (tests/api/test_reasons.py): a
+reason they name must exist here, and every decision reason must be documented there.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """Condition and event reasons the operator writes (decision reasons are `DecisionReason`)."""
+
+    ANALYSIS_RESTARTED = "AnalysisRestarted"
+    ROLLOUT_RESTARTED = "RolloutRestarted"
+    TARGET_NOT_FOUND = "TargetNotFound"
+    INVALID_TARGET = "InvalidTarget"
+    INVALID_SPEC = "InvalidSpec"
+    PLANNED = "Planned"
+    BF16_PLANNED = "BF16Planned"
+    FP8_PLANNED = "FP8Planned"
+    HELD_BF16 = "HeldBF16"
+    CANARY_STARTING = "CanaryStarting"
+    CANARY_READY = "CanaryReady"
+    CANARY_UNSCHEDULABLE = "CanaryUnschedulable"
+    SCHEDULED = "Scheduled"
+    UNSCHEDULABLE = "Unschedulable"
+    PREFLIGHT_PASSED = "PreflightPassed"
+    PREFLIGHT_INCONCLUSIVE = "PreflightInconclusive"
+    PREFLIGHT_TIMED_OUT = "PreflightTimedOut"
+    ACCUMULATION_SAFE = "AccumulationSafe"
+    ACCUMULATION_UNSAFE = "AccumulationUnsafe"
+    ACCURACY_GATE_PASSED = "AccuracyGatePassed"
+    ACCURACY_GATE_FAILED = "AccuracyGateFailed"
+    ACCURACY_GATE_INCONCLUSIVE = "AccuracyGateInconclusive"
+    RECOVERY_ABOVE_MINIMUM = "RecoveryAboveMinimum"
+    RECOVERY_BELOW_MINIMUM = "RecoveryBelowMinimum"
+    TRAFFIC_JOINED = "TrafficJoined"
+    LATENCY_ANALYSIS_STARTED = "LatencyAnalysisStarted"
+    LATENCY_GATE_DISABLED = "LatencyGateDisabled"
+    LATENCY_GATE_PASSED = "LatencyGatePassed"
+    LATENCY_BREACH = "LatencyBreach"
+    LATENCY_INCONCLUSIVE = "LatencyInconclusive"
+    PROBE_WITHIN_THRESHOLDS = "ProbeWithinThresholds"
+    BAKING = "Baking"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    APPROVED = "Approved"
+    PROMOTING = "Promoting"
+    PROMOTED = "Promoted"
+    ROLLING_BACK = "RollingBack"
+    ROLLED_BACK = "RolledBack"
+    PAUSED = "Paused"
+    RESUMED = "Resumed"
+    ROLLOUT_PAUSED = "RolloutPaused"
+    ROLLOUT_RESUMED = "RolloutResumed"
+    DELETED = "Deleted"
+
+
+class DecisionReason(StrEnum):
+    """Why the operator promoted or rolled back (status.decision.reason, the `reason` label of
+    kvpolicy_decisions_total). A latency analysis that rolls back decides with its `AnalysisReason`, a BF16 plan
+    with its `PlanCode` cause."""
+
+    GATES_PASSED = "GatesPassed"
+    ABORTED = "Aborted"
+    TARGET_NOT_FOUND = "TargetNotFound"
+    CAPACITY_UNAVAILABLE = "CapacityUnavailable"
+    PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+    GPU_PREFLIGHT_UNSAFE = "GpuPreflightUnsafe"
+    ACCURACY_RECOVERY_BELOW_MINIMUM = "AccuracyRecoveryBelowMinimum"
+    ACCURACY_INCONCLUSIVE = "AccuracyInconclusive"
+    ACCURACY_GATE_ERROR = "AccuracyGateError"
+    ACCURACY_GATE_TIMEOUT = "AccuracyGateTimeout"
+    LATENCY_BREACH = "LatencyBreach"
+    LATENCY_INCONCLUSIVE = "LatencyInconclusive"
+    LATENCY_PROBE_TIMEOUT = "LatencyProbeTimeout"
+
+
+class PlanCode(StrEnum):
+    """The planner's reasons (status.plan.reasons[].code)."""
+
+    MIXED_GPU_GENERATIONS = "MixedGPUGenerations"
+    UNKNOWN_GPU = "UnknownGPU"
+    NO_TWO_LEVEL_IMAGE = "NoTwoLevelImage"
+    TWO_LEVEL_ACCUMULATION_IMAGE = "TwoLevelAccumulationImage"
+    BLACKWELL_NO_FIX_NEEDED = "BlackwellNoFixNeeded"
+    NO_FP8_TENSOR_CORES = "NoFP8TensorCores"
+    MLA_REQUIRES_CALIBRATED_SCALES = "MLARequiresCalibratedScales"
+    BELOW_DECODE_BREAK_EVEN = "BelowDecodeBreakEven"
+    ABOVE_DECODE_BREAK_EVEN = "AboveDecodeBreakEven"
+    FAST_HEAD_DIM_256_PATH = "FastHeadDim256Path"
+    HEAD_DIM_256_PREFILL_PENALTY = "HeadDim256PrefillPenalty"
+    HEAD_DIM_256_PREFILL_COST = "HeadDim256PrefillCost"
+    SKIP_SLIDING_WINDOW_LAYERS = "SkipSlidingWindowLayers"
+    SLIDING_WINDOW_LAYERS_FP8 = "SlidingWindowLayersFP8"
+    BF16_REQUESTED = "BF16Requested"
+    FP8_REFUSED = "FP8Refused"
+    FP8_REQUESTED = "FP8Requested"
+    HOLD_BF16 = "HoldBF16"
+    CALIBRATED_SCALES = "CalibratedScales"
+    UNCALIBRATED_SCALES = "UncalibratedScales"
+    ACCURACY_GATE_DISABLED = "AccuracyGateDisabled"
+    CANARY_FP8 = "CanaryFP8"
+
+
+class GateReason(StrEnum):
+    """Reasons in the gate tools' reports (GateReport.reason), and the operator's for a report it cannot read."""
+
+    RECOVERY_ABOVE_THRESHOLD = "RecoveryAboveThreshold"
+    RECOVERY_BELOW_THRESHOLD = "RecoveryBelowThreshold"
+    SAMPLE_CAP_REACHED = "SampleCapReached"
+    LENGTH_TOO_SHORT = "LengthTooShort"
+    LENGTH_EXCEEDS_MAX_MODEL_LEN = "LengthExceedsMaxModelLen"
+    PROMPT_SIZING = "PromptSizing"
+    TOKENIZER_MISMATCH = "TokenizerMismatch"
+    MALFORMED_RESPONSE = "MalformedResponse"
+    ENDPOINT_UNAVAILABLE = "EndpointUnavailable"
+    REQUEST_REJECTED = "RequestRejected"
+    LATENCY_WITHIN_LIMITS = "LatencyWithinLimits"
+    LATENCY_ABOVE_LIMIT = "LatencyAboveLimit"
+    ACCUMULATION_SAFE = "AccumulationSafe"
+    ACCUMULATION_UNSAFE = "AccumulationUnsafe"
+    PROBE_COULD_NOT_RUN = "ProbeCouldNotRun"
+    REPORT_MISSING = "ReportMissing"
+    REPORT_UNREADABLE = "ReportUnreadable"
+    REPORT_TOO_LARGE = "ReportTooLarge"
+
+
+# The operator's reasons for a Job that left no readable report.
+REPORT_PROBLEMS = frozenset({GateReason.REPORT_MISSING, GateReason.REPORT_UNREADABLE, GateReason.REPORT_TOO_LARGE})
+
+
+class AnalysisReason(StrEnum):
+    """Latency analysis checks (status.latency.last.reason) and their outcomes."""
+
+    WITHIN_THRESHOLDS = "WithinThresholds"
+    TTFT_RATIO_EXCEEDED = "TTFTRatioExceeded"
+    ITL_RATIO_EXCEEDED = "ITLRatioExceeded"
+    LATENCY_RATIO_EXCEEDED = "LatencyRatioExceeded"
+    ERROR_RATIO_EXCEEDED = "ErrorRatioExceeded"
+    NO_CANARY_SERIES = "NoCanarySeries"
+    NO_BASELINE_SERIES = "NoBaselineSeries"
+    TOO_FEW_CANARY_REQUESTS = "TooFewCanaryRequests"
+    TOO_FEW_BASELINE_REQUESTS = "TooFewBaselineRequests"
+    MISSING_LATENCY_QUANTILE = "MissingLatencyQuantile"
+    MISSING_LATENCY_MEAN = "MissingLatencyMean"
+    PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"
+    PROMETHEUS_TIMEOUT = "PrometheusTimeout"
+    PROMETHEUS_SERVER_ERROR = "PrometheusServerError"
+    QUERY_REJECTED = "QueryRejected"
+    SCRAPE_FAILED = "ScrapeFailed"
+    SCRAPE_UNPARSEABLE = "ScrapeUnparseable"
+    ANALYSIS_PASSED = "AnalysisPassed"
+    BAKING = "Baking"
+    ANALYSIS_STALLED = "AnalysisStalled"
+
+
+# Planner causes that make a plan BF16, most specific first: the first present names the HeldBF16 decision.
+BF16_CAUSES = (
+    PlanCode.UNKNOWN_GPU,
+    PlanCode.NO_TWO_LEVEL_IMAGE,
+    PlanCode.MLA_REQUIRES_CALIBRATED_SCALES,
+    PlanCode.NO_FP8_TENSOR_CORES,
+    PlanCode.HEAD_DIM_256_PREFILL_PENALTY,
+    PlanCode.BELOW_DECODE_BREAK_EVEN,
+    PlanCode.BF16_REQUESTED,
+    PlanCode.FP8_REFUSED,
+)
+
+# Latency analysis reasons a rollback can be decided with.
+ANALYSIS_ROLLBACK_REASONS = frozenset(
+    {
+        AnalysisReason.TTFT_RATIO_EXCEEDED,
+        AnalysisReason.ITL_RATIO_EXCEEDED,
+        AnalysisReason.LATENCY_RATIO_EXCEEDED,
+        AnalysisReason.ERROR_RATIO_EXCEEDED,
+        AnalysisReason.ANALYSIS_STALLED,
+    }
+)
+
+# Every reason a decision may carry: the README must document each one.
+DECISION_REASONS: frozenset[str] = frozenset({*DecisionReason, *BF16_CAUSES, *ANALYSIS_ROLLBACK_REASONS})
+
+ALL_REASONS: frozenset[str] = frozenset({*Reason, *DecisionReason, *PlanCode, *GateReason, *AnalysisReason})

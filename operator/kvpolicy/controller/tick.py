@@ -1,0 +1,317 @@
+"""One step's working state (`Tick`) and the transitions every phase uses: restart, rollback, advance, promote, and
+running a Job gate."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from kvpolicy.api.reasons import DecisionReason, Reason
+from kvpolicy.api.v1alpha1 import (
+    TERMINAL_PHASES,
+    Approval,
+    CanaryRef,
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    Decision,
+    DecisionResult,
+    GateResult,
+    GateVerdict,
+    KVCacheDtype,
+    KVPolicy,
+    LatencyAnalysis,
+    Phase,
+    Plan,
+)
+from kvpolicy.controller import builders as b
+from kvpolicy.controller.jobgates import JOB_GATES, PHASE_GATES, JobGate, JobInputs
+from kvpolicy.controller.state import (
+    Action,
+    Create,
+    Delete,
+    Event,
+    Kind,
+    Obj,
+    Observations,
+    StepConfig,
+    StepResult,
+    parse_timestamp,
+    timestamp,
+)
+from kvpolicy.gates.report import read_report
+
+HISTORY_LIMIT = 10
+# Phases with a canary running: they watch it, and `paused` holds them.
+CANARY_PHASES = frozenset(
+    {Phase.CANARY_STARTING, *(gate.phase for gate in PHASE_GATES), Phase.LATENCY_ANALYSIS, Phase.AWAITING_APPROVAL}
+)
+
+
+class Tick:
+    """The working state of one step: a copy of the status, and the actions and events it accumulates."""
+
+    def __init__(self, policy: KVPolicy, obs: Observations, config: StepConfig) -> None:
+        self.spec = policy.spec
+        self.obs = obs
+        self.now = obs.now
+        self.config = config
+        self.status = policy.status.model_copy(deep=True)
+        metadata = policy.metadata
+        self.generation = int(metadata.get("generation") or 1)
+        self.ref = b.PolicyRef(
+            name=str(metadata.get("name", "")),
+            namespace=str(metadata.get("namespace", "")),
+            uid=str(metadata.get("uid", "")),
+        )
+        self.actions: list[Action] = []
+        self.events: list[Event] = []
+        self.requeue = config.poll_seconds
+
+    # -------------------------------------------------------------------------------------------- bookkeeping
+
+    def event(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+        self.events.append(Event(type_, reason, message))
+        self.status.message = message
+
+    def condition(self, type_: ConditionType, status: ConditionStatus, reason: str, message: str = "") -> bool:
+        """Set a condition; True when its status changed (a transition worth an event)."""
+        conditions = self.status.conditions
+        for index, existing in enumerate(conditions):
+            if existing.type == type_:
+                changed = existing.status != status
+                conditions[index] = Condition(
+                    type=type_,
+                    status=status,
+                    reason=reason,
+                    message=message,
+                    last_transition_time=timestamp(self.now) if changed else existing.last_transition_time,
+                    observed_generation=self.generation,
+                )
+                return changed
+        conditions.append(
+            Condition(
+                type=type_,
+                status=status,
+                reason=reason,
+                message=message,
+                last_transition_time=timestamp(self.now),
+                observed_generation=self.generation,
+            )
+        )
+        return True
+
+    def condition_is(self, type_: ConditionType, status: ConditionStatus) -> bool:
+        return any(c.type == type_ and c.status == status for c in self.status.conditions)
+
+    def enter(self, phase: Phase) -> None:
+        self.status.phase = phase
+        self.status.phase_entered_at = timestamp(self.now)
+
+    @property
+    def phase(self) -> Phase:
+        return self.status.phase or Phase.PLANNING
+
+    def phase_age(self) -> float:
+        entered = parse_timestamp(self.status.phase_entered_at) or self.now
+        return (self.now - entered).total_seconds()
+
+    def decide(self, result: DecisionResult, reason: str, message: str) -> None:
+        decision = Decision(
+            result=result,
+            reason=reason,
+            message=message,
+            generation=self.generation,
+            kv_cache_dtype=KVCacheDtype.FP8 if result == DecisionResult.PROMOTED else KVCacheDtype.BF16,
+            time=timestamp(self.now),
+        )
+        self.status.decision = decision
+        self.status.history = [*self.status.history, decision][-HISTORY_LIMIT:]
+
+    def add(self, action: Action) -> None:
+        self.actions.append(action)
+
+    # ----------------------------------------------------------------------------------------------- lookups
+
+    @property
+    def plan(self) -> Plan:
+        if self.status.plan is None:  # pragma: no cover - every phase after Planning records the plan
+            raise RuntimeError(f"phase {self.phase} without a plan in status")
+        return self.status.plan
+
+    @property
+    def canary(self) -> CanaryRef:
+        if self.status.canary is None:  # pragma: no cover - every canary phase records the canary
+            raise RuntimeError(f"phase {self.phase} without a canary in status")
+        return self.status.canary
+
+    def baseline_service_name(self) -> str:
+        return b.baseline_service_name(self.ref.name, self.canary.generation)
+
+    def job(self, gate: JobGate) -> str:
+        return b.job_name(self.ref.name, gate.name, self.canary.generation)
+
+    def serving_port(self) -> int:
+        assert self.obs.target is not None
+        return b.serving_port(b.vllm_container(self.obs.target, self.spec.target_ref.container))
+
+    def url(self, service: str) -> str:
+        return b.service_url(service, self.ref.namespace, self.serving_port())
+
+    def job_inputs(self, gate: JobGate) -> JobInputs:
+        assert self.obs.target is not None
+        return JobInputs(
+            spec=self.spec,
+            config=self.config,
+            name=self.job(gate),
+            target=self.obs.target,
+            canary_url=self.url(self.canary.service),
+            baseline_url=self.url(self.baseline_service_name()),
+        )
+
+    @property
+    def observed_canary(self) -> Obj | None:
+        """The observed canary Deployment, if it is this rollout's."""
+        canary = self.obs.canary
+        if canary is None or canary["metadata"]["name"] != self.canary.deployment:
+            return None
+        return canary
+
+    def ready_canary_pods(self, joined: bool) -> int:
+        target_labels = b.template_labels(self.obs.target) if joined and self.obs.target else {}
+        return sum(
+            1
+            for pod in self.obs.canary_pods
+            if pod.ready
+            and pod.labels.get(b.CANARY_LABEL) == self.canary.deployment
+            and all(pod.labels.get(k) == v for k, v in target_labels.items())
+        )
+
+    def result(self) -> StepResult:
+        # Conditions that survived this step hold for the generation it looked at (a spec change that would void
+        # them restarts the rollout and clears them).
+        for condition in self.status.conditions:
+            condition.observed_generation = self.generation
+        return StepResult(self.status, tuple(self.actions), tuple(self.events), max(0.0, self.requeue))
+
+
+# ------------------------------------------------------------------------------------------------------ transitions
+
+
+def restart(t: Tick, spec_hash: str, why: str) -> None:
+    """A new rollout: clean up the previous one's children and plan again. History and the recorded template stay,
+    so a later rollback still restores the configuration from before any promotion."""
+    previous = t.status
+    if previous.canary is not None and t.phase not in TERMINAL_PHASES:
+        t.add(Delete(Kind.DEPLOYMENT, previous.canary.deployment))
+        t.add(Delete(Kind.SERVICE, previous.canary.service))
+        t.add(Delete(Kind.SERVICE, b.baseline_service_name(t.ref.name, previous.canary.generation)))
+        for gate in JOB_GATES:
+            result = gate.result(previous)
+            if result is not None and result.job and result.verdict == GateVerdict.RUNNING:
+                t.add(Delete(Kind.JOB, result.job))
+    if previous.spec_hash is not None:
+        reason = Reason.ANALYSIS_RESTARTED if t.phase not in TERMINAL_PHASES else Reason.ROLLOUT_RESTARTED
+        t.event("Normal", reason, why)
+    t.status = previous.model_copy(
+        update={
+            "plan": None,
+            "gpu": None,
+            "canary": None,
+            "latency": None,
+            "decision": None,
+            "conditions": [],
+            "spec_hash": spec_hash,
+            "rollout_generation": t.generation,
+            "rollout_started_at": timestamp(t.now),
+        }
+    )
+    for gate in PHASE_GATES:
+        gate.set_result(t.status, None)
+    t.status.message = why
+    t.enter(Phase.PLANNING)
+
+
+def rollback(t: Tick, reason: str, message: str) -> None:
+    t.decide(DecisionResult.ROLLED_BACK, reason, message)
+    t.condition(ConditionType.ROLLED_BACK, ConditionStatus.FALSE, reason, f"rolling back: {message}")
+    t.event("Warning", Reason.ROLLING_BACK, f"{reason}: {message}")
+    t.enter(Phase.ROLLING_BACK)
+    # The rollback itself starts with the next pass, which observes everything it must remove.
+    t.requeue = 0
+
+
+def _gate_sequence(t: Tick) -> list[Phase]:
+    gates = [gate.phase for gate in PHASE_GATES if gate.runs(t.spec, t.plan)]
+    return [Phase.CANARY_STARTING, *gates, Phase.LATENCY_ANALYSIS]
+
+
+def advance(t: Tick) -> None:
+    """Enter the phase after the current one. Its work starts with the next pass, on observations made for it."""
+    sequence = _gate_sequence(t)
+    position = sequence.index(t.phase) if t.phase in sequence else len(sequence) - 1
+    if position + 1 < len(sequence):
+        following = sequence[position + 1]
+        t.enter(following)
+        gate = next((gate for gate in PHASE_GATES if gate.phase == following), None)
+        if gate is not None:
+            gate.set_result(t.status, GateResult(verdict=GateVerdict.RUNNING, job=t.job(gate)))
+        else:
+            t.status.latency = LatencyAnalysis()
+        t.requeue = 0
+        return
+    if t.spec.rollout.approval == Approval.MANUAL and not t.spec.rollout.approved:
+        t.enter(Phase.AWAITING_APPROVAL)
+        t.event("Normal", Reason.AWAITING_APPROVAL, "all gates passed; set spec.rollout.approved to true to promote")
+        t.requeue = t.config.idle_seconds
+        return
+    start_promotion(t)
+
+
+def start_promotion(t: Tick) -> None:
+    t.enter(Phase.PROMOTING)
+    t.event("Normal", Reason.PROMOTING, f"gates passed: promoting {t.spec.target_ref.name} to FP8 KV")
+    t.requeue = 0
+
+
+def watch_capacity(t: Tick) -> bool:
+    """Report pods the scheduler cannot place; True while some are unschedulable."""
+    unschedulable = [pod for pod in t.obs.canary_pods if pod.unschedulable]
+    if unschedulable:
+        message = f"canary pod {unschedulable[0].name} cannot be scheduled: {unschedulable[0].unschedulable}"
+        if t.condition(ConditionType.CAPACITY_AVAILABLE, ConditionStatus.FALSE, Reason.UNSCHEDULABLE, message):
+            t.event("Warning", Reason.CANARY_UNSCHEDULABLE, message)
+        return True
+    return False
+
+
+def deadline_rollback(t: Tick, unschedulable: bool, waiting_for: str) -> bool:
+    deadline = t.spec.rollout.progress_deadline_seconds
+    if t.phase_age() <= deadline:
+        return False
+    if unschedulable:
+        reason = DecisionReason.CAPACITY_UNAVAILABLE
+        message = f"{waiting_for} not ready within {deadline} s: no GPU capacity for its pods"
+    else:
+        reason = DecisionReason.PROGRESS_DEADLINE_EXCEEDED
+        message = f"{waiting_for} not ready within {deadline} s"
+    t.condition(ConditionType.CANARY_READY, ConditionStatus.FALSE, reason, message)
+    rollback(t, reason, message)
+    return True
+
+
+def run_job(t: Tick, gate: JobGate) -> GateResult | None:
+    """A Job gate's record once its Job has finished or timed out; None while it runs. Creates the Job if missing."""
+    job = gate.build(t.job_inputs(gate))
+    view = t.obs.jobs.get(job.name)
+    if view is None:
+        t.add(Create(Kind.JOB, b.gate_job(t.ref, job)))
+    if view is None or not view.finished:
+        if t.phase_age() <= gate.deadline_seconds(t.spec):
+            return None
+        t.add(Delete(Kind.JOB, job.name))
+        result = gate.timed_out(t.spec)
+    else:
+        result = gate.record(t.spec, view, read_report(view.termination_message))
+        result.finished_at = timestamp(t.now)
+    result.job = job.name
+    return result

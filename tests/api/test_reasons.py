@@ -1,0 +1,121 @@
+"""Reason codes have one home (kvpolicy/api/reasons.py): the README's reason tables, the alert runbooks, the planner
+and the analysis are checked against it, and the controller compares no phase, verdict or reason as a string."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import yaml
+from kvpolicy import planner
+from kvpolicy.api.reasons import ALL_REASONS, DECISION_REASONS, AnalysisReason, PlanCode
+from kvpolicy.api.v1alpha1 import DecisionResult, GateVerdict, Phase, VerdictKind
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "operator" / "kvpolicy"
+CODE = re.compile(r"`([A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*)`")
+CAMEL = re.compile(r"\b[A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*[A-Z][A-Za-z0-9]*\b")
+# Words in the runbooks that are Kubernetes', Prometheus' or a product's, not kvpolicy reasons.
+NOT_REASONS = {"CrashLoopBackOff", "ClusterRole", "ServiceMonitor", "PrometheusRule", "LLM-Compressor", "KVPolicy"}
+
+
+def _reason_columns(markdown: str) -> list[tuple[str, set[str]]]:
+    """(table header, codes) for each column of a README table whose header names a reason."""
+    columns: list[tuple[str, set[str]]] = []
+    lines = markdown.splitlines()
+    for index, line in enumerate(lines[:-1]):
+        if not (line.startswith("|") and lines[index + 1].startswith("|---")):
+            continue
+        header = [cell.strip() for cell in line.strip("|").split("|")]
+        rows = []
+        for row in lines[index + 2 :]:
+            if not row.startswith("|"):
+                break
+            rows.append([cell.strip() for cell in row.strip("|").split("|")])
+        for position, title in enumerate(header):
+            if "reason" in title:
+                codes = {code for row in rows if position < len(row) for code in CODE.findall(row[position])}
+                columns.append((line, codes))
+    return columns
+
+
+def test_the_readme_names_only_reasons_that_exist_and_every_decision_reason() -> None:
+    columns = _reason_columns((ROOT / "README.md").read_text())
+    assert len(columns) >= 3, "the planner, verdict and decision tables"
+    documented = set().union(*(codes for _, codes in columns))
+    assert documented - ALL_REASONS == set(), "README names reasons that kvpolicy/api/reasons.py does not have"
+    assert DECISION_REASONS - documented == set(), "decision reasons missing from the README's decision table"
+    analysis = {str(reason) for reason in AnalysisReason} - {"AnalysisPassed", "Baking", "AnalysisStalled"}
+    assert analysis - documented == set(), "latency check reasons missing from the README's verdict table"
+
+
+def test_the_alert_runbooks_name_only_reasons_that_exist() -> None:
+    text = (ROOT / "monitoring" / "alerts.yaml").read_text()
+    alerts = {rule["alert"] for group in yaml.safe_load(text)["groups"] for rule in group["rules"]}
+    words = set(CAMEL.findall(text)) - alerts - NOT_REASONS
+    known = ALL_REASONS | {*DecisionResult, *Phase}
+    assert words - known == set(), "alerts.yaml names reasons that kvpolicy/api/reasons.py does not have"
+    assert {"TTFTRatioExceeded", "ITLRatioExceeded", "AnalysisStalled"} <= words
+
+
+def _string_arguments(path: Path, functions: set[str]) -> set[str]:
+    """First string arguments of calls to `functions` in a module."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in functions and isinstance(node.args[0].value, str):
+                found.add(node.args[0].value)
+    return found
+
+
+def test_the_planner_says_only_plan_codes() -> None:
+    codes = _string_arguments(Path(planner.__file__), {"say", "refuse", "soft_bf16"})
+    assert codes and codes <= set(PlanCode)
+
+
+def test_the_analysis_reasons_are_analysis_reasons() -> None:
+    analysis = PACKAGE / "analysis"
+    raised = set().union(*(_string_arguments(path, {"ProviderUnavailableError"}) for path in analysis.glob("*.py")))
+    tree = ast.parse((analysis / "verdicts.py").read_text())
+    formatted = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+    assessed = {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in formatted
+        if CAMEL.fullmatch(node.value)
+    }
+    assert raised and assessed
+    assert raised | assessed <= set(AnalysisReason)
+
+
+# Values the controller must never spell as string literals in a comparison.
+CONTRACT_VALUES = ALL_REASONS | {*Phase, *GateVerdict, *VerdictKind, *DecisionResult}
+
+
+def _literal_comparisons(tree: ast.AST) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        for operand in [node.left, *node.comparators]:
+            elements = operand.elts if isinstance(operand, ast.Tuple | ast.List | ast.Set) else [operand]
+            for element in elements:
+                if isinstance(element, ast.Constant) and element.value in CONTRACT_VALUES:
+                    found.append((node.lineno, str(element.value)))
+    return found
+
+
+def test_the_controller_compares_no_phase_verdict_or_reason_as_a_string() -> None:
+    offenders = {
+        f"{path.name}:{line} {value!r}"
+        for path in sorted((PACKAGE / "controller").glob("*.py"))
+        for line, value in _literal_comparisons(ast.parse(path.read_text()))
+    }
+    assert offenders == set()
+
+
+def test_the_literal_check_catches_a_string_comparison() -> None:
+    tree = ast.parse('if phase == "Promoted" or verdict in ("Running", "Pass") or reason != "Aborted": pass')
+    assert [value for _, value in _literal_comparisons(tree)] == ["Promoted", "Running", "Pass", "Aborted"]
