@@ -267,7 +267,7 @@ def specs(draw: st.DrawFn) -> KVPolicySpec:
     sliding: dict[str, Any] | None = draw(
         st.one_of(
             st.none(),
-            st.builds(lambda c, w: {"count": c, "windowTokens": w}, st.integers(1, 128), st.integers(1, 65536)),
+            st.builds(lambda c, w: {"count": c, "windowTokens": w}, st.integers(1, layers), st.integers(1, 65536)),
         )
     )
     calibrated = draw(st.booleans())
