@@ -143,6 +143,18 @@ def find_product(product_label: str) -> Product | None:
     return None
 
 
+def product_labels(name: str) -> dict[str, str] | None:
+    """A node's labels for the GPU `name` (a short name such as H100 or RTX 4090, or a GFD product string); None if
+    the classifier does not know it."""
+    product = find_product(name)
+    if product is None:
+        return None
+    if _words(name.upper().removeprefix("NVIDIA-")) == product.words:
+        return product.labels
+    # A whole product string ("NVIDIA-H100-NVL"): keep it as the node's product label.
+    return {**product.labels, PRODUCT_LABEL: name}
+
+
 def classify_node(labels: Mapping[str, str]) -> tuple[GpuGeneration, str, str | None]:
     """(generation, which label decided, compute capability "M.m" if known) for one node."""
     major, minor = _parse_int(labels.get(CC_MAJOR_LABEL)), _parse_int(labels.get(CC_MINOR_LABEL))

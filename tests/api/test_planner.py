@@ -447,4 +447,4 @@ def test_plan_cli_bad_input(
 
 def test_plan_cli_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert plan_cli.main(["-f", "/nonexistent/policy.yaml", "--gpu", "H100"]) == 2
-    assert "cannot read /nonexistent/policy.yaml" in capsys.readouterr().err
+    assert "cannot read KVPolicy manifest /nonexistent/policy.yaml: No such file" in capsys.readouterr().err
