@@ -8,8 +8,10 @@ import re
 from typing import Any
 
 import pytest
+import yaml
 from chart_helpers import (
     RELEASE_NAMESPACE,
+    REPO_ROOT,
     Manifest,
     Renderer,
     RenderError,
@@ -149,3 +151,21 @@ def test_egress_policy_without_prometheus_peers_reaches_no_prometheus(render: Re
 def test_service_monitor_honors_the_operators_namespace_label(custom_manifests: list[Manifest]) -> None:
     [endpoint] = only(custom_manifests, "ServiceMonitor")["spec"]["endpoints"]
     assert endpoint["honorLabels"] is True
+
+
+# --- runbooks -------------------------------------------------------------------------------------------------------
+
+SELECTOR = re.compile(r"-l\s+([\w./-]+)=([\w.-]+)")
+
+
+def test_runbook_and_alert_label_selectors_match_the_charts_pods(default_manifests: list[Manifest]) -> None:
+    """`kubectl get pods -l ...` in the runbooks and alert descriptions finds the operator the chart installs."""
+    monitoring = REPO_ROOT / "monitoring"
+    alerts = yaml.safe_load((monitoring / "alerts.yaml").read_text())["groups"]
+    descriptions = [rule["annotations"]["description"] for group in alerts for rule in group["rules"]]
+    texts = [(monitoring / "runbooks.md").read_text(), *descriptions]
+    selectors = {match.groups() for text in texts for match in SELECTOR.finditer(text)}
+    operator_selectors = {(key, value) for key, value in selectors if key.startswith("app.kubernetes.io/")}
+    assert operator_selectors, "no selector for the operator's pods"
+    pod_labels = only(default_manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert operator_selectors <= set(pod_labels.items())
