@@ -157,3 +157,41 @@ def choose_backend(generation: GpuGeneration, capability: str | None, mla: bool,
     return Choice(
         None, f"no vLLM attention backend serves an FP8 KV cache for {kind} on {where} ({'; '.join(refusals)})"
     )
+
+
+def _capabilities(backend: Backend) -> str:
+    if backend.majors is not None:
+        return " and ".join(f"{major}.x" for major in sorted(backend.majors))
+    if backend.max_capability == (99, 99):
+        return "{}.{} and above".format(*backend.min_capability)
+    return "{}.{} to {}.{}".format(*backend.min_capability, *backend.max_capability)
+
+
+def _head_sizes(backend: Backend) -> str:
+    if backend.mla:
+        return "(MLA)"
+    if backend.head_sizes is not None:
+        return ", ".join(str(size) for size in sorted(backend.head_sizes))
+    parts = [f"multiple of {backend.head_size_multiple}"] if backend.head_size_multiple > 1 else []
+    parts += [f">= {backend.min_head_size}"] if backend.min_head_size > 1 else []
+    parts += [f"<= {backend.max_head_size}"] if backend.max_head_size is not None else []
+    return ", ".join(parts)
+
+
+def table_markdown() -> str:
+    """The backend table as Markdown (the README embeds it; a test keeps it in step)."""
+    planned: dict[str, list[str]] = {}
+    for (generation, _mla), names in PREFERENCES.items():
+        for name in names:
+            planned.setdefault(name, []).append(generation.value)
+    rows = [
+        "| backend | MLA | FP8 KV cache on compute capability | head sizes | tried on (first choice first) "
+        "| vLLM 0.32.0 source (`vllm/v1/attention/backends/`) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for backend in BACKENDS.values():
+        rows.append(
+            f"| `{backend.name}` | {'yes' if backend.mla else 'no'} | {_capabilities(backend)} | "
+            f"{_head_sizes(backend)} | {', '.join(planned.get(backend.name, []))} | {backend.source} |"
+        )
+    return "\n".join(rows)
