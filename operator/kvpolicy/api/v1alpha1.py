@@ -16,7 +16,7 @@ from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "kvpolicy.dev"
@@ -644,18 +644,12 @@ class KVPolicy(BaseModel):
     spec: KVPolicySpec
     status: KVPolicyStatus = Field(default_factory=KVPolicyStatus)
 
-    @field_validator("api_version")
+    @field_validator("api_version", "kind")
     @classmethod
-    def _served_version(cls, value: str) -> str:
-        if value != API_VERSION:
-            raise ValueError(f"apiVersion must be {API_VERSION} (got {value!r})")
-        return value
-
-    @field_validator("kind")
-    @classmethod
-    def _kind(cls, value: str) -> str:
-        if value != KIND:
-            raise ValueError(f"kind must be {KIND} (got {value!r})")
+    def _this_resource(cls, value: str, info: ValidationInfo) -> str:
+        field, expected = {"api_version": ("apiVersion", API_VERSION), "kind": ("kind", KIND)}[str(info.field_name)]
+        if value != expected:
+            raise ValueError(f"{field} must be {expected} (got {value!r})")
         return value
 
     @field_validator("metadata")
