@@ -2,11 +2,14 @@
 
 Decide on compute capability first, then `nvidia.com/gpu.family`, then `nvidia.com/gpu.product` (time-slicing
 appends `-SHARED` to the product). When the target's nodes span generations, the most conservative one wins.
+`PRODUCTS` is the one table of GPUs the classifier knows by name: `kvpolicy plan --gpu` takes its names.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from kvpolicy.api.v1alpha1 import GpuFacts, GpuGeneration
 
@@ -26,48 +29,15 @@ CONSERVATIVE_ORDER = (
     GpuGeneration.UNKNOWN,
 )
 
+# GFD's nvidia.com/gpu.family values (first one per generation is what GFD writes).
 _FAMILIES = {
-    "hopper": GpuGeneration.HOPPER,
-    "blackwell": GpuGeneration.BLACKWELL,
     "ampere": GpuGeneration.AMPERE,
     "ada-lovelace": GpuGeneration.ADA,
     "ada": GpuGeneration.ADA,
+    "hopper": GpuGeneration.HOPPER,
+    "blackwell": GpuGeneration.BLACKWELL,
 }
-
-# Product substrings, checked in order (GH200 before H200, GB200 before B200 does not matter: same generation).
-_PRODUCTS = (
-    ("GH200", GpuGeneration.HOPPER),
-    ("H100", GpuGeneration.HOPPER),
-    ("H200", GpuGeneration.HOPPER),
-    ("H800", GpuGeneration.HOPPER),
-    ("H20", GpuGeneration.HOPPER),
-    ("B200", GpuGeneration.BLACKWELL),
-    ("B300", GpuGeneration.BLACKWELL),
-    ("B100", GpuGeneration.BLACKWELL),
-    ("BLACKWELL", GpuGeneration.BLACKWELL),
-    ("A100", GpuGeneration.AMPERE),
-    ("A800", GpuGeneration.AMPERE),
-    ("A30", GpuGeneration.AMPERE),
-    ("A10", GpuGeneration.AMPERE),
-    ("A40", GpuGeneration.AMPERE),
-    ("L40", GpuGeneration.ADA),
-    ("L4", GpuGeneration.ADA),
-)
-
-# Labels a GPU Feature Discovery install would put on nodes of each product, for `kvpolicy plan --gpu`.
-KNOWN_PRODUCTS: dict[str, dict[str, str]] = {
-    "H100": {PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3", FAMILY_LABEL: "hopper", CC_MAJOR_LABEL: "9", CC_MINOR_LABEL: "0"},
-    "H200": {PRODUCT_LABEL: "NVIDIA-H200", FAMILY_LABEL: "hopper", CC_MAJOR_LABEL: "9", CC_MINOR_LABEL: "0"},
-    "B200": {PRODUCT_LABEL: "NVIDIA-B200", FAMILY_LABEL: "blackwell", CC_MAJOR_LABEL: "10", CC_MINOR_LABEL: "0"},
-    "GB200": {PRODUCT_LABEL: "NVIDIA-GB200", FAMILY_LABEL: "blackwell", CC_MAJOR_LABEL: "10", CC_MINOR_LABEL: "0"},
-    "A100": {
-        PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB",
-        FAMILY_LABEL: "ampere",
-        CC_MAJOR_LABEL: "8",
-        CC_MINOR_LABEL: "0",
-    },
-    "L40S": {PRODUCT_LABEL: "NVIDIA-L40S", FAMILY_LABEL: "ada-lovelace", CC_MAJOR_LABEL: "8", CC_MINOR_LABEL: "9"},
-}
+_FAMILY_LABEL_VALUE = {generation: family for family, generation in reversed(_FAMILIES.items())}
 
 
 def _from_compute_capability(major: int, minor: int) -> GpuGeneration:
@@ -78,6 +48,71 @@ def _from_compute_capability(major: int, minor: int) -> GpuGeneration:
     if major == 8:
         return GpuGeneration.ADA if minor == 9 else GpuGeneration.AMPERE
     return GpuGeneration.UNKNOWN
+
+
+@dataclass(frozen=True)
+class Product:
+    """A GPU the classifier knows by name, with the labels GPU Feature Discovery puts on its nodes."""
+
+    name: str  # what `kvpolicy plan --gpu` takes; also the words that identify it in a product label
+    gfd_product: str  # nvidia.com/gpu.product as GFD writes it (the device name, spaces as dashes)
+    compute_capability: tuple[int, int]
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        return tuple(self.name.upper().split("-"))
+
+    @property
+    def generation(self) -> GpuGeneration:
+        return _from_compute_capability(*self.compute_capability)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        major, minor = self.compute_capability
+        return {
+            PRODUCT_LABEL: self.gfd_product,
+            FAMILY_LABEL: _FAMILY_LABEL_VALUE[self.generation],
+            CC_MAJOR_LABEL: str(major),
+            CC_MINOR_LABEL: str(minor),
+        }
+
+
+# Compute capabilities from NVIDIA's CUDA GPU list (developer.nvidia.com/cuda-gpus). A product label matches a row
+# when the row's words appear in it in order, whole: A10 does not match A100, L4 does not match L40S.
+PRODUCTS = (
+    Product("H100", "NVIDIA-H100-80GB-HBM3", (9, 0)),
+    Product("H200", "NVIDIA-H200", (9, 0)),
+    Product("H800", "NVIDIA-H800", (9, 0)),
+    Product("H20", "NVIDIA-H20", (9, 0)),
+    Product("GH200", "NVIDIA-GH200-480GB", (9, 0)),
+    Product("B100", "NVIDIA-B100", (10, 0)),
+    Product("B200", "NVIDIA-B200", (10, 0)),
+    Product("GB200", "NVIDIA-GB200", (10, 0)),
+    Product("B300", "NVIDIA-B300-SXM6-AC", (10, 3)),
+    Product("GB300", "NVIDIA-GB300", (10, 3)),
+    Product("RTX-PRO-6000", "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition", (12, 0)),
+    Product("RTX-5090", "NVIDIA-GeForce-RTX-5090", (12, 0)),
+    Product("L40S", "NVIDIA-L40S", (8, 9)),
+    Product("L40", "NVIDIA-L40", (8, 9)),
+    Product("L4", "NVIDIA-L4", (8, 9)),
+    Product("RTX-6000-ADA", "NVIDIA-RTX-6000-Ada-Generation", (8, 9)),
+    Product("RTX-4090", "NVIDIA-GeForce-RTX-4090", (8, 9)),
+    Product("A100", "NVIDIA-A100-SXM4-80GB", (8, 0)),
+    Product("A800", "NVIDIA-A800-SXM4-80GB", (8, 0)),
+    Product("A30", "NVIDIA-A30", (8, 0)),
+    Product("A10", "NVIDIA-A10", (8, 6)),
+    Product("A10G", "NVIDIA-A10G", (8, 6)),
+    Product("A40", "NVIDIA-A40", (8, 6)),
+    Product("RTX-A6000", "NVIDIA-RTX-A6000", (8, 6)),
+    Product("RTX-3090", "NVIDIA-GeForce-RTX-3090", (8, 6)),
+)
+PRODUCTS_BY_NAME = {product.name: product for product in PRODUCTS}
+# Other products whose label names their architecture ("NVIDIA-RTX-PRO-4500-Blackwell"): generation only.
+_ARCHITECTURE_WORDS = {"BLACKWELL": GpuGeneration.BLACKWELL, "HOPPER": GpuGeneration.HOPPER, "ADA": GpuGeneration.ADA}
+# Labels of one node of each named product (tests and `kvpolicy plan --gpu NAME`).
+KNOWN_PRODUCTS: dict[str, dict[str, str]] = {product.name: product.labels for product in PRODUCTS}
+
+_WORD_SEPARATORS = re.compile(r"[-_\s]+")
 
 
 def _parse_int(value: str | None) -> int | None:
@@ -94,8 +129,34 @@ def product_name(labels: Mapping[str, str]) -> str | None:
     return product.removesuffix(SHARED_SUFFIX)
 
 
+def _words(product_label: str) -> tuple[str, ...]:
+    return tuple(word for word in _WORD_SEPARATORS.split(product_label.upper().removesuffix(SHARED_SUFFIX)) if word)
+
+
+def find_product(product_label: str) -> Product | None:
+    """The named product a GFD product string (or a short name, any case) is, if any."""
+    words = _words(product_label)
+    for product in PRODUCTS:
+        size = len(product.words)
+        if any(words[start : start + size] == product.words for start in range(len(words) - size + 1)):
+            return product
+    return None
+
+
+def product_labels(name: str) -> dict[str, str] | None:
+    """A node's labels for the GPU `name` (a short name such as H100 or RTX 4090, or a GFD product string); None if
+    the classifier does not know it."""
+    product = find_product(name)
+    if product is None:
+        return None
+    if _words(name.upper().removeprefix("NVIDIA-")) == product.words:
+        return product.labels
+    # A whole product string ("NVIDIA-H100-NVL"): keep it as the node's product label.
+    return {**product.labels, PRODUCT_LABEL: name}
+
+
 def classify_node(labels: Mapping[str, str]) -> tuple[GpuGeneration, str, str | None]:
-    """(generation, which label decided, compute capability "M.m" if labelled) for one node."""
+    """(generation, which label decided, compute capability "M.m" if known) for one node."""
     major, minor = _parse_int(labels.get(CC_MAJOR_LABEL)), _parse_int(labels.get(CC_MINOR_LABEL))
     if major is not None:
         capability = f"{major}.{minor or 0}"
@@ -103,10 +164,13 @@ def classify_node(labels: Mapping[str, str]) -> tuple[GpuGeneration, str, str | 
     family = _FAMILIES.get(labels.get(FAMILY_LABEL, "").lower())
     if family is not None:
         return family, "Family", None
-    product = (product_name(labels) or "").upper()
-    for needle, generation in _PRODUCTS:
-        if needle in product:
-            return generation, "Product", None
+    label = product_name(labels) or ""
+    product = find_product(label)
+    if product is not None:
+        return product.generation, "Product", "{}.{}".format(*product.compute_capability)
+    for word in _words(label):
+        if word in _ARCHITECTURE_WORDS:
+            return _ARCHITECTURE_WORDS[word], "Product", None
     return GpuGeneration.UNKNOWN, "None", None
 
 

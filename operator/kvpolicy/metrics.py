@@ -71,8 +71,12 @@ class OperatorMetrics:
         self.gate_score = _PolicyGauge(
             "kvpolicy_gate_score", "Score of each variant in the latest run of a gate.", ["gate", "variant"], registry
         )
+        # Per policy, so that an alert can tell a policy whose checks all came back inconclusive (a stalled analysis).
         self.verdicts = Counter(
-            "kvpolicy_analysis_verdicts", "Latency analysis checks by verdict.", ["verdict"], registry=registry
+            "kvpolicy_analysis_verdicts",
+            "Latency analysis checks by policy and verdict.",
+            ["namespace", "policy", "verdict"],
+            registry=registry,
         )
         self.latency_seconds = _PolicyGauge(
             "kvpolicy_analysis_latency_seconds",
@@ -109,6 +113,7 @@ class OperatorMetrics:
             registry,
         )
         self._phases_seen: set[str] = set()
+        self._verdict_series: set[tuple[str, str, str]] = set()
 
     def set_policies_by_phase(self, counts: Mapping[str, int]) -> None:
         """Set the count of every phase; phases seen before and missing now drop to 0."""
@@ -134,12 +139,13 @@ class OperatorMetrics:
         self.gate_score.set((namespace, policy, gate, "canary"), canary_score)
         self.gate_score.set((namespace, policy, gate, "baseline"), baseline_score)
 
-    def record_verdict(self, verdict: str) -> None:
-        self.verdicts.labels(verdict=verdict).inc()
+    def record_verdict(self, namespace: str, policy: str, verdict: str) -> None:
+        self.verdicts.labels(namespace=namespace, policy=policy, verdict=verdict).inc()
+        self._verdict_series.add((namespace, policy, verdict))
 
     def record_analysis(self, namespace: str, policy: str, verdict: Verdict) -> None:
         """Count the verdict and publish its numbers; a check without numbers clears the previous ones."""
-        self.record_verdict(verdict.kind.value)
+        self.record_verdict(namespace, policy, verdict.kind.value)
         self.clear_analysis(namespace, policy)
         # Publish what the gate decided on: resolved quantiles, and means (quantile="mean") where the quantiles of
         # both sides fell in one bucket, so alerts never fire on a ratio the gate ignored.
@@ -175,6 +181,9 @@ class OperatorMetrics:
         for gauge in (self.gate_recovery, self.gate_score, self.phase_deadline):
             gauge.remove_policy(namespace, policy)
         self.clear_analysis(namespace, policy)
+        for series in [series for series in self._verdict_series if series[:2] == (namespace, policy)]:
+            self.verdicts.remove(*series)
+            self._verdict_series.discard(series)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

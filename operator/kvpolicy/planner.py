@@ -1,10 +1,11 @@
 """The planner: a pure function from a KVPolicy spec and GPU facts to a plan with its reasons.
 
 Hard rules cannot be overridden by `kvCache.dtype: FP8`: FP8 is never planned on an unknown GPU, on a truncating
-FP8 accumulator (Hopper, Ada) without an image that declares two-level accumulation, or for MLA without calibrated
-scales. Soft rules (decode break-even, head_dim-256 prefill penalty, no FP8 tensor cores) choose BF16 under `Auto`
-and give way to an explicit `FP8` with a warning. An explicit `BF16` is always honoured, with a warning when the
-rules would have planned FP8.
+FP8 accumulator (Hopper, Ada) without an image that declares two-level accumulation, for MLA without calibrated
+scales, or where no attention backend runs an FP8 KV cache on the GPU for the model (kvpolicy.attention). Soft rules
+(decode break-even, head_dim-256 prefill penalty, no FP8 tensor cores) choose BF16 under `Auto` and give way to an
+explicit `FP8` with a warning. An explicit `BF16` is always honoured, with a warning when the rules would have planned
+FP8.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from kvpolicy.api.v1alpha1 import (
     Severity,
     SkipSlidingWindowLayers,
 )
+from kvpolicy.attention import choose_backend
 
 # Published decode break-even (vLLM blog 2026-04-22, Llama-3.1-8B): FP8's lower ITL slope pays for its higher
 # intercept only above these context lengths.
@@ -50,6 +52,7 @@ TRUNCATING_ACCUMULATORS = (GpuGeneration.HOPPER, GpuGeneration.ADA)
 class _Draft:
     fp8: bool = True
     hard_refusal: bool = False
+    backend: str | None = None
     reasons: list[PlanReason] = field(default_factory=list)
 
     def say(self, code: str, message: str, severity: Severity = Severity.INFO) -> None:
@@ -64,17 +67,6 @@ class _Draft:
     def soft_bf16(self, code: str, message: str) -> None:
         self.fp8 = False
         self.say(code, message)
-
-
-def _attention_backend(spec: KVPolicySpec, gpu: GpuFacts) -> str:
-    mla = spec.model.attention == AttentionKind.MLA
-    if gpu.generation == GpuGeneration.BLACKWELL:
-        return "FLASHINFER_MLA" if mla else "FLASHINFER"
-    if mla:
-        return "FLASHMLA"
-    if gpu.generation in (GpuGeneration.AMPERE, GpuGeneration.ADA):
-        return "TRITON_ATTN"  # FlashAttention 3 is Hopper-only; FA2 has no FP8 KV path
-    return "FLASH_ATTN"  # the FA3 build in the patched image carries two-level accumulation
 
 
 def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
@@ -114,13 +106,20 @@ def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
             "cores: an FP8 KV cache only saves memory and decode is not faster; set kvCache.dtype FP8 to take it",
         )
 
-    if spec.model.attention == AttentionKind.MLA and spec.kv_cache.scales != KVScales.CALIBRATED:
+    mla = spec.model.attention == AttentionKind.MLA
+    if mla and spec.kv_cache.scales != KVScales.CALIBRATED:
         draft.refuse(
             "MLARequiresCalibratedScales",
             "MLA attention (FlashMLA) shifts outputs with uncalibrated FP8 scales; set kvCache.scales Calibrated "
             "with kvCache.scalesSource",
         )
         return draft
+
+    choice = choose_backend(generation, gpu.compute_capability, mla, spec.model.head_dim)
+    if choice.backend is None:
+        draft.refuse(PlanCode.NO_FP8_ATTENTION_BACKEND, f"{choice.reason}: the canary could not start")
+        return draft
+    draft.backend = choice.backend
 
     break_even = spec.workload.decode_break_even_tokens or DEFAULT_BREAK_EVEN_TOKENS.get(generation, 0)
     typical = spec.workload.typical_tokens
@@ -137,7 +136,6 @@ def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
             "FP8 decodes faster",
         )
 
-    mla = spec.model.attention == AttentionKind.MLA
     if spec.model.head_dim >= 256 and generation in TRUNCATING_ACCUMULATORS and not mla:
         if ImageFeature.FAST_HEAD_DIM_256 in spec.images.fp8_patched_features:
             draft.say(
@@ -215,7 +213,9 @@ def plan(spec: KVPolicySpec, gpu: GpuFacts) -> Plan:
             "FP8 scales are 1.0 (uncalibrated): the accuracy gate must show recovery >= minRecovery, else calibrate",
         )
     skip = _skip_layers(spec, draft)
-    backend = _attention_backend(spec, gpu)
+    backend = draft.backend
+    if backend is None:  # pragma: no cover - an FP8 plan always passed the backend rule
+        raise RuntimeError("FP8 planned without an attention backend")
     args = ["--kv-cache-dtype", "fp8"]
     if skip:
         args += ["--kv-cache-dtype-skip-layers", *skip]

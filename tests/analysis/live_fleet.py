@@ -94,10 +94,14 @@ def launch_fake_vllm(pod: str, *args: str) -> ServerProcess:
 
 class PrometheusServer:
     """A Prometheus on a loopback port with a temporary data dir, scraping static targets and evaluating rules every
-    200 ms."""
+    200 ms. `scrape_configs` replaces the default job per target (namespace and pod as static labels)."""
 
     def __init__(
-        self, targets: Sequence[ServerProcess], namespace: str = "llm", rule_files: Sequence[Path] = ()
+        self,
+        targets: Sequence[ServerProcess],
+        namespace: str = "llm",
+        rule_files: Sequence[Path] = (),
+        scrape_configs: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         if PROMETHEUS is None:
             raise FileNotFoundError("prometheus is not installed")
@@ -105,22 +109,23 @@ class PrometheusServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self._dir = tempfile.TemporaryDirectory(prefix="kvpolicy-prometheus-")
         config = Path(self._dir.name) / "prometheus.yml"
-        scrape_configs = [
-            {
-                "job_name": target.pod,
-                "static_configs": [
-                    {"targets": [f"127.0.0.1:{target.port}"], "labels": {"namespace": namespace, "pod": target.pod}}
-                ],
-            }
-            for target in targets
-        ]
+        if scrape_configs is None:
+            scrape_configs = [
+                {
+                    "job_name": target.pod,
+                    "static_configs": [
+                        {"targets": [f"127.0.0.1:{target.port}"], "labels": {"namespace": namespace, "pod": target.pod}}
+                    ],
+                }
+                for target in targets
+            ]
         global_config = {
             "scrape_interval": SCRAPE_INTERVAL,
             "scrape_timeout": SCRAPE_INTERVAL,
             "evaluation_interval": SCRAPE_INTERVAL,
         }
         rules = [str(path) for path in rule_files]
-        document = {"global": global_config, "scrape_configs": scrape_configs, "rule_files": rules}
+        document = {"global": global_config, "scrape_configs": list(scrape_configs), "rule_files": rules}
         config.write_text(json.dumps(document))  # JSON is YAML
         self.log_path = Path(self._dir.name) / "prometheus.log"
         with self.log_path.open("wb") as log:

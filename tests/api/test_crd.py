@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import datetime
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,28 @@ def test_crd_names_columns_and_subresources() -> None:
         "Decision",
         "Reason",
         "Age",
+        "Planned",
     ]
+
+
+def test_kv_column_shows_what_the_target_serves_not_the_plan() -> None:
+    """A rolled-back FP8 plan: the KV column reads BF16 (the target's dtype), the wide-only Planned column FP8."""
+    from kvpolicy_dev.devcluster.tables import PrinterColumn, cell
+
+    columns = {c["name"]: PrinterColumn.from_crd(c) for c in crd.PRINTER_COLUMNS}
+    rolled_back = {
+        "status": {
+            "phase": "RolledBack",
+            "plan": {"kvCacheDtype": "FP8"},
+            "decision": {"result": "RolledBack", "kvCacheDtype": "BF16"},
+        }
+    }
+    promoted = {"status": {"plan": {"kvCacheDtype": "FP8"}, "decision": {"result": "Promoted", "kvCacheDtype": "FP8"}}}
+    now = datetime.datetime.now(datetime.UTC)
+    assert cell(rolled_back, columns["KV"], now) == "BF16"
+    assert cell(rolled_back, columns["Planned"], now) == "FP8"
+    assert cell(promoted, columns["KV"], now) == "FP8"
+    assert columns["Planned"].priority == 1  # `kubectl get -o wide` only
 
 
 def test_no_floats_in_spec() -> None:
@@ -142,6 +164,56 @@ BAD_SPECS = [
     ("kvCache.scales", "Calibrated", "scalesSource is required when kvCache.scales is Calibrated"),
     ("model.slidingWindow", {"windowTokens": 128}, "set exactly one of slidingWindow.layers"),
     ("model.slidingWindow", {"windowTokens": 128, "layers": [1, 40]}, "layer indices below model.numLayers"),
+    ("model.slidingWindow", {"windowTokens": 128, "count": 64}, "slidingWindow.count must not exceed model.numLayers"),
+]
+
+# (field, value, the whole message with its values: pydantic's and the CRD's messageExpression must both say it)
+VALUED_MESSAGES = [
+    (
+        "workload.maxContextTokens",
+        262144,
+        "workload.maxContextTokens must not exceed model.maxModelLen (262144 > 131072)",
+    ),
+    (
+        "workload.typicalContextTokens",
+        200000,
+        "workload.typicalContextTokens must not exceed workload.maxContextTokens (200000 > 131072)",
+    ),
+    (
+        "gates.accuracy.lengthTokens",
+        262144,
+        "gates.accuracy.lengthTokens must not exceed model.maxModelLen (262144 > 131072)",
+    ),
+    (
+        "gates.accuracy.minRecovery",
+        "1.5",
+        'gates.accuracy.minRecovery must be a number in (0, 1], such as "0.95" (got "1.5")',
+    ),
+    (
+        "gates.accuracy.confidence",
+        "1",
+        'gates.accuracy.confidence must be a number in (0, 1), such as "0.95" (got "1")',
+    ),
+    (
+        "gates.latency",
+        {"ttftMaxRatio": "1.10", "itlMaxRatio": "0"},
+        'gates.latency.ttftMaxRatio and itlMaxRatio must be numbers > 0, such as "1.10" (got "1.10" and "0")',
+    ),
+    (
+        "gates.latency.quantiles",
+        ["0.5", "1.0", "0.99"],
+        'gates.latency.quantiles must be numbers in (0, 1), such as "0.95" (got "1.0")',
+    ),
+    (
+        "model.slidingWindow",
+        {"windowTokens": 128, "layers": [1, 40, 50]},
+        "model.slidingWindow.layers must be layer indices below model.numLayers (40 >= 32)",
+    ),
+    (
+        "model.slidingWindow",
+        {"windowTokens": 128, "count": 64},
+        "model.slidingWindow.count must not exceed model.numLayers (64 > 32)",
+    ),
 ]
 
 
@@ -156,6 +228,55 @@ def test_bad_specs_fail_in_pydantic_and_in_cel_with_the_same_message(path: str, 
     assert failing, f"no CEL rule carries {message!r}"
     rule_path, rule = failing[0]
     assert not _evaluate(rule, _at(spec, rule_path) if rule_path else spec)
+
+
+def _message_expression(rule: str) -> str:
+    """The messageExpression of the CRD's rule `rule` (every rule that names values has one)."""
+    spec_schema = _schema()["properties"]["spec"]
+    for _, node in _walk(spec_schema):
+        for entry in node.get("x-kubernetes-validations", []):
+            if entry["rule"] == rule:
+                return str(entry["messageExpression"])
+    raise AssertionError(f"no rule {rule}")
+
+
+@pytest.mark.parametrize(("path", "value", "message"), VALUED_MESSAGES, ids=[p for p, _, _ in VALUED_MESSAGES])
+def test_messages_name_the_offending_values_in_pydantic_and_in_cel(path: str, value: Any, message: str) -> None:
+    spec = _mutated(path, value)
+    with pytest.raises(ValidationError) as caught:
+        KVPolicySpec.model_validate(spec)
+    assert message in str(caught.value)
+    static = message.rsplit(" (", 1)[0]
+    [(rule_path, rule)] = [(p, r) for p, r, m in _cel_rules() if m == static]
+    env = celpy.Environment()
+    expression = env.program(env.compile(_message_expression(rule)))
+    scope = _at(spec, rule_path) if rule_path else spec
+    assert str(expression.evaluate(celpy.json_to_cel({"self": scope}))) == message
+
+
+# Strict types and 64-bit integers: the API server refuses these, so pydantic must not coerce them.
+STRICT_TYPES = [
+    ("model.headDim", "128", "model.headDim: Input should be a valid integer"),
+    ("rollout.paused", "true", "rollout.paused: Input should be a valid boolean"),
+    ("model.numLayers", 32.0, "model.numLayers: Input should be a valid integer"),
+    ("workload.maxContextTokens", 2**64, "does not fit in a 64-bit integer"),
+    ("gates.accuracy.minRecovery", 0.95, "gates.accuracy.minRecovery: Input should be a valid string"),
+    ("model.slidingWindow", {"windowTokens": 128, "layers": [0, "1"]}, "model.slidingWindow.layers.1: Input should be"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), STRICT_TYPES, ids=[f"{p}={v!r}" for p, v, _ in STRICT_TYPES])
+def test_types_are_as_strict_as_the_api_server(path: str, value: Any, message: str) -> None:
+    from kvpolicy.plan_cli import format_validation_error
+
+    with pytest.raises(ValidationError) as caught:
+        KVPolicySpec.model_validate(_mutated(path, value))
+    assert message in format_validation_error(caught.value)
+
+
+def test_integer_fields_are_int64_in_the_crd() -> None:
+    integers = [(p, n) for p, n in _walk(_schema()) if n.get("type") == "integer"]
+    assert integers and all(n.get("format") == "int64" for _, n in integers)
 
 
 @pytest.mark.parametrize(

@@ -88,3 +88,31 @@ def test_mixed_pools_plan_for_the_most_conservative_and_say_so(
 def test_same_generation_is_not_mixed() -> None:
     facts = gpu_facts([H100, KNOWN_PRODUCTS["H200"]])
     assert facts.generation == GpuGeneration.HOPPER and not facts.mixed
+
+
+@pytest.mark.parametrize(
+    ("product", "generation", "capability"),
+    [
+        # Whole words: A10 is not A100, L4 is not L40S, H20 is not H200.
+        ("NVIDIA-A10", GpuGeneration.AMPERE, "8.6"),
+        ("NVIDIA-A100-PCIE-40GB", GpuGeneration.AMPERE, "8.0"),
+        ("NVIDIA-L4", GpuGeneration.ADA, "8.9"),
+        ("NVIDIA-L40S-SHARED", GpuGeneration.ADA, "8.9"),
+        ("NVIDIA-H20", GpuGeneration.HOPPER, "9.0"),
+        ("NVIDIA-H800", GpuGeneration.HOPPER, "9.0"),
+        ("NVIDIA-GeForce-RTX-4090", GpuGeneration.ADA, "8.9"),
+        ("NVIDIA-RTX-6000-Ada-Generation", GpuGeneration.ADA, "8.9"),
+        ("NVIDIA-RTX-A6000", GpuGeneration.AMPERE, "8.6"),
+        ("NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition", GpuGeneration.BLACKWELL, "12.0"),
+        ("NVIDIA-B300-SXM6-AC", GpuGeneration.BLACKWELL, "10.3"),
+        # An unnamed product that names its architecture: the generation, without a capability.
+        ("NVIDIA-RTX-PRO-4500-Blackwell", GpuGeneration.BLACKWELL, None),
+        ("NVIDIA-A1000", GpuGeneration.UNKNOWN, None),
+    ],
+)
+def test_product_labels_give_generation_and_compute_capability(
+    product: str, generation: GpuGeneration, capability: str | None
+) -> None:
+    facts = gpu_facts([{"nvidia.com/gpu.product": product}])
+    assert (facts.generation, facts.compute_capability) == (generation, capability)
+    assert facts.source == ("None" if generation is GpuGeneration.UNKNOWN else "Product")

@@ -72,7 +72,16 @@ ROWS: list[tuple[str, str, dict[str, Any], KVCacheDtype, set[str], str | None]] 
     ("blackwell", "B200", {"images.fp8Patched": None}, KVCacheDtype.FP8, {"BlackwellNoFixNeeded"}, "FLASHINFER"),
     ("gb200", "GB200", {}, KVCacheDtype.FP8, {"BlackwellNoFixNeeded"}, "FLASHINFER"),
     ("ampere-auto", "A100", {}, KVCacheDtype.BF16, {"NoFP8TensorCores"}, None),
-    ("ampere-explicit-fp8", "A100", {"kvCache.dtype": "FP8"}, KVCacheDtype.FP8, {"FP8Requested"}, "TRITON_ATTN"),
+    # TRITON_ATTN refuses an FP8 KV cache below compute capability 8.9: FlashInfer runs it on Ampere.
+    ("ampere-explicit-fp8", "A100", {"kvCache.dtype": "FP8"}, KVCacheDtype.FP8, {"FP8Requested"}, "FLASHINFER"),
+    (
+        "ampere-explicit-fp8-head-dim-96",
+        "A100",
+        {"kvCache.dtype": "FP8", "model.headDim": 96},
+        KVCacheDtype.BF16,
+        {"NoFP8AttentionBackend", "FP8Refused"},
+        None,
+    ),
     ("ada-patched", "L40S", {}, KVCacheDtype.FP8, {"TwoLevelAccumulationImage"}, "TRITON_ATTN"),
     ("ada-no-image", "L40S", {"images.fp8Patched": None}, KVCacheDtype.BF16, {"NoTwoLevelImage"}, None),
     ("unknown-gpu", "unknown", {}, KVCacheDtype.BF16, {"UnknownGPU"}, None),
@@ -155,6 +164,44 @@ ROWS: list[tuple[str, str, dict[str, Any], KVCacheDtype, set[str], str | None]] 
         KVCacheDtype.FP8,
         {"CalibratedScales"},
         "FLASHMLA",
+    ),
+    # FlashMLA runs on compute capability 9.x and 10.x only: on Ada the MLA canary gets TRITON_MLA.
+    (
+        "mla-calibrated-ada",
+        "L40S",
+        {"model.attention": "MLA", "kvCache.scales": "Calibrated", "kvCache.scalesSource": "hf://x"},
+        KVCacheDtype.FP8,
+        {"CalibratedScales", "CanaryFP8"},
+        "TRITON_MLA",
+    ),
+    (
+        "mla-calibrated-ampere-explicit-fp8",
+        "A100",
+        {
+            "model.attention": "MLA",
+            "kvCache.scales": "Calibrated",
+            "kvCache.scalesSource": "hf://x",
+            "kvCache.dtype": "FP8",
+        },
+        KVCacheDtype.BF16,
+        {"NoFP8AttentionBackend", "FP8Refused"},
+        None,
+    ),
+    (
+        "mla-calibrated-rtx-pro-6000-blackwell",
+        "RTX-PRO-6000",
+        {"model.attention": "MLA", "kvCache.scales": "Calibrated", "kvCache.scalesSource": "hf://x"},
+        KVCacheDtype.FP8,
+        {"BlackwellNoFixNeeded"},
+        "TRITON_MLA",
+    ),
+    (
+        "hopper-head-dim-512-no-fa3",
+        "H100",
+        {"model.headDim": 512},
+        KVCacheDtype.BF16,
+        {"NoFP8AttentionBackend"},
+        None,
     ),
     (
         "mla-calibrated-blackwell",
@@ -267,7 +314,7 @@ def specs(draw: st.DrawFn) -> KVPolicySpec:
     sliding: dict[str, Any] | None = draw(
         st.one_of(
             st.none(),
-            st.builds(lambda c, w: {"count": c, "windowTokens": w}, st.integers(1, 128), st.integers(1, 65536)),
+            st.builds(lambda c, w: {"count": c, "windowTokens": w}, st.integers(1, layers), st.integers(1, 65536)),
         )
     )
     calibrated = draw(st.booleans())
@@ -400,4 +447,4 @@ def test_plan_cli_bad_input(
 
 def test_plan_cli_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert plan_cli.main(["-f", "/nonexistent/policy.yaml", "--gpu", "H100"]) == 2
-    assert "cannot read /nonexistent/policy.yaml" in capsys.readouterr().err
+    assert "cannot read KVPolicy manifest /nonexistent/policy.yaml: No such file" in capsys.readouterr().err

@@ -22,3 +22,18 @@ def test_readme_example_table_matches_the_planner() -> None:
         row = next(line for line in README.splitlines() if line.startswith(f"| `{example}`"))
         cells = [cell.strip() for cell in row.strip("|").split("|")][1:]
         assert cells == [by_gpu[g] for g in ("H100", "H200", "B200", "A100", "L40S")], example
+
+
+def test_readme_embeds_the_attention_backend_table() -> None:
+    from kvpolicy.attention import table_markdown
+
+    start, end = "<!-- backends:start -->\n", "<!-- backends:end -->"
+    embedded = README.split(start, 1)[1].split(end, 1)[0]
+    assert embedded.strip() == table_markdown().strip(), "README backend table is stale: kvpolicy.attention"
+
+
+def test_readme_lists_every_gpu_name_plan_takes() -> None:
+    from kvpolicy.gpu import PRODUCTS
+
+    listed = README.split("`--gpu` takes every GPU the", 1)[1].split(")", 1)[0]
+    assert [name.strip() for name in listed.split(":", 1)[1].split(",")] == [p.name for p in PRODUCTS]

@@ -19,6 +19,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO_ROOT / "charts" / "kvpolicy-operator"
 CUSTOM_VALUES = Path(__file__).resolve().parent / "values-custom.yaml"
+HA_VALUES = Path(__file__).resolve().parent / "values-ha.yaml"
 RELEASE = "kvp"
 RELEASE_NAMESPACE = "kvpolicy-system"
 

@@ -10,6 +10,7 @@ import yaml
 from chart_helpers import (
     CHART_DIR,
     CUSTOM_VALUES,
+    HA_VALUES,
     RELEASE,
     RELEASE_NAMESPACE,
     Manifest,
@@ -47,6 +48,11 @@ def default_manifests(render: Renderer) -> list[Manifest]:
 @pytest.fixture(scope="session")
 def custom_manifests(render: Renderer) -> list[Manifest]:
     return render("--values", CUSTOM_VALUES)
+
+
+@pytest.fixture(scope="session")
+def ha_manifests(render: Renderer) -> list[Manifest]:
+    return render("--values", HA_VALUES)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import pytest
 from chart_helpers import (
     CHART_DIR,
     CUSTOM_VALUES,
+    HA_VALUES,
     RELEASE_NAMESPACE,
     Manifest,
     Renderer,
@@ -24,7 +25,9 @@ from chart_helpers import (
 )
 
 
-@pytest.mark.parametrize("values", [[], ["--values", CUSTOM_VALUES]], ids=["default", "custom"])
+@pytest.mark.parametrize(
+    "values", [[], ["--values", CUSTOM_VALUES], ["--values", HA_VALUES]], ids=["default", "custom", "ha"]
+)
 def test_helm_lint_strict_passes(helm: Path, values: list[str | Path]) -> None:
     result = run_tool([helm, "lint", "--strict", CHART_DIR, *values])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -189,7 +192,8 @@ def documented_rbac() -> dict[str, set[Triple]]:
             group = row["group"].strip('"')  # the core group is written `""`
             triples = {(group, row["resource"], verb.strip()) for verb in row["verbs"].split(",")}
             by_scope.setdefault(row["scope"].strip(), set()).update(triples)
-    assert set(by_scope) == {"namespaced", "cluster", "cluster, with watchNamespaces"}, by_scope.keys()
+    scopes = {"namespaced", "cluster", "cluster, with watchNamespaces", "release namespace, with leader election"}
+    assert set(by_scope) == scopes, by_scope.keys()
     return by_scope
 
 
@@ -197,6 +201,12 @@ def test_readme_rbac_table_parses_into_every_scope() -> None:
     documented = documented_rbac()
     assert ("kvpolicy.dev", "kvpolicies/status", "patch") in documented["namespaced"]
     assert ("", "nodes", "list") in documented["cluster"]
+
+
+def test_leader_election_role_grants_exactly_the_documented_rules(ha_manifests: list[Manifest]) -> None:
+    [role] = [role for role in of_kind(ha_manifests, "Role") if role["metadata"]["name"].endswith("-leader-election")]
+    assert role["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert granted(role) == documented_rbac()["release namespace, with leader election"]
 
 
 def test_all_namespaces_cluster_role_grants_exactly_the_documented_rules(default_manifests: list[Manifest]) -> None:

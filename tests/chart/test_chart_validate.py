@@ -39,7 +39,7 @@ def validate_strictly(manifests: list[Manifest], version: str) -> list[str]:
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-@pytest.mark.parametrize("manifests_fixture", ["default_manifests", "custom_manifests"])
+@pytest.mark.parametrize("manifests_fixture", ["default_manifests", "custom_manifests", "ha_manifests"])
 def test_rendered_manifests_validate_strictly(
     manifests_fixture: str, version: str, request: pytest.FixtureRequest
 ) -> None:

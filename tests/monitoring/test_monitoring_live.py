@@ -48,7 +48,7 @@ def test_rules_load_and_evaluate(prometheus: PrometheusServer) -> None:
 
     wait_until(lambda: all(rule.get("lastEvaluation", "").startswith("2") for rule in evaluated()), 30, "rules")
     rules = evaluated()
-    assert len(rules) == 6
+    assert len(rules) == 8
     assert {rule["name"]: rule["health"] for rule in rules} == dict.fromkeys({rule["name"] for rule in rules}, "ok")
 
 

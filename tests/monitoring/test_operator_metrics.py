@@ -70,12 +70,12 @@ def test_analysis_numbers_follow_the_latest_check() -> None:
     assert value(metrics, "kvpolicy_analysis_latency_max_ratio", **ttft_p95) == 1.2
     assert value(metrics, "kvpolicy_analysis_latency_seconds", **ttft_p95, role="canary") == pytest.approx(0.6)
     assert value(metrics, "kvpolicy_analysis_latency_seconds", **ttft_p95, role="baseline") == pytest.approx(0.4)
-    assert value(metrics, "kvpolicy_analysis_verdicts_total", verdict="Breach") == 1
+    assert value(metrics, "kvpolicy_analysis_verdicts_total", namespace="llm", policy="m", verdict="Breach") == 1
     no_data = assess(CONFIG, side("canary", 0.3, requests=0), side("baseline", 0.2))
     assert no_data.kind is VerdictKind.NO_DATA
     metrics.record_analysis("llm", "m", no_data)
     assert value(metrics, "kvpolicy_analysis_latency_ratio", **ttft_p95) is None
-    assert value(metrics, "kvpolicy_analysis_verdicts_total", verdict="NoData") == 1
+    assert value(metrics, "kvpolicy_analysis_verdicts_total", namespace="llm", policy="m", verdict="NoData") == 1
 
 
 def test_phase_deadline_moves_with_the_phase_and_policies_are_forgotten() -> None:
@@ -90,7 +90,7 @@ def test_phase_deadline_moves_with_the_phase_and_policies_are_forgotten() -> Non
     metrics.record_analysis("llm", "m", assess(CONFIG, side("canary", 0.2), side("baseline", 0.2)))
     metrics.forget_policy("llm", "m")
     exposition = metrics.exposition().decode()
-    assert 'policy="m"' not in exposition
+    assert 'policy="m"' not in exposition  # verdict counts included
     assert value(metrics, deadline, namespace="llm", policy="other", phase="Canary") == 3000
     metrics.set_phase_deadline("llm", "other", "Promoted", None)
     assert value(metrics, deadline, namespace="llm", policy="other", phase="Canary") is None
@@ -98,13 +98,13 @@ def test_phase_deadline_moves_with_the_phase_and_policies_are_forgotten() -> Non
 
 def test_instances_do_not_share_state() -> None:
     first, second = OperatorMetrics(), OperatorMetrics()
-    first.record_verdict("Pass")
-    assert value(second, "kvpolicy_analysis_verdicts_total", verdict="Pass") is None
+    first.record_verdict("llm", "m", "Pass")
+    assert value(second, "kvpolicy_analysis_verdicts_total", namespace="llm", policy="m", verdict="Pass") is None
 
 
 async def test_metrics_and_health_endpoints() -> None:
     metrics = OperatorMetrics()
-    metrics.record_verdict("ProviderUnavailable")
+    metrics.record_verdict("llm", "m", "ProviderUnavailable")
     async with TestClient(TestServer(metrics_app(metrics))) as client:
         health = await client.get("/healthz")
         assert health.status == 200 and await health.text() == "ok\n"
@@ -114,7 +114,8 @@ async def test_metrics_and_health_endpoints() -> None:
         families = {family.name: family for family in text_string_to_metric_families(await response.text())}
     assert families["kvpolicy_build_info"].samples[0].value == 1
     verdicts = families["kvpolicy_analysis_verdicts"].samples
-    assert any(s.labels == {"verdict": "ProviderUnavailable"} and s.value == 1 for s in verdicts)
+    expected = {"namespace": "llm", "policy": "m", "verdict": "ProviderUnavailable"}
+    assert any(s.labels == expected and s.value == 1 for s in verdicts)
 
 
 def test_unresolved_quantiles_are_not_published_and_the_means_are() -> None:

@@ -28,6 +28,8 @@ def test_flags_mirror_vllm_serve_and_the_model_names_the_server() -> None:
     [
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["--gpu", "v100"], "invalid choice: 'v100'"),
+        (["--port", "99999"], "argument --port: 99999 is not a TCP port (0 to 65535)"),
+        (["--port", "http"], "argument --port: 'http' is not a port number"),
         (["--kv-cache-dtype-skip-layers", "every_other"], "--kv-cache-dtype-skip-layers takes"),
         (
             ["openai/gpt-oss-20b", "--num-layers", "8"],

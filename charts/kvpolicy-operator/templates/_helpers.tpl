@@ -21,6 +21,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
+{{/* The Lease the replicas elect their leader with (coordination.k8s.io, in the release namespace). */}}
+{{- define "kvpolicy-operator.leaseName" -}}
+{{- printf "%s-leader" (include "kvpolicy-operator.fullname" . | trunc 56 | trimSuffix "-") -}}
+{{- end -}}
+
 {{- define "kvpolicy-operator.serviceAccountName" -}}
 {{- default (include "kvpolicy-operator.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}

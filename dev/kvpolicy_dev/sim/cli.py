@@ -14,6 +14,17 @@ from kvpolicy_dev.sim.server import serve
 log = logging.getLogger("kvpolicy_dev.sim")
 
 
+def tcp_port(text: str) -> int:
+    """An argparse type: a TCP port number (0 lets the system pick a free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0 to 65535)")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvpolicy sim",
@@ -28,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     vllm = parser.add_argument_group("vllm serve flags")
     vllm.add_argument("--host", default="127.0.0.1")
-    vllm.add_argument("--port", type=int, default=8000)
+    vllm.add_argument("--port", type=tcp_port, default=8000)
     vllm.add_argument("--served-model-name", help="name clients use (default: MODEL)")
     vllm.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     vllm.add_argument(

@@ -3,7 +3,7 @@
 `kvpolicy crd` prints it; `crds/kvpolicy.yaml` is this output, and a test fails when the file is stale.
 The pydantic JSON schema is turned into a structural OpenAPI v3 schema: `$ref`s inlined, `anyOf [T, null]` collapsed
 to `T`, titles dropped, nested objects defaulted to `{}` so the API server applies their defaults, and each model's
-`Rule`s attached as `x-kubernetes-validations`.
+`Rule`s attached as `x-kubernetes-validations`. Integers are `format: int64`, the range the API server stores.
 """
 
 from __future__ import annotations
@@ -20,14 +20,34 @@ from kvpolicy.api import v1alpha1 as api
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-    {"name": "KV", "type": "string", "jsonPath": ".status.plan.kvCacheDtype", "description": "Planned KV dtype"},
+    # What the target serves after the latest decision: a rolled-back FP8 plan reads BF16 here, not FP8.
+    {
+        "name": "KV",
+        "type": "string",
+        "jsonPath": ".status.decision.kvCacheDtype",
+        "description": "KV cache dtype the target serves after the latest decision",
+    },
     {"name": "GPU", "type": "string", "jsonPath": ".status.gpu.product"},
     {"name": "Decision", "type": "string", "jsonPath": ".status.decision.result"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.decision.reason"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {
+        "name": "Planned",
+        "type": "string",
+        "jsonPath": ".status.plan.kvCacheDtype",
+        "description": "KV cache dtype the current plan asks for",
+        "priority": 1,
+    },
 ]
 
 _DROP_KEYS = {"title"}
+
+
+def _validation(rule: api.Rule) -> dict[str, str]:
+    entry = {"rule": rule.cel, "message": rule.message}
+    if rule.message_expression is not None:
+        entry["messageExpression"] = rule.message_expression
+    return entry
 
 
 def _model_rules() -> dict[str, list[dict[str, str]]]:
@@ -36,7 +56,7 @@ def _model_rules() -> dict[str, list[dict[str, str]]]:
     for value in vars(api).values():
         rules: tuple[api.Rule, ...] = getattr(value, "rules", ())
         if isinstance(value, type) and issubclass(value, BaseModel) and rules:
-            found[value.__name__] = [{"rule": r.cel, "message": r.message} for r in rules]
+            found[value.__name__] = [_validation(r) for r in rules]
     return found
 
 
@@ -75,6 +95,8 @@ class _Structuralizer:
                 continue  # extra="forbid": structural schemas prune unknown fields instead
             else:
                 out[key] = self.convert(value)
+        if out.get("type") == "integer":
+            out.setdefault("format", "int64")
         if out.get("type") == "object" and "properties" in out:
             required = set(out.get("required", []))
             for prop, sub in out["properties"].items():
@@ -157,8 +179,12 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     text = reference_markdown() + "\n" if args.reference else render()
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        try:
+            with open(args.output, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        except OSError as error:
+            print(f"kvpolicy crd: cannot write {args.output}: {error.strerror}", file=sys.stderr)
+            return 1
     else:
         sys.stdout.write(text)
     return 0

@@ -87,6 +87,7 @@ class PlanCode(StrEnum):
     TWO_LEVEL_ACCUMULATION_IMAGE = "TwoLevelAccumulationImage"
     BLACKWELL_NO_FIX_NEEDED = "BlackwellNoFixNeeded"
     NO_FP8_TENSOR_CORES = "NoFP8TensorCores"
+    NO_FP8_ATTENTION_BACKEND = "NoFP8AttentionBackend"
     MLA_REQUIRES_CALIBRATED_SCALES = "MLARequiresCalibratedScales"
     BELOW_DECODE_BREAK_EVEN = "BelowDecodeBreakEven"
     ABOVE_DECODE_BREAK_EVEN = "AboveDecodeBreakEven"
@@ -163,6 +164,7 @@ BF16_CAUSES = (
     PlanCode.NO_TWO_LEVEL_IMAGE,
     PlanCode.MLA_REQUIRES_CALIBRATED_SCALES,
     PlanCode.NO_FP8_TENSOR_CORES,
+    PlanCode.NO_FP8_ATTENTION_BACKEND,
     PlanCode.HEAD_DIM_256_PREFILL_PENALTY,
     PlanCode.BELOW_DECODE_BREAK_EVEN,
     PlanCode.BF16_REQUESTED,

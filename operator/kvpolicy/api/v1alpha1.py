@@ -3,7 +3,8 @@
 Conventions (Kubernetes API): camelCase fields, spec/status split, no floats in spec (ratios are decimal strings),
 durations as integer `...Seconds`, `metav1.Condition`s in status. Each cross-field rule is declared once as a `Rule`:
 the CRD carries it as a CEL `x-kubernetes-validations` entry and pydantic enforces the same check offline, with the
-same message, so `kvpolicy plan -f` rejects exactly what the API server would.
+same message, so `kvpolicy plan -f` rejects exactly what the API server would. Spec types are as strict as the API
+server's: `headDim: "128"` or `enabled: "true"` are refused, not coerced, and integers must fit in 64 bits.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "kvpolicy.dev"
@@ -31,16 +32,48 @@ ANSWER_HEADROOM_TOKENS = 128
 
 DECIMAL_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
 _DECIMAL_RE = re.compile(DECIMAL_PATTERN)
+# The API server stores integers as int64 and refuses larger ones.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# metadata.name of a custom resource: a DNS-1123 subdomain, as the API server validates it.
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+NAME_MAX_LENGTH = 253
+# metadata.namespace: a DNS-1123 label.
+NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+NAMESPACE_MAX_LENGTH = 63
+
+# Spec types without pydantic's lax coercion: "128" is not an integer and "true" is not a boolean to the API server.
+Int = Annotated[int, Strict()]
+Bool = Annotated[bool, Strict()]
 
 
 @dataclass(frozen=True)
 class Rule:
-    """A cross-field validation rule: `cel` for the API server, `check` for offline validation, one `message`."""
+    """A cross-field validation rule: `cel` for the API server, `check` for offline validation, one `message`.
+
+    `values` and `values_cel` render the offending values (e.g. "262144 > 131072") the same way in Python and in CEL:
+    the CRD appends them to the message through a `messageExpression`, pydantic through `failure`.
+    """
 
     cel: str
     message: str
     check: Callable[[Any], bool]
-    field_path: str = ""
+    values: Callable[[Any], str] | None = None
+    values_cel: str = ""
+
+    def failure(self, model: Any) -> str:
+        return f"{self.message} ({self.values(model)})" if self.values is not None else self.message
+
+    @property
+    def message_expression(self) -> str | None:
+        """The CEL expression the API server evaluates for the message of a failed rule (None: `message` alone)."""
+        if not self.values_cel:
+            return None
+        return f"'{self.message} (' + {self.values_cel} + ')'"
+
+
+def _quoted(value: str) -> str:
+    """A string value as the messages show it, "like this" (the CEL side writes '"' + value + '"')."""
+    return f'"{value}"'
 
 
 class _Model(BaseModel):
@@ -52,11 +85,19 @@ class _Model(BaseModel):
     # Rules declared by subclasses; collected into the CRD by kvpolicy.api.crd.
     rules: ClassVar[tuple[Rule, ...]] = ()
 
+    @field_validator("*")
+    @classmethod
+    def _fits_in_int64(cls, value: Any) -> Any:
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, int) and not INT64_MIN <= item <= INT64_MAX:
+                raise ValueError(f"{item} does not fit in a 64-bit integer, the largest the API server stores")
+        return value
+
     @model_validator(mode="after")
     def _check_rules(self) -> Self:
         for rule in type(self).rules:
             if not rule.check(self):
-                raise ValueError(rule.message)
+                raise ValueError(rule.failure(self))
         return self
 
     def to_k8s(self) -> dict[str, Any]:
@@ -80,6 +121,10 @@ def parse_decimal(value: str) -> float:
 
 def _positive(value: str) -> bool:
     return _DECIMAL_RE.match(value) is not None and Decimal(value) > 0
+
+
+def _quantile(value: str) -> bool:
+    return _positive(value) and Decimal(value) < 1
 
 
 # ---------------------------------------------------------------------------------------------------------- enums
@@ -229,11 +274,11 @@ class SlidingWindow(_Model):
         ),
     )
 
-    layers: list[Annotated[int, Field(ge=0)]] | None = Field(
+    layers: list[Annotated[Int, Field(ge=0)]] | None = Field(
         default=None, max_length=1024, description="Indices of the sliding-window layers."
     )
-    count: int | None = Field(default=None, ge=1, description="Number of sliding-window layers.")
-    window_tokens: int = Field(ge=1, description="Window size in tokens.")
+    count: Int | None = Field(default=None, ge=1, description="Number of sliding-window layers.")
+    window_tokens: Int = Field(ge=1, description="Window size in tokens.")
 
     @property
     def layer_count(self) -> int:
@@ -244,10 +289,10 @@ class ModelSpec(_Model):
     """Facts about the served model that the planner needs."""
 
     served_model_name: str = Field(min_length=1, description="Name the server answers to (--served-model-name).")
-    head_dim: int = Field(ge=16, le=1024, description="Attention head dimension (64, 128, 256, ...).")
-    num_layers: int = Field(ge=1, le=1024, description="Number of attention layers.")
+    head_dim: Int = Field(ge=16, le=1024, description="Attention head dimension (64, 128, 256, ...).")
+    num_layers: Int = Field(ge=1, le=1024, description="Number of attention layers.")
     attention: AttentionKind = Field(default=AttentionKind.GQA, description="MHA, GQA or MLA.")
-    max_model_len: int = Field(ge=1, description="Maximum model length in tokens (--max-model-len).")
+    max_model_len: Int = Field(ge=1, description="Maximum model length in tokens (--max-model-len).")
     sliding_window: SlidingWindow | None = Field(default=None, description="Sliding-window layers, if any.")
 
 
@@ -259,17 +304,19 @@ class WorkloadSpec(_Model):
             cel="!has(self.typicalContextTokens) || self.typicalContextTokens <= self.maxContextTokens",
             message="workload.typicalContextTokens must not exceed workload.maxContextTokens",
             check=lambda m: m.typical_context_tokens is None or m.typical_context_tokens <= m.max_context_tokens,
+            values=lambda m: f"{m.typical_context_tokens} > {m.max_context_tokens}",
+            values_cel="string(self.typicalContextTokens) + ' > ' + string(self.maxContextTokens)",
         ),
     )
 
-    max_context_tokens: int = Field(ge=1, description="Longest prompt the workload sends, in tokens.")
-    typical_context_tokens: int | None = Field(
+    max_context_tokens: Int = Field(ge=1, description="Longest prompt the workload sends, in tokens.")
+    typical_context_tokens: Int | None = Field(
         default=None, ge=1, description="Typical prompt length; defaults to maxContextTokens."
     )
-    prefill_latency_critical: bool = Field(
+    prefill_latency_critical: Bool = Field(
         default=False, description="Time to first token matters more than decode speed (e.g. a TTFT objective)."
     )
-    decode_break_even_tokens: int | None = Field(
+    decode_break_even_tokens: Int | None = Field(
         default=None,
         ge=1,
         description="Context length above which FP8 decodes faster on your setup; defaults to the published figure "
@@ -333,22 +380,26 @@ class AccuracyGate(_Model):
             cel="double(self.minRecovery) > 0.0 && double(self.minRecovery) <= 1.0",
             message='gates.accuracy.minRecovery must be a number in (0, 1], such as "0.95"',
             check=lambda m: _positive(m.min_recovery) and Decimal(m.min_recovery) <= 1,
+            values=lambda m: f"got {_quoted(m.min_recovery)}",
+            values_cel="'got \"' + self.minRecovery + '\"'",
         ),
         Rule(
             cel="double(self.confidence) > 0.0 && double(self.confidence) < 1.0",
             message='gates.accuracy.confidence must be a number in (0, 1), such as "0.95"',
             check=lambda m: _positive(m.confidence) and Decimal(m.confidence) < 1,
+            values=lambda m: f"got {_quoted(m.confidence)}",
+            values_cel="'got \"' + self.confidence + '\"'",
         ),
     )
 
-    enabled: bool = Field(default=True, description="Run the long-context accuracy gate before any traffic.")
-    length_tokens: int | None = Field(
+    enabled: Bool = Field(default=True, description="Run the long-context accuracy gate before any traffic.")
+    length_tokens: Int | None = Field(
         default=None, ge=1, description="Prompt length for the gate; defaults to workload.maxContextTokens."
     )
     min_recovery: str = decimal_string('Minimum canary/baseline NIAH score ratio, e.g. "0.95".', "0.95")
-    max_samples: int = Field(default=100, ge=1, le=10000, description="Hard cap on prompts per side.")
+    max_samples: Int = Field(default=100, ge=1, le=10000, description="Hard cap on prompts per side.")
     confidence: str = decimal_string("Confidence of the recovery interval used to stop early.", "0.95")
-    timeout_seconds: int = Field(default=3600, ge=1, description="Deadline for the gate Job.")
+    timeout_seconds: Int = Field(default=3600, ge=1, description="Deadline for the gate Job.")
 
 
 class LatencyGate(_Model):
@@ -359,6 +410,8 @@ class LatencyGate(_Model):
             cel="double(self.ttftMaxRatio) > 0.0 && double(self.itlMaxRatio) > 0.0",
             message='gates.latency.ttftMaxRatio and itlMaxRatio must be numbers > 0, such as "1.10"',
             check=lambda m: _positive(m.ttft_max_ratio) and _positive(m.itl_max_ratio),
+            values=lambda m: f"got {_quoted(m.ttft_max_ratio)} and {_quoted(m.itl_max_ratio)}",
+            values_cel="'got \"' + self.ttftMaxRatio + '\" and \"' + self.itlMaxRatio + '\"'",
         ),
         Rule(
             cel="self.provider != 'Prometheus' || has(self.prometheusURL)",
@@ -368,11 +421,13 @@ class LatencyGate(_Model):
         Rule(
             cel="self.quantiles.all(q, double(q) > 0.0 && double(q) < 1.0)",
             message='gates.latency.quantiles must be numbers in (0, 1), such as "0.95"',
-            check=lambda m: all(_positive(q) and Decimal(q) < 1 for q in m.quantiles),
+            check=lambda m: all(_quantile(q) for q in m.quantiles),
+            values=lambda m: f"got {_quoted(next(q for q in m.quantiles if not _quantile(q)))}",
+            values_cel="'got \"' + self.quantiles.filter(q, !(double(q) > 0.0 && double(q) < 1.0))[0] + '\"'",
         ),
     )
 
-    enabled: bool = Field(default=True, description="Compare canary and baseline TTFT/ITL before promoting.")
+    enabled: Bool = Field(default=True, description="Compare canary and baseline TTFT/ITL before promoting.")
     provider: LatencyProvider = Field(
         default=LatencyProvider.SCRAPE,
         description="Prometheus (PromQL over prometheusURL) or Scrape (the pods' /metrics directly).",
@@ -385,14 +440,14 @@ class LatencyGate(_Model):
     quantiles: list[Annotated[str, Field(pattern=DECIMAL_PATTERN)]] = Field(
         default=["0.5", "0.95"], min_length=1, max_length=8, description="Quantiles compared."
     )
-    window_seconds: int = Field(default=300, ge=10, description="Window each check looks back over.")
-    min_requests: int = Field(default=50, ge=0, description="Fewer requests per side in the window = NoData.")
-    interval_seconds: int = Field(default=60, ge=1, description="Time between checks.")
-    consecutive_failure_limit: int = Field(default=3, ge=1, description="Breaches in a row that roll back.")
+    window_seconds: Int = Field(default=300, ge=10, description="Window each check looks back over.")
+    min_requests: Int = Field(default=50, ge=0, description="Fewer requests per side in the window = NoData.")
+    interval_seconds: Int = Field(default=60, ge=1, description="Time between checks.")
+    consecutive_failure_limit: Int = Field(default=3, ge=1, description="Breaches in a row that roll back.")
     on_inconclusive: OnInconclusive = Field(
         default=OnInconclusive.HOLD, description="What NoData/ProviderUnavailable do after the stall deadline."
     )
-    inconclusive_deadline_seconds: int = Field(
+    inconclusive_deadline_seconds: Int = Field(
         default=1800, ge=1, description="How long checks may stay inconclusive before onInconclusive applies."
     )
 
@@ -400,7 +455,7 @@ class LatencyGate(_Model):
 class GpuPreflightGate(_Model):
     """Accumulation-cliff probe Job on the target GPU pool (Hopper and Ada)."""
 
-    enabled: bool = Field(default=False, description="Run the accumulation-cliff probe Job on the target GPU pool.")
+    enabled: Bool = Field(default=False, description="Run the accumulation-cliff probe Job on the target GPU pool.")
     image: str | None = Field(default=None, min_length=1, description="Probe image; defaults to the operator's.")
 
 
@@ -415,20 +470,20 @@ class GatesSpec(_Model):
 class RolloutSpec(_Model):
     """How the canary is run, held, approved or aborted."""
 
-    canary_replicas: int = Field(default=1, ge=1, description="Replicas of the canary Deployment.")
-    progress_deadline_seconds: int = Field(
+    canary_replicas: Int = Field(default=1, ge=1, description="Replicas of the canary Deployment.")
+    progress_deadline_seconds: Int = Field(
         default=1800, ge=1, description="A canary not ready by then (e.g. Pending for GPUs) is rolled back."
     )
-    bake_seconds: int = Field(default=600, ge=0, description="Latency analysis window before promotion.")
+    bake_seconds: Int = Field(default=600, ge=0, description="Latency analysis window before promotion.")
     traffic: Traffic = Field(
         default=Traffic.REPLICA_RATIO,
         description="ReplicaRatio: after the accuracy gate, the canary joins the target's Service. Synthetic: it "
         "never takes user traffic; the latency probe drives it.",
     )
-    paused: bool = Field(default=False, description="Hold the rollout where it is.")
-    abort: bool = Field(default=False, description="Abort and roll back to BF16.")
+    paused: Bool = Field(default=False, description="Hold the rollout where it is.")
+    abort: Bool = Field(default=False, description="Abort and roll back to BF16.")
     approval: Approval = Field(default=Approval.AUTOMATIC, description="Manual holds before promotion.")
-    approved: bool = Field(default=False, description="With Manual approval: set true to promote.")
+    approved: Bool = Field(default=False, description="With Manual approval: set true to promote.")
 
 
 class KVPolicySpec(_Model):
@@ -437,6 +492,8 @@ class KVPolicySpec(_Model):
             cel="self.workload.maxContextTokens <= self.model.maxModelLen",
             message="workload.maxContextTokens must not exceed model.maxModelLen",
             check=lambda m: m.workload.max_context_tokens <= m.model.max_model_len,
+            values=lambda m: f"{m.workload.max_context_tokens} > {m.model.max_model_len}",
+            values_cel="string(self.workload.maxContextTokens) + ' > ' + string(self.model.maxModelLen)",
         ),
         Rule(
             cel="!has(self.gates) || !has(self.gates.accuracy) || !has(self.gates.accuracy.lengthTokens) "
@@ -445,6 +502,8 @@ class KVPolicySpec(_Model):
             check=lambda m: (
                 m.gates.accuracy.length_tokens is None or m.gates.accuracy.length_tokens <= m.model.max_model_len
             ),
+            values=lambda m: f"{m.gates.accuracy.length_tokens} > {m.model.max_model_len}",
+            values_cel="string(self.gates.accuracy.lengthTokens) + ' > ' + string(self.model.maxModelLen)",
         ),
         Rule(
             cel="!has(self.model.slidingWindow) || !has(self.model.slidingWindow.layers) "
@@ -455,6 +514,23 @@ class KVPolicySpec(_Model):
                 or m.model.sliding_window.layers is None
                 or all(i < m.model.num_layers for i in m.model.sliding_window.layers)
             ),
+            values=lambda m: (
+                f"{next(i for i in m.model.sliding_window.layers if i >= m.model.num_layers)} >= {m.model.num_layers}"
+            ),
+            values_cel="string(self.model.slidingWindow.layers.filter(i, i >= self.model.numLayers)[0]) + ' >= ' "
+            "+ string(self.model.numLayers)",
+        ),
+        Rule(
+            cel="!has(self.model.slidingWindow) || !has(self.model.slidingWindow.count) "
+            "|| self.model.slidingWindow.count <= self.model.numLayers",
+            message="model.slidingWindow.count must not exceed model.numLayers",
+            check=lambda m: (
+                m.model.sliding_window is None
+                or m.model.sliding_window.count is None
+                or m.model.sliding_window.count <= m.model.num_layers
+            ),
+            values=lambda m: f"{m.model.sliding_window.count} > {m.model.num_layers}",
+            values_cel="string(self.model.slidingWindow.count) + ' > ' + string(self.model.numLayers)",
         ),
     )
 
@@ -648,3 +724,31 @@ class KVPolicy(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: KVPolicySpec
     status: KVPolicyStatus = Field(default_factory=KVPolicyStatus)
+
+    @field_validator("api_version", "kind")
+    @classmethod
+    def _this_resource(cls, value: str, info: ValidationInfo) -> str:
+        field, expected = {"api_version": ("apiVersion", API_VERSION), "kind": ("kind", KIND)}[str(info.field_name)]
+        if value != expected:
+            raise ValueError(f"{field} must be {expected} (got {value!r})")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _names(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+        """The name and namespace checks the API server applies to any custom resource."""
+        checks = (
+            ("name", NAME_PATTERN, NAME_MAX_LENGTH, "DNS-1123 subdomain"),
+            ("namespace", NAMESPACE_PATTERN, NAMESPACE_MAX_LENGTH, "DNS-1123 label"),
+        )
+        for key, pattern, max_length, kind in checks:
+            value = metadata.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, str) or len(value) > max_length or not re.match(pattern, value):
+                raise ValueError(
+                    f"{key} {value!r} is not a valid {kind}: lowercase letters, digits and '-'"
+                    f"{', or dots between parts' if key == 'name' else ''}, starting and ending with a letter or "
+                    f"digit, at most {max_length} characters"
+                )
+        return metadata

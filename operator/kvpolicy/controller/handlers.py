@@ -49,9 +49,10 @@ class OperatorOptions:
     poll_seconds: float = 5.0
     idle_seconds: float = 300.0
     metrics_port: int | None = None
+    metrics_address: str = "0.0.0.0"
 
     @classmethod
-    def from_env(cls, metrics_port: int | None = None) -> OperatorOptions:
+    def from_env(cls, metrics_port: int | None = None, metrics_address: str = "0.0.0.0") -> OperatorOptions:
         """KVPOLICY_GATE_IMAGE, KVPOLICY_PROBE_IMAGE, KVPOLICY_POLL_SECONDS, KVPOLICY_IDLE_SECONDS."""
         return cls(
             gate_image=os.environ.get("KVPOLICY_GATE_IMAGE") or DEFAULT_GATE_IMAGE,
@@ -59,6 +60,7 @@ class OperatorOptions:
             poll_seconds=_positive_float("KVPOLICY_POLL_SECONDS", 5.0),
             idle_seconds=_positive_float("KVPOLICY_IDLE_SECONDS", 300.0),
             metrics_port=metrics_port,
+            metrics_address=metrics_address,
         )
 
     def step_config(self) -> StepConfig:
@@ -98,8 +100,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **
     memo["api"] = api
     memo["reconciler"] = Reconciler(api, options.step_config(), LatencyAnalyser())
     if options.metrics_port is not None:
-        memo["metrics_server"] = await metrics.start_metrics_server("0.0.0.0", options.metrics_port)
-        logger.info("metrics on :%d/metrics", options.metrics_port)
+        memo["metrics_server"] = await metrics.start_metrics_server(options.metrics_address, options.metrics_port)
+        logger.info("metrics on %s:%d/metrics", options.metrics_address, options.metrics_port)
 
 
 @kopf.on.cleanup(registry=registry)
