@@ -44,6 +44,7 @@ SERVER_VERSION = {
 OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
 _REASONS = {
     400: "BadRequest",
+    401: "Unauthorized",
     403: "Forbidden",
     404: "NotFound",
     409: "Conflict",
@@ -136,6 +137,8 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
     store: Store = attrs.field(factory=Store)
     # Reads a pod's container log for GET .../pods/NAME/log; the kubelet provides it.
     pod_log_reader: Callable[[str, str], str] | None = None
+    # Bearer tokens the server accepts; None accepts every request (the default: the cluster is a test fixture).
+    accepted_tokens: frozenset[str] | None = None
     _faults: list[Fault] = attrs.field(factory=list, init=False)
     _faults_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _closing: bool = attrs.field(default=False, init=False)
@@ -167,6 +170,11 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
     def clear_faults(self) -> None:
         with self._faults_lock:
             self._faults.clear()
+
+    def accept_tokens(self, tokens: frozenset[str] | None) -> None:
+        """From now on answer 401 Unauthorized, as kube-apiserver does, to requests without one of these bearer
+        tokens (None: accept everything). Revoking a token that a client holds is how tests expire it."""
+        self.accepted_tokens = tokens
 
     def close_watches(self) -> None:
         """End every watch stream, so the HTTP server can shut down without waiting for them."""
@@ -223,6 +231,10 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
 
     async def _serve(self, request: kmock.Request, path: ApiPath | None) -> aiohttp.web.StreamResponse:
         method = request.method.value
+        if self.accepted_tokens is not None:
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            if scheme != "Bearer" or token not in self.accepted_tokens:
+                raise ApiError(401, "Unauthorized", "Unauthorized")
         fault = self._take_fault(method, path)
         if fault is not None:
             raise fault
