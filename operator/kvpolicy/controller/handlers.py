@@ -16,6 +16,8 @@ import kopf
 
 from kvpolicy import __version__, metrics
 from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
+from kvpolicy.controller.builders import POLICY_LABEL
+from kvpolicy.controller.cached import CachedKubeApi, operator_selections
 from kvpolicy.controller.executor import post_events
 from kvpolicy.controller.kube import ApiError, KubernetesApi
 from kvpolicy.controller.login import ClusterLogin
@@ -102,7 +104,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **
     # The operator posts its own events with specific reasons; kopf's per-handler chatter would only add API load.
     settings.posting.level = logging.ERROR
     options: OperatorOptions = memo.get("options") or OperatorOptions.from_env()
-    api = await KubernetesApi.connect(_cluster_login(memo))
+    # The children each pass lists, and the nodes' labels, come from watches (controller/cached.py).
+    api = CachedKubeApi(await KubernetesApi.connect(_cluster_login(memo)), operator_selections(POLICY_LABEL))
     memo["api"] = api
     memo["reconciler"] = Reconciler(api, options.step_config(), LatencyAnalyser())
     if options.metrics_port is not None:

@@ -10,12 +10,14 @@ ones (409 Conflict, 429, 5xx, network) are worth another try after a backoff.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import aiohttp
 from kubernetes_asyncio.client import ApiClient, AppsV1Api, BatchV1Api, CoreV1Api, CustomObjectsApi
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.watch import Watch
 
 from kvpolicy import __version__
 from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
@@ -25,6 +27,10 @@ Obj = dict[str, Any]
 PatchType = Literal["merge", "json"]
 # Every write names this field manager, so the objects' managedFields attribute all the operator's writes to it.
 FIELD_MANAGER = "kvpolicy-operator"
+# Requests share a pool of this many connections; watches (one long-lived connection each) have a pool of their own,
+# so they can never take every connection from the requests.
+REQUEST_CONNECTIONS = 64
+WATCH_CONNECTIONS = 32
 CONTENT_TYPES: dict[PatchType, str] = {
     "merge": "application/merge-patch+json",
     "json": "application/json-patch+json",
@@ -104,27 +110,34 @@ _BUILTIN_APIS = {"": CoreV1Api, "apps": AppsV1Api, "batch": BatchV1Api}
 
 
 class KubernetesApi:
-    """`KubeApi` over one kubernetes_asyncio `ApiClient`; create with `await KubernetesApi.connect(login)`, then
-    `await close()` when done."""
+    """`KubeApi` over kubernetes_asyncio; create with `await KubernetesApi.connect(login)`, `await close()` when
+    done. Besides the KubeApi verbs it lists whole collections and watches them, for `cached.CachedKubeApi`."""
 
-    def __init__(self, client: ApiClient, login: ClusterLogin, timeout_seconds: float = 30.0) -> None:
+    def __init__(
+        self, client: ApiClient, watch_client: ApiClient, login: ClusterLogin, timeout_seconds: float = 30.0
+    ) -> None:
         self.login = login
         self.timeout_seconds = timeout_seconds
-        self._client = client
+        self._clients = (client, watch_client)
         self._builtin = {group: api(client) for group, api in _BUILTIN_APIS.items()}
         self._custom = CustomObjectsApi(client)
+        self._watch_builtin = {group: api(watch_client) for group, api in _BUILTIN_APIS.items()}
+        self._watch_custom = CustomObjectsApi(watch_client)
 
     @classmethod
     async def connect(cls, login: ClusterLogin, timeout_seconds: float = 30.0) -> KubernetesApi:
         configuration = await login.configuration()
-        # The library's pool defaults to 100 connections; 1,000 policies' loops share these.
-        configuration.connection_pool_maxsize = 64
-        client = ApiClient(configuration)
-        client.user_agent = f"{FIELD_MANAGER}/{__version__}"
-        return cls(client, login, timeout_seconds)
+        clients = []
+        for connections in (REQUEST_CONNECTIONS, WATCH_CONNECTIONS):
+            configuration.connection_pool_maxsize = connections  # read when the client's pool is made
+            client = ApiClient(configuration)
+            client.user_agent = f"{FIELD_MANAGER}/{__version__}"
+            clients.append(client)
+        return cls(clients[0], clients[1], login, timeout_seconds)
 
     async def close(self) -> None:
-        await self._client.close()
+        for client in self._clients:
+            await client.close()
 
     # --- KubeApi ----------------------------------------------------------------------------------------------
 
@@ -132,8 +145,7 @@ class KubernetesApi:
         return await self._call(resource, "read", namespace, missing_ok=True, name=name)
 
     async def list_objects(self, resource: Resource, namespace: str | None, label_selector: str = "") -> list[Obj]:
-        result = await self._call(resource, "list", namespace, label_selector=label_selector or None)
-        items: list[Obj] = (result or {}).get("items") or []
+        items: list[Obj] = (await self.list_collection(resource, namespace, label_selector)).get("items") or []
         return items
 
     async def create(self, resource: Resource, namespace: str, body: Obj) -> bool:
@@ -175,14 +187,57 @@ class KubernetesApi:
     async def post_event(self, namespace: str, body: Obj) -> None:
         await self._call(EVENTS, "create", namespace, body=body, field_manager=FIELD_MANAGER)
 
+    # --- lists and watches ------------------------------------------------------------------------------------
+
+    async def list_collection(self, resource: Resource, namespace: str | None, label_selector: str = "") -> Obj:
+        """The whole list as the API server sends it: `items`, and `metadata.resourceVersion` to watch from."""
+        return await self._call(resource, "list", namespace, label_selector=label_selector or None) or {}
+
+    async def watch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        label_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """(event type, object) from `resource_version` on, BOOKMARKs included, until the server ends the stream
+        after `timeout_seconds`. Failures (410 Gone for a version too old, 401, network) raise `ApiError`; after a
+        401 the credentials are loaded again first, so the caller's next list and watch use fresh ones."""
+        method, names = self._method(resource, "list", namespace, None, watching=True)
+        token = self.login.token
+        stream = Watch(return_type="object")  # the events' objects stay JSON, as everywhere in the operator
+        try:
+            async for event in stream.stream(
+                method,
+                **names,
+                label_selector=label_selector or None,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout_seconds,
+                _request_timeout=(self.timeout_seconds, timeout_seconds + self.timeout_seconds),
+            ):
+                yield str(event["type"]), event["raw_object"]
+        except ApiException as error:
+            if error.status == 401:
+                await self.login.refresh(rejected_token=token)
+            raise ApiError(int(error.status or 0), str(error.reason or "WatchFailed"), str(error.body or "")) from error
+        except Exception as error:  # network errors, and the library's bare Exception for a line it cannot read
+            raise ApiError(0, "WatchFailed", f"watch {resource.plural}: {error or type(error).__name__}") from error
+        finally:
+            await stream.close()
+
     # --- calling the generated API ----------------------------------------------------------------------------
 
-    def _method(self, resource: Resource, verb: str, namespace: str | None, subresource: str | None) -> Any:
+    def _method(
+        self, resource: Resource, verb: str, namespace: str | None, subresource: str | None, watching: bool = False
+    ) -> Any:
         """The generated method for a verb on a resource, e.g. AppsV1Api.patch_namespaced_deployment_status, with
         the arguments that name the resource; the caller adds the rest as keywords."""
         suffix = f"_{subresource}" if subresource else ""
-        if resource.group in self._builtin:
-            api = self._builtin[resource.group]
+        builtin, custom = (self._watch_builtin, self._watch_custom) if watching else (self._builtin, self._custom)
+        if resource.group in builtin:
+            api = builtin[resource.group]
             kind = resource.plural.removesuffix("s")
             if namespace is not None:
                 return getattr(api, f"{verb}_namespaced_{kind}{suffix}"), {"namespace": namespace}
@@ -190,9 +245,9 @@ class KubernetesApi:
             return getattr(api, all_namespaces if hasattr(api, all_namespaces) else f"{verb}_{kind}{suffix}"), {}
         names = {"group": resource.group, "version": resource.version}
         if namespace is None:  # only listed across namespaces
-            return self._custom.list_custom_object_for_all_namespaces, {**names, "resource_plural": resource.plural}
+            return custom.list_custom_object_for_all_namespaces, {**names, "resource_plural": resource.plural}
         verb = "get" if verb == "read" else verb
-        method = getattr(self._custom, f"{verb}_namespaced_custom_object{suffix}")
+        method = getattr(custom, f"{verb}_namespaced_custom_object{suffix}")
         return method, {**names, "plural": resource.plural, "namespace": namespace}
 
     async def _call(
