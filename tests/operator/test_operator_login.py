@@ -200,6 +200,24 @@ async def test_an_exec_plugin_logs_in_and_runs_again_after_a_401(
     assert tokens_sent(devcluster, before) == ["exec-1", "exec-1", "exec-1", "exec-2"]
 
 
+async def test_credentials_that_cannot_be_reloaded_after_a_401_are_a_retryable_error(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, exec_plugin: ExecPlugin
+) -> None:
+    """An exec plugin failing (its identity provider down, say) is worth another try later, not the end of a loop."""
+    devcluster.accept_tokens(frozenset({"exec-1"}))
+    api = await KubernetesApi.connect(ClusterLogin.discover({"KUBECONFIG": str(exec_plugin.kubeconfig)}))
+    try:
+        assert await api.list_objects(NODES, None)
+        devcluster.accept_tokens(frozenset({"exec-2"}))
+        exec_plugin.token_file.unlink()  # the plugin fails from now on
+        with pytest.raises(ApiError) as caught:
+            await api.list_objects(NODES, None)
+    finally:
+        await api.close()
+    assert (caught.value.reason, caught.value.retryable) == ("CredentialsUnavailable", True)
+    assert "exec: process returned 1" in caught.value.message
+
+
 async def test_an_exec_credential_is_renewed_before_it_expires(
     devcluster: ThreadedDevCluster, devcluster_namespace: str, exec_plugin: ExecPlugin
 ) -> None:

@@ -21,7 +21,7 @@ from kubernetes_asyncio.watch import Watch
 
 from kvpolicy import __version__
 from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
-from kvpolicy.controller.login import ClusterLogin
+from kvpolicy.controller.login import ClusterLogin, CredentialsError
 
 Obj = dict[str, Any]
 PatchType = Literal["merge", "json"]
@@ -205,7 +205,6 @@ class KubernetesApi:
         after `timeout_seconds`. Failures (410 Gone for a version too old, 401, network) raise `ApiError`; after a
         401 the credentials are loaded again first, so the caller's next list and watch use fresh ones."""
         method, names = self._method(resource, "list", namespace, None, watching=True)
-        token = self.login.token
         stream = Watch(return_type="object")  # the events' objects stay JSON, as everywhere in the operator
         try:
             async for event in stream.stream(
@@ -220,7 +219,7 @@ class KubernetesApi:
                 yield str(event["type"]), event["raw_object"]
         except ApiException as error:
             if error.status == 401:
-                await self.login.refresh(rejected_token=token)
+                await self._reload_credentials(None)
             raise ApiError(int(error.status or 0), str(error.reason or "WatchFailed"), str(error.body or "")) from error
         except Exception as error:  # network errors, and the library's bare Exception for a line it cannot read
             raise ApiError(0, "WatchFailed", f"watch {resource.plural}: {error or type(error).__name__}") from error
@@ -264,18 +263,18 @@ class KubernetesApi:
         again (a rotated token file, an expired exec credential) and the call is made once more."""
         method, names = self._method(resource, verb, namespace, subresource)
         for attempt in range(2):
-            token = self.login.token
             try:
                 response = await method(
                     **names, **arguments, _preload_content=False, _request_timeout=self.timeout_seconds
                 )
                 async with response:
                     status, text = response.status, await response.text()
+                    sent = response.request_info.headers.get("Authorization", "")
             except (aiohttp.ClientError, TimeoutError) as error:
                 what = f"{verb} {resource.plural}"
                 raise ApiError(0, "ConnectionError", f"{what}: {error or type(error).__name__}") from error
             if status == 401 and attempt == 0:
-                await self.login.refresh(rejected_token=token)
+                await self._reload_credentials(sent.removeprefix("Bearer ") or None)
                 continue
             if status == 404 and missing_ok:
                 return None
@@ -284,6 +283,12 @@ class KubernetesApi:
             result: Obj = json.loads(text) if text else {}
             return result
         raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _reload_credentials(self, rejected_token: str | None) -> None:
+        try:
+            await self.login.refresh(rejected_token)
+        except CredentialsError as error:  # e.g. an exec plugin whose identity provider is down: worth retrying
+            raise ApiError(0, "CredentialsUnavailable", str(error)) from error
 
 
 def _api_error(code: int, text: str) -> ApiError:
