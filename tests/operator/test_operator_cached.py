@@ -4,11 +4,12 @@ bookmarks, a 410 or a failing watch (lists fall back to the API server meanwhile
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from e2e_helpers import until
 from kvpolicy.controller import cached
 from kvpolicy.controller.cached import CachedKubeApi, Informer, Selection, equality_terms, operator_selections
 from kvpolicy.controller.kube import DEPLOYMENTS, NODES, SERVICES, KubernetesApi
@@ -35,14 +36,6 @@ async def api(devcluster: ThreadedDevCluster) -> AsyncIterator[CachedKubeApi]:
     client = CachedKubeApi(await KubernetesApi.connect(ClusterLogin.discover(devcluster.environ())), selections)
     yield client
     await client.close()
-
-
-async def until(check: Callable[[], bool], what: str, within: float = 10.0) -> None:
-    for _ in range(int(within / 0.05)):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {within} s waiting for {what}")
 
 
 async def until_listed(api: CachedKubeApi, namespace: str, selector: str, expected: list[str]) -> None:

@@ -16,8 +16,10 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from e2e_helpers import KVP, OperatorFactory, policy, target, wait_phase
+from e2e_helpers import KVP, OperatorFactory, policy, target, until, wait_phase
+from kvpolicy.controller import cached
 from kvpolicy.controller import login as login_module
+from kvpolicy.controller.cached import CachedKubeApi
 from kvpolicy.controller.kube import NODES, ApiError, KubernetesApi
 from kvpolicy.controller.login import ClusterLogin, CredentialsError, InCluster, KubeConfigFile, find_source
 from kvpolicy.devcluster import ThreadedDevCluster
@@ -176,6 +178,33 @@ async def test_a_401_without_fresher_credentials_is_an_error_that_is_not_retried
     assert tokens_sent(devcluster, before) == ["sa-1", "sa-1"], "one more try with the token read again"
 
 
+async def test_watches_resume_with_the_token_read_again_after_it_expired(
+    devcluster: ThreadedDevCluster,
+    devcluster_namespace: str,
+    service_account: ServiceAccount,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cached, "WATCH_SECONDS", 1)  # the server ends each watch after a second: it is resumed
+    monkeypatch.setattr(cached, "RETRY_SECONDS", 0.1)
+    devcluster.accept_tokens(frozenset({"sa-1"}))
+    login = ClusterLogin(InCluster(service_account.directory), service_account.environ)
+    api = CachedKubeApi(await KubernetesApi.connect(login), cached.operator_selections("kvpolicy.dev/policy"))
+    try:
+        await api.list_objects(NODES, None, "kvpolicy.dev/node-pool=h200")
+        informer = api.informer(NODES, None)
+        assert informer is not None
+        await until(lambda: informer.synced, "the node informer to sync")
+        service_account.rotate("sa-2")
+        devcluster.accept_tokens(frozenset({"sa-2"}))
+        before = request_count(devcluster)
+        await until(lambda: "sa-2" in tokens_sent(devcluster, before), "a request with the new token", within=15)
+        await until(lambda: informer.synced, "the node informer to sync again")
+        watches = [r for r in devcluster.call(lambda: list(devcluster.cluster.api))[before:] if r.params.get("watch")]
+        assert watches[-1].headers["Authorization"] == "Bearer sa-2"
+    finally:
+        await api.close()
+
+
 # --- kubeconfig exec plugins ---------------------------------------------------------------------------------------
 
 
@@ -218,25 +247,35 @@ async def test_credentials_that_cannot_be_reloaded_after_a_401_are_a_retryable_e
     assert "exec: process returned 1" in caught.value.message
 
 
-async def test_an_exec_credential_is_renewed_before_it_expires(
+def test_an_exec_credential_is_renewed_a_minute_before_it_expires_or_halfway_when_short_lived() -> None:
+    now = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
+    minutes = datetime.timedelta(minutes=1)
+    assert login_module.renewal_time(now + 15 * minutes, now) == now + 14 * minutes
+    assert login_module.renewal_time(now + minutes, now) == now + minutes / 2
+    assert login_module.renewal_time(now - minutes, now) == now + login_module.MIN_RENEWAL, "never busy-looping"
+    assert login_module.renewal_time(None, now) is None
+
+
+async def test_a_short_lived_exec_credential_is_renewed_without_waiting_for_a_401(
     devcluster: ThreadedDevCluster, devcluster_namespace: str, exec_plugin: ExecPlugin
 ) -> None:
-    # Renewed a minute before its expiry (EXPIRY_LEEWAY): this one is due 1 s after it is issued.
-    expiry = datetime.datetime.now(datetime.UTC) + login_module.EXPIRY_LEEWAY + datetime.timedelta(seconds=1)
+    expiry = datetime.datetime.now(datetime.UTC).replace(microsecond=0) + datetime.timedelta(seconds=12)
     exec_plugin.expires_file.write_text(expiry.strftime("%Y-%m-%dT%H:%M:%SZ"))
     login = ClusterLogin.discover({"KUBECONFIG": str(exec_plugin.kubeconfig)})
     api = await KubernetesApi.connect(login)
     try:
         info = await login.connection_info()
-        assert info.expiration is not None and info.token == "exec-1", "kopf logs in again at the expiry"
+        assert info.expiration == expiry and info.token == "exec-1", "kopf logs in again at the expiry"
         exec_plugin.token_file.write_text("exec-2")
         exec_plugin.expires_file.unlink()
         before = request_count(devcluster)
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(3.5)  # renewal due halfway through the 12 s: after about 6 s
+        assert await api.list_objects(NODES, None)
+        await asyncio.sleep(3.5)
         assert await api.list_objects(NODES, None)
     finally:
         await api.close()
-    assert tokens_sent(devcluster, before) == ["exec-2"], "renewed without waiting for a 401"
+    assert tokens_sent(devcluster, before) == ["exec-1", "exec-2"]
     assert exec_plugin.runs == 2
 
 

@@ -16,8 +16,6 @@ from typing import Any, Literal, Protocol
 
 import aiohttp
 from kubernetes_asyncio.client import ApiClient, AppsV1Api, BatchV1Api, CoreV1Api, CustomObjectsApi
-from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.watch import Watch
 
 from kvpolicy import __version__
 from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
@@ -203,28 +201,37 @@ class KubernetesApi:
     ) -> AsyncIterator[tuple[str, Obj]]:
         """(event type, object) from `resource_version` on, BOOKMARKs included, until the server ends the stream
         after `timeout_seconds`. Failures (410 Gone for a version too old, 401, network) raise `ApiError`; after a
-        401 the credentials are loaded again first, so the caller's next list and watch use fresh ones."""
+        401 the credentials are loaded again first, so the caller's next list and watch use fresh ones.
+
+        The generated list method streams the events; their lines are read here rather than through the library's
+        `Watch`, which builds an ApiClient (an aiohttp session and a TLS context) of its own for every stream."""
         method, names = self._method(resource, "list", namespace, None, watching=True)
-        stream = Watch(return_type="object")  # the events' objects stay JSON, as everywhere in the operator
         try:
-            async for event in stream.stream(
-                method,
+            response = await method(
                 **names,
                 label_selector=label_selector or None,
                 resource_version=resource_version,
                 allow_watch_bookmarks=True,
                 timeout_seconds=timeout_seconds,
+                watch=True,
+                _preload_content=False,
                 _request_timeout=(self.timeout_seconds, timeout_seconds + self.timeout_seconds),
-            ):
-                yield str(event["type"]), event["raw_object"]
-        except ApiException as error:
-            if error.status == 401:
-                await self._reload_credentials(None)
-            raise ApiError(int(error.status or 0), str(error.reason or "WatchFailed"), str(error.body or "")) from error
-        except Exception as error:  # network errors, and the library's bare Exception for a line it cannot read
+            )
+            async with response:
+                if response.status >= 400:
+                    if response.status == 401:
+                        sent = response.request_info.headers.get("Authorization", "")
+                        await self._reload_credentials(sent.removeprefix("Bearer ") or None)
+                    raise _api_error(response.status, await response.text())
+                async for line in response.content:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":  # e.g. 410 Gone: the version fell out of the server's window
+                        raise _api_error(int(event["object"].get("code") or 0), json.dumps(event["object"]))
+                    yield str(event["type"]), event["object"]
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as error:
             raise ApiError(0, "WatchFailed", f"watch {resource.plural}: {error or type(error).__name__}") from error
-        finally:
-            await stream.close()
 
     # --- calling the generated API ----------------------------------------------------------------------------
 

@@ -30,8 +30,10 @@ SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
 DEFAULT_KUBECONFIG = "~/.kube/config"
 TOKEN_REREAD_SECONDS = 60.0
-# Run an exec plugin again this long before its credential expires, so no request carries an expired token.
+# Run an exec plugin again this long before its credential expires, so no request carries an expired token; a short-
+# lived credential (under two minutes) halfway through its life instead, and never sooner than MIN_RENEWAL.
 EXPIRY_LEEWAY = datetime.timedelta(seconds=60)
+MIN_RENEWAL = datetime.timedelta(seconds=5)
 
 
 class CredentialsError(Exception):
@@ -83,6 +85,7 @@ class ClusterLogin:
         self._configuration: Configuration | None = None
         self._loaded_at = 0.0
         self._expires_at: datetime.datetime | None = None  # an exec plugin's credential expiry
+        self._renew_at: datetime.datetime | None = None
         self._lock = asyncio.Lock()
         self._handed_to_kopf = False
         self._kopf_token: str | None = None
@@ -135,7 +138,7 @@ class ClusterLogin:
         )
 
     def _due(self) -> bool:
-        if self._expires_at is not None and datetime.datetime.now(datetime.UTC) >= self._expires_at - EXPIRY_LEEWAY:
+        if self._renew_at is not None and datetime.datetime.now(datetime.UTC) >= self._renew_at:
             return True
         return isinstance(self.source, InCluster) and time.monotonic() - self._loaded_at >= self.reread_seconds
 
@@ -162,6 +165,7 @@ class ClusterLogin:
                     config_file=self.source.paths, client_configuration=configuration, persist_config=False
                 )
                 self._expires_at = _exec_expiry(loader)
+            self._renew_at = renewal_time(self._expires_at, datetime.datetime.now(datetime.UTC))
         except Exception as error:  # the library raises ConfigException, OSError, KeyError, ... for bad input
             reason = " ".join(str(error).split()) or type(error).__name__  # YAML errors span lines: one line here
             raise CredentialsError(f"cannot load {self.source.describe()}: {reason}") from error
@@ -172,6 +176,13 @@ def _exec_expiry(loader: Any) -> datetime.datetime | None:
     """When an exec plugin's credential expires (None: no plugin, or no expirationTimestamp)."""
     expiry = getattr(loader, "exec_plugin_expiry", None)
     return expiry if isinstance(expiry, datetime.datetime) else None
+
+
+def renewal_time(expiry: datetime.datetime | None, now: datetime.datetime) -> datetime.datetime | None:
+    """When to run the exec plugin again for a credential that expires at `expiry` (None: only after a 401)."""
+    if expiry is None:
+        return None
+    return max(expiry - EXPIRY_LEEWAY, now + (expiry - now) / 2, now + MIN_RENEWAL)
 
 
 def _bare_token(header_value: Any) -> str | None:
