@@ -8,7 +8,7 @@ Two workloads:
   20 target Deployments without pods. This one measures the operator's per-policy cost at 1,000 policies, where the
   emulated cluster (one Python process reconciling every object on every change) could not run 1,000 canaries.
 Reported: seconds from the creation of the first policy until every policy is decided, the operator's peak RSS
-(VmHWM) and CPU seconds.
+(VmHWM) and CPU seconds, and the API requests the server answered meanwhile (all, and how many were lists).
 
     .venv/bin/python bench/operator_scale.py --mode rollout --policies 20 100
     .venv/bin/python bench/operator_scale.py --mode hold --policies 100 1000
@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from kvpolicy.api import crd
-from kvpolicy_dev.devcluster import CPU_POOL, POOL_LABEL, NodePool, NoProcessRunner, ThreadedDevCluster, kubelet
+from kvpolicy_dev.devcluster import (
+    CPU_POOL,
+    POOL_LABEL,
+    NodePool,
+    NoProcessRunner,
+    ThreadedDevCluster,
+    apiserver,
+    kubelet,
+)
 
 NAMESPACE = "bench"
 PATCHED_IMAGE = "vllm-fp8-twolevel:bench"
@@ -104,8 +112,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def requests_by_verb(cluster: ThreadedDevCluster, since: int) -> dict[str, int]:
+    """The API requests answered since request number `since`: all of them, and the lists (watches not counted)."""
+    requests = cluster.call(lambda: list(cluster.cluster.api))[since:]
+    lists = sum(1 for r in requests if r.method.value == "GET" and r.name is None and r.params.get("watch") is None)
+    return {"all": len(requests), "lists": lists}
+
+
 def run_once(mode: str, count: int, poll_seconds: float, give_up_after: float) -> dict[str, Any]:
     hold = mode == "hold"
+    apiserver.REQUEST_HISTORY_LIMIT = 10_000_000  # keep every request of the run, to count them
     pools = [NodePool("h200", "NVIDIA-H200"), NodePool("b200", "NVIDIA-B200"), NodePool(CPU_POOL, None)]
     original_job_argv = kubelet.job_argv
     kubelet.job_argv = fake_job_argv
@@ -126,6 +142,7 @@ def run_once(mode: str, count: int, poll_seconds: float, give_up_after: float) -
                 operator = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
                 try:
                     time.sleep(2.0)  # kopf's start-up is not part of the rollout time
+                    first_request = cluster.call(lambda: len(list(cluster.cluster.api)))
                     started = time.monotonic()
                     for index in range(count):
                         cluster.create(policy(index, hold))
@@ -144,6 +161,7 @@ def run_once(mode: str, count: int, poll_seconds: float, give_up_after: float) -
                             break
                         time.sleep(0.5)
                     elapsed = time.monotonic() - started
+                    requests = requests_by_verb(cluster, first_request)
                     status = proc_status(operator.pid)
                     cpu = cpu_seconds(operator.pid)
                 finally:
@@ -164,6 +182,8 @@ def run_once(mode: str, count: int, poll_seconds: float, give_up_after: float) -
         "operator_peak_rss_mib": round(status["VmHWM"] / 1024, 1),
         "operator_final_rss_mib": round(status["VmRSS"] / 1024, 1),
         "operator_cpu_seconds": round(cpu, 1),
+        "api_requests": requests["all"],
+        "api_lists": requests["lists"],
         "poll_seconds": poll_seconds,
     }
 
@@ -177,15 +197,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     print(f"# {datetime.now(UTC):%Y-%m-%d} on {machine}")
-    print("| workload | policies | decided | time to all decided (s) | operator peak RSS (MiB) | operator CPU (s) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    header = "| workload | policies | decided | time to all decided (s) | operator peak RSS (MiB) | operator CPU (s) |"
+    print(f"{header} API requests (lists) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for count in args.policies:
         result = run_once(args.mode, count, args.poll_seconds, args.give_up_after)
         print(json.dumps(result), file=sys.stderr)
         seconds = result["seconds_to_all_decided"]
         print(
             f"| {args.mode} | {count} | {result['decided']} | {seconds if seconds is not None else 'not all'} | "
-            f"{result['operator_peak_rss_mib']} | {result['operator_cpu_seconds']} |",
+            f"{result['operator_peak_rss_mib']} | {result['operator_cpu_seconds']} | "
+            f"{result['api_requests']} ({result['api_lists']}) |",
             flush=True,
         )
     return 0

@@ -12,7 +12,7 @@ from kopf.testing import KopfRunner
 from kvpolicy.controller import handlers
 from kvpolicy.controller.run import _parser as run_parser
 from kvpolicy_dev.devcluster import POOL_LABEL, SimulatorRunner, ThreadedDevCluster
-from kvpolicy_dev.devcluster.apiserver import ApiPath
+from kvpolicy_dev.devcluster.apiserver import ApiPath, query_flag
 
 FIXED_IMAGE = "vllm-fp8-twolevel:rbac-test"
 # Checked by admission (ownerReferences with blockOwnerDeletion), never requested: no request can show it is used.
@@ -53,7 +53,7 @@ def requested(method: str, path: ApiPath, params: dict[str, str]) -> tuple[Tripl
         return None
     resource = f"{path.plural}/{path.subresource}" if path.subresource else path.plural
     if method == "GET":
-        verb = "watch" if params.get("watch") in ("true", "1") else "get" if path.name else "list"
+        verb = "watch" if query_flag(params.get("watch")) else "get" if path.name else "list"
     elif method == "DELETE":
         verb = "delete" if path.name else "deletecollection"
     else:

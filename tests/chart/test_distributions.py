@@ -65,7 +65,9 @@ def test_wheel_holds_no_harness_and_its_dependencies_are_what_it_imports(tmp_pat
     [metadata_name] = [name for name in names if name.endswith(".dist-info/METADATA")]
     metadata = Parser().parsestr(wheel.read(metadata_name).decode())
     runtime = {
-        Requirement(line).name.lower() for line in metadata.get_all("Requires-Dist") or [] if "extra ==" not in line
+        Requirement(line).name.lower().replace("_", "-")
+        for line in metadata.get_all("Requires-Dist") or []
+        if "extra ==" not in line
     }
     imported = {DISTRIBUTION_OF.get(name, name).replace("_", "-").lower() for name in third_party_imports()}
     assert runtime == imported, (

@@ -142,6 +142,43 @@ async def test_watch_from_an_expired_version_reports_410(http: aiohttp.ClientSes
     assert (event["type"], event["object"]["code"], event["object"]["reason"]) == ("ERROR", 410, "Expired")
 
 
+async def test_watch_bookmarks_carry_the_latest_version_when_nothing_matches(
+    http: aiohttp.ClientSession, devcluster: ThreadedDevCluster, devcluster_namespace: str
+) -> None:
+    ns = devcluster_namespace
+    devcluster.call(setattr, devcluster.cluster.api, "bookmark_seconds", 0.2)
+    try:
+        url = f"/api/v1/namespaces/{ns}/configmaps"
+        async with http.get(f"{url}?labelSelector=role=none") as response:
+            listed_at = (await response.json())["metadata"]["resourceVersion"]
+        # Python clients send booleans as True; kube-apiserver reads flags with Go's strconv.ParseBool.
+        query = f"watch=True&allowWatchBookmarks=True&labelSelector=role=none&resourceVersion={listed_at}"
+        async with http.get(f"{url}?{query}") as response:
+            devcluster.create({**configmap("unrelated"), "metadata": {"name": "unrelated", "namespace": ns}})
+            latest = devcluster.call(lambda: devcluster.cluster.api.store.resource_version)
+            event = json.loads(await asyncio.wait_for(response.content.readline(), 5))
+    finally:
+        devcluster.call(setattr, devcluster.cluster.api, "bookmark_seconds", 1.0)
+    assert event["type"] == "BOOKMARK" and event["object"]["kind"] == "ConfigMap"
+    assert int(event["object"]["metadata"]["resourceVersion"]) >= latest > int(listed_at)
+
+
+async def test_without_an_accepted_bearer_token_every_request_is_401(
+    http: aiohttp.ClientSession, devcluster: ThreadedDevCluster, devcluster_namespace: str
+) -> None:
+    devcluster.accept_tokens(frozenset({"good"}))
+    url = f"/api/v1/namespaces/{devcluster_namespace}/configmaps"
+    for headers in ({}, {"Authorization": "Bearer bad"}, {"Authorization": "Basic Z29vZA=="}):
+        async with http.get(url, headers=headers) as response:
+            body = await response.json()
+            assert (response.status, body["kind"], body["reason"], body["code"]) == (401, "Status", "Unauthorized", 401)
+    async with http.get(url, headers={"Authorization": "Bearer good"}) as response:
+        assert response.status == 200
+    devcluster.accept_tokens(None)
+    async with http.get(url) as response:
+        assert response.status == 200
+
+
 async def test_injected_faults_fail_exactly_the_matching_requests(
     http: aiohttp.ClientSession, devcluster: ThreadedDevCluster, devcluster_namespace: str
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -73,6 +74,15 @@ def wait_until(check: Callable[[], Any], what: str, timeout: float = 60.0) -> An
             return last
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+
+
+async def until(check: Callable[[], bool], what: str, within: float = 10.0) -> None:
+    """`wait_until` for async tests: poll `check` without blocking the test's event loop."""
+    for _ in range(int(within / 0.05)):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {within} s waiting for {what}")
 
 
 def wait_phase(cluster: ThreadedDevCluster, namespace: str, phases: set[str], name: str = "llama-fp8") -> Obj:

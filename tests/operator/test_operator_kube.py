@@ -1,20 +1,28 @@
-"""The operator's HTTP API client against the dev cluster's API server, and the `kvpolicy run` command line."""
+"""The operator's API client (kubernetes_asyncio) against the dev cluster's API server, and `kvpolicy run`'s command
+line."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from kvpolicy.controller import run
 from kvpolicy.controller.handlers import DEFAULT_PROBE_IMAGE, OperatorOptions
-from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, PODS, ApiError, Credentials, HttpKubeApi, Resource
+from kvpolicy.controller.kube import (
+    DEPLOYMENTS,
+    FIELD_MANAGER,
+    JOBS,
+    KVPOLICIES,
+    NODES,
+    PODS,
+    SERVICES,
+    ApiError,
+    KubernetesApi,
+)
+from kvpolicy.controller.login import ClusterLogin
 from kvpolicy_dev.devcluster import ThreadedDevCluster
-from operator_helpers import target_deployment
-
-
-def test_resource_paths() -> None:
-    assert PODS.path("ns", "p", "log") == "/api/v1/namespaces/ns/pods/p/log"
-    assert JOBS.path("ns") == "/apis/batch/v1/namespaces/ns/jobs"
-    assert KVPOLICIES.path(None) == "/apis/kvpolicy.dev/v1alpha1/kvpolicies"
-    assert Resource("", "v1", "nodes").path(None, "n1") == "/api/v1/nodes/n1"
+from kvpolicy_dev.devcluster.cluster import kubeconfig_text
+from operator_helpers import policy_spec, target_deployment
 
 
 @pytest.mark.parametrize(("code", "retryable"), [(0, True), (409, True), (429, True), (503, True), (404, False),
@@ -23,11 +31,17 @@ def test_which_errors_are_worth_retrying(code: int, retryable: bool) -> None:
     assert ApiError(code, "Reason", "message").retryable is retryable
 
 
-async def test_http_client_verbs_against_the_dev_cluster(
-    devcluster: ThreadedDevCluster, devcluster_namespace: str
+def kubeconfig_login(server: str, tmp_path: Path) -> ClusterLogin:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(kubeconfig_text(server))
+    return ClusterLogin.discover({"KUBECONFIG": str(kubeconfig)})
+
+
+async def test_client_verbs_against_the_dev_cluster(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, kvpolicy_crd: None
 ) -> None:
     ns = devcluster_namespace
-    api = HttpKubeApi(Credentials(server=devcluster.url, token="devcluster"))
+    api = await KubernetesApi.connect(ClusterLogin.discover(devcluster.environ()))
     try:
         body = target_deployment()
         body["metadata"] = {"name": "llama", "namespace": ns, "labels": {"team": "a"}}
@@ -37,9 +51,14 @@ async def test_http_client_verbs_against_the_dev_cluster(
         assert await api.create(DEPLOYMENTS, ns, body) is False, "AlreadyExists counts as done"
         assert await api.get(DEPLOYMENTS, ns, "missing") is None
         assert [d["metadata"]["name"] for d in await api.list_objects(DEPLOYMENTS, ns, "team=a")] == ["llama"]
+        assert [d["metadata"]["name"] for d in await api.list_objects(DEPLOYMENTS, None, "team=a")] == ["llama"]
         assert await api.list_objects(DEPLOYMENTS, ns, "team=b") == []
         patched = await api.patch(DEPLOYMENTS, ns, "llama", {"metadata": {"labels": {"team": "b"}}})
         assert patched is not None and patched["metadata"]["labels"]["team"] == "b"
+        stale = [{"op": "test", "path": "/metadata/labels/team", "value": "a"}]
+        with pytest.raises(ApiError) as caught:
+            await api.patch(DEPLOYMENTS, ns, "llama", stale, "json")
+        assert caught.value.code == 422
         assert await api.patch(DEPLOYMENTS, ns, "missing", {"metadata": {}}) is None
         devcluster.fail_next(1, 500, method="GET", resource="deployments", namespace=ns)
         with pytest.raises(ApiError) as caught:
@@ -47,23 +66,41 @@ async def test_http_client_verbs_against_the_dev_cluster(
         assert caught.value.retryable and caught.value.code == 500
         assert await api.delete(DEPLOYMENTS, ns, "llama") is True
         assert await api.delete(DEPLOYMENTS, ns, "llama") is False
+
+        # The other kinds the operator reads and writes, each through its own generated API.
+        assert [node["kind"] for node in await api.list_objects(NODES, None, "kvpolicy.dev/node-pool=cpu")] == ["Node"]
+        service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "labels": {"team": "a"}}}
+        service["spec"] = {"selector": {"app": "x"}, "ports": [{"port": 80}]}
+        assert await api.create(SERVICES, ns, service) is True
+        assert [s["metadata"]["name"] for s in await api.list_objects(SERVICES, ns, "team=a")] == ["s"]
+        assert await api.delete(SERVICES, ns, "s") is True
+        assert await api.list_objects(JOBS, ns) == [] and await api.list_objects(PODS, ns) == []
+        policy = {"apiVersion": "kvpolicy.dev/v1alpha1", "kind": "KVPolicy", "metadata": {"name": "p"}}
+        policy["spec"] = policy_spec()
+        assert await api.create(KVPOLICIES, ns, policy) is True
+        written = await api.patch(KVPOLICIES, ns, "p", {"status": {"phase": "Planning"}}, subresource="status")
+        assert written is not None and written["status"] == {"phase": "Planning"}
+        fetched = await api.get(KVPOLICIES, ns, "p")
+        assert fetched is not None and fetched["status"] == {"phase": "Planning"}
+        assert [p["metadata"]["name"] for p in await api.list_objects(KVPOLICIES, None)] == ["p"]
+        event = {"metadata": {"generateName": "p."}, "involvedObject": {"kind": "KVPolicy", "name": "p"}}
+        await api.post_event(ns, {"apiVersion": "v1", "kind": "Event", "reason": "Tested", **event})
+        assert [e["reason"] for e in devcluster.list("v1", "Event", ns)] == ["Tested"]
+        assert await api.delete(KVPOLICIES, ns, "p") is True
     finally:
         await api.close()
+    writes = [r for r in devcluster.call(lambda: list(devcluster.cluster.api)) if r.method.value in ("POST", "PATCH")]
+    assert writes and {r.params.get("fieldManager") for r in writes[-10:]} == {FIELD_MANAGER}
 
 
-async def test_unreachable_server_is_a_retryable_error() -> None:
-    api = HttpKubeApi(Credentials(server="http://127.0.0.1:9"), timeout_seconds=2)
+async def test_unreachable_server_is_a_retryable_error(tmp_path: Path) -> None:
+    api = await KubernetesApi.connect(kubeconfig_login("http://127.0.0.1:9", tmp_path), timeout_seconds=2)
     try:
         with pytest.raises(ApiError) as caught:
             await api.get(DEPLOYMENTS, "ns", "x")
         assert caught.value.code == 0 and caught.value.retryable
     finally:
         await api.close()
-
-
-def test_http_servers_need_no_tls_context() -> None:
-    assert Credentials(server="http://127.0.0.1:1").ssl_context() is False
-    assert Credentials(server="https://k8s:443", insecure=True).ssl_context() is False
 
 
 @pytest.mark.parametrize("argv", [[], ["--namespace", "a", "--all-namespaces"], ["-A", "--metrics-port", "x"]])

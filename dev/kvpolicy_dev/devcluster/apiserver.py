@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import json
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ SERVER_VERSION = {
 OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
 _REASONS = {
     400: "BadRequest",
+    401: "Unauthorized",
     403: "Forbidden",
     404: "NotFound",
     409: "Conflict",
@@ -54,6 +56,12 @@ _REASONS = {
     503: "ServiceUnavailable",
     504: "Timeout",
 }
+
+
+def query_flag(value: str | None) -> bool:
+    """A boolean query parameter as kube-apiserver reads it (Go's strconv.ParseBool): clients send `true`, `1` or,
+    from Python, `True`."""
+    return value in ("1", "t", "T", "true", "TRUE", "True")
 
 
 @dataclass(frozen=True)
@@ -88,7 +96,7 @@ class ApiPath:
 
     def action(self, method: str, watch: str | None) -> kmock.action | None:
         """The Kubernetes verb, for kmock's request filters (`api["patch", ...]`)."""
-        if method == "GET" and watch in ("true", "1"):
+        if method == "GET" and query_flag(watch):
             return kmock.action.WATCH
         if method == "GET":
             return kmock.action.FETCH if self.name else kmock.action.LIST
@@ -136,6 +144,11 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
     store: Store = attrs.field(factory=Store)
     # Reads a pod's container log for GET .../pods/NAME/log; the kubelet provides it.
     pod_log_reader: Callable[[str, str], str] | None = None
+    # Bearer tokens the server accepts; None accepts every request (the default: the cluster is a test fixture).
+    accepted_tokens: frozenset[str] | None = None
+    # How often a watch with allowWatchBookmarks=true gets a BOOKMARK when nothing else was sent (kube-apiserver:
+    # about once a minute; shorter here so tests see them).
+    bookmark_seconds: float = 1.0
     _faults: list[Fault] = attrs.field(factory=list, init=False)
     _faults_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _closing: bool = attrs.field(default=False, init=False)
@@ -167,6 +180,11 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
     def clear_faults(self) -> None:
         with self._faults_lock:
             self._faults.clear()
+
+    def accept_tokens(self, tokens: frozenset[str] | None) -> None:
+        """From now on answer 401 Unauthorized, as kube-apiserver does, to requests without one of these bearer
+        tokens (None: accept everything). Revoking a token that a client holds is how tests expire it."""
+        self.accepted_tokens = tokens
 
     def close_watches(self) -> None:
         """End every watch stream, so the HTTP server can shut down without waiting for them."""
@@ -223,6 +241,10 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
 
     async def _serve(self, request: kmock.Request, path: ApiPath | None) -> aiohttp.web.StreamResponse:
         method = request.method.value
+        if self.accepted_tokens is not None:
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            if scheme != "Bearer" or token not in self.accepted_tokens:
+                raise ApiError(401, "Unauthorized", "Unauthorized")
         fault = self._take_fault(method, path)
         if fault is not None:
             raise fault
@@ -250,7 +272,7 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
         params = request.params
         if path.subresource == "log" and rt.key == ("", "pods") and method == "GET":
             return self._pod_log(path)
-        if method == "GET" and path.name is None and params.get("watch") in ("true", "1"):
+        if method == "GET" and path.name is None and query_flag(params.get("watch")):
             return await self._watch(request, rt, path)
         if method == "GET" and path.name is None:
             items = self.store.list_objects(rt, path.namespace, *self._selectors(params))
@@ -346,6 +368,7 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
         requested_version = params.get("resourceVersion", "")
         if not requested_version.isdigit() and requested_version != "":
             raise ApiError(400, "BadRequest", f"invalid resourceVersion {requested_version!r}")
+        bookmarks = query_flag(params.get("allowWatchBookmarks"))
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         assert request._raw_request is not None  # kmock keeps it for every request that came over HTTP
         await response.prepare(request._raw_request)
@@ -358,13 +381,23 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
                         await self._send(response, "ADDED", as_table(obj))
                 else:
                     position = int(requested_version)
+                last_sent = time.monotonic()
                 while not self._closing:
                     for event in self.store.events_since(position):
                         position = event.resource_version
                         kind = event_type(event)
                         if kind is not None:
                             await self._send(response, kind, as_table(event.obj))
-                    await self.store.wait_for_change(position)
+                            last_sent = time.monotonic()
+                    if bookmarks and time.monotonic() - last_sent >= self.bookmark_seconds:
+                        # Where the stream has got to, events of other objects included: a watch resumed from here
+                        # replays nothing it has seen, and does not fall out of the event log while nothing matches.
+                        await self._send(response, "BOOKMARK", self._bookmark(rt, position))
+                        last_sent = time.monotonic()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(
+                            self.store.wait_for_change(position), self.bookmark_seconds if bookmarks else None
+                        )
         except TimeoutError:
             pass  # the client's timeoutSeconds: end the stream normally
         except ApiError as exc:
@@ -374,6 +407,10 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response
+
+    @staticmethod
+    def _bookmark(rt: ResourceType, position: int) -> dict[str, Any]:
+        return {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": {"resourceVersion": str(position)}}
 
     @staticmethod
     async def _send(response: aiohttp.web.StreamResponse, event_type: str, obj: Mapping[str, Any]) -> None:

@@ -175,6 +175,10 @@ class DevCluster:
     def clear_faults(self) -> None:
         self.api.clear_faults()
 
+    def accept_tokens(self, tokens: frozenset[str] | None) -> None:
+        """Answer 401 to requests without one of these bearer tokens from now on (None: accept everything)."""
+        self.api.accept_tokens(tokens)
+
     def rewrite_service_urls(self, text: str, namespace: str) -> str:
         """Service URLs in `text` -> ready pod IP:port, as pods of this cluster would reach them."""
         return self.kubelet.rewrite_service_urls(text, namespace)
@@ -403,6 +407,9 @@ class ThreadedDevCluster:
 
     def clear_faults(self) -> None:
         self.call(self.cluster.clear_faults)
+
+    def accept_tokens(self, tokens: frozenset[str] | None) -> None:
+        self.call(self.cluster.accept_tokens, tokens)
 
     def rewrite_service_urls(self, text: str, namespace: str) -> str:
         return self.call(self.cluster.rewrite_service_urls, text, namespace)

@@ -17,8 +17,11 @@ import kopf
 from kvpolicy import __version__, metrics
 from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
+from kvpolicy.controller.builders import POLICY_LABEL
+from kvpolicy.controller.cached import CachedKubeApi, operator_selections
 from kvpolicy.controller.executor import post_events
-from kvpolicy.controller.kube import ApiError, Credentials, HttpKubeApi
+from kvpolicy.controller.kube import ApiError, KubernetesApi
+from kvpolicy.controller.login import ClusterLogin
 from kvpolicy.controller.observe import LatencyAnalyser
 from kvpolicy.controller.reconciler import Reconciler
 from kvpolicy.controller.state import Event, StepConfig
@@ -77,10 +80,21 @@ def _reconciler(memo: Any) -> Reconciler:
     return reconciler
 
 
+def _cluster_login(memo: Any) -> ClusterLogin:
+    """The credentials `kvpolicy run` found (in the memo), else the service account or the kubeconfig."""
+    if memo.get("login") is None:
+        memo["login"] = ClusterLogin.discover()
+    login: ClusterLogin = memo["login"]
+    return login
+
+
 registry = kopf.OperatorRegistry()
-# A registry of one's own starts without kopf's default logins: in a pod the service account, else the kubeconfig.
-kopf.on.login(registry=registry)(kopf.login_with_service_account)
-kopf.on.login(registry=registry)(kopf.login_with_kubeconfig)
+
+
+@kopf.on.login(registry=registry)
+async def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    """kopf authenticates as the operator's own client does (exec plugins included), and asks again after a 401."""
+    return await _cluster_login(memo).connection_info()
 
 
 @kopf.on.startup(registry=registry)
@@ -93,10 +107,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **
     # The operator posts its own events with specific reasons; kopf's per-handler chatter would only add API load.
     settings.posting.level = logging.ERROR
     options: OperatorOptions = memo.get("options") or OperatorOptions.from_env()
-    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
-    if info is None:
-        raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
-    api = HttpKubeApi(Credentials.from_kopf(info))
+    # The children each pass lists, and the nodes' labels, come from watches (controller/cached.py).
+    api = CachedKubeApi(await KubernetesApi.connect(_cluster_login(memo)), operator_selections(POLICY_LABEL))
     memo["api"] = api
     memo["reconciler"] = Reconciler(api, options.step_config(), LatencyAnalyser())
     if options.metrics_port is not None:

@@ -1,27 +1,34 @@
-"""A small typed Kubernetes API client: the handful of verbs the operator uses, over aiohttp.
+"""The operator's small interface to the Kubernetes API (`KubeApi`), and its implementation over kubernetes_asyncio.
 
-Credentials come from kopf's own login helpers (service account in a pod, else the kubeconfig), so the operator and
-kopf talk to the same server the same way. Errors are `ApiError`s; `retryable` ones (409 Conflict, 429, 5xx, network)
-are worth another try after a backoff.
+`KubernetesApi` calls the library's generated API methods (AppsV1Api, BatchV1Api, CoreV1Api, CustomObjectsApi) and
+keeps the JSON as the API server sent it: the operator copies parts of the target Deployment into the canary, and the
+library's models would drop fields newer than the models. Credentials come from `login.ClusterLogin` (service account
+or kubeconfig, exec plugins included), re-read on a schedule and after a 401. Errors are `ApiError`s; `retryable`
+ones (409 Conflict, 429, 5xx, network) are worth another try after a backoff.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import ssl
-import tempfile
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
-from urllib.parse import quote
 
 import aiohttp
+from kubernetes_asyncio.client import ApiClient, AppsV1Api, BatchV1Api, CoreV1Api, CustomObjectsApi
 
+from kvpolicy import __version__
 from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
+from kvpolicy.controller.login import ClusterLogin, CredentialsError
 
 Obj = dict[str, Any]
 PatchType = Literal["merge", "json"]
+# Every write names this field manager, so the objects' managedFields attribute all the operator's writes to it.
+FIELD_MANAGER = "kvpolicy-operator"
+# Requests share a pool of this many connections; watches (one long-lived connection each) have a pool of their own,
+# so they can never take every connection from the requests.
+REQUEST_CONNECTIONS = 64
+WATCH_CONNECTIONS = 32
 CONTENT_TYPES: dict[PatchType, str] = {
     "merge": "application/merge-patch+json",
     "json": "application/json-patch+json",
@@ -30,21 +37,12 @@ CONTENT_TYPES: dict[PatchType, str] = {
 
 @dataclass(frozen=True)
 class Resource:
+    """A resource type as the API names it. For the built-in groups the generated API's method names come from the
+    plural: deployments -> read_namespaced_deployment, list_deployment_for_all_namespaces, ..."""
+
     group: str  # "" for the core group
     version: str
     plural: str
-
-    def path(self, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
-        prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        parts = [prefix]
-        if namespace is not None:
-            parts.append(f"namespaces/{quote(namespace)}")
-        parts.append(self.plural)
-        if name is not None:
-            parts.append(quote(name))
-        if subresource is not None:
-            parts.append(subresource)
-        return "/".join(parts)
 
 
 DEPLOYMENTS = Resource("apps", "v1", "deployments")
@@ -52,6 +50,7 @@ SERVICES = Resource("", "v1", "services")
 JOBS = Resource("batch", "v1", "jobs")
 PODS = Resource("", "v1", "pods")
 NODES = Resource("", "v1", "nodes")
+EVENTS = Resource("", "v1", "events")
 KVPOLICIES = Resource(GROUP, VERSION, PLURAL)
 
 
@@ -104,110 +103,52 @@ def label_selector(labels: Mapping[str, str]) -> str:
     return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
 
 
-@dataclass(frozen=True)
-class Credentials:
-    """Where the API server is and how to authenticate (a subset of kopf's ConnectionInfo)."""
+# The groups whose resources have generated API classes; every other group is served by CustomObjectsApi.
+_BUILTIN_APIS = {"": CoreV1Api, "apps": AppsV1Api, "batch": BatchV1Api}
 
-    server: str
-    token: str | None = None
-    ca_path: str | None = None
-    ca_data: bytes | None = None
-    insecure: bool = False
-    certificate_path: str | None = None
-    private_key_path: str | None = None
+
+class KubernetesApi:
+    """`KubeApi` over kubernetes_asyncio; create with `await KubernetesApi.connect(login)`, `await close()` when
+    done. Besides the KubeApi verbs it lists whole collections and watches them, for `cached.CachedKubeApi`."""
+
+    def __init__(
+        self, client: ApiClient, watch_client: ApiClient, login: ClusterLogin, timeout_seconds: float = 30.0
+    ) -> None:
+        self.login = login
+        self.timeout_seconds = timeout_seconds
+        self._clients = (client, watch_client)
+        self._builtin = {group: api(client) for group, api in _BUILTIN_APIS.items()}
+        self._custom = CustomObjectsApi(client)
+        self._watch_builtin = {group: api(watch_client) for group, api in _BUILTIN_APIS.items()}
+        self._watch_custom = CustomObjectsApi(watch_client)
 
     @classmethod
-    def from_kopf(cls, info: Any) -> Credentials:
-        """From a `kopf.ConnectionInfo`; inline certificate data is written to temporary files for ssl."""
-
-        def material(path: Any, data: Any, suffix: str) -> str | None:
-            if path:
-                return str(path)
-            if not data:
-                return None
-            raw = data if isinstance(data, bytes) else base64.b64decode(data)
-            handle = tempfile.NamedTemporaryFile(prefix="kvpolicy-", suffix=suffix, delete=False)  # noqa: SIM115
-            with handle:
-                handle.write(raw)
-            return handle.name
-
-        ca = info.ca_data
-        return cls(
-            server=str(info.server).rstrip("/"),
-            token=info.token,
-            ca_path=str(info.ca_path) if info.ca_path else None,
-            ca_data=(ca if isinstance(ca, bytes) else base64.b64decode(ca)) if ca else None,
-            insecure=bool(info.insecure),
-            certificate_path=material(info.certificate_path, info.certificate_data, ".crt"),
-            private_key_path=material(info.private_key_path, info.private_key_data, ".key"),
-        )
-
-    def ssl_context(self) -> ssl.SSLContext | bool:
-        if not self.server.startswith("https"):
-            return False
-        if self.insecure:
-            return False
-        context = ssl.create_default_context(
-            cafile=self.ca_path, cadata=self.ca_data.decode() if self.ca_data else None
-        )
-        if self.certificate_path and self.private_key_path:
-            context.load_cert_chain(self.certificate_path, self.private_key_path)
-        return context
-
-
-class HttpKubeApi:
-    """`KubeApi` over one aiohttp session; `await close()` when done."""
-
-    def __init__(self, credentials: Credentials, timeout_seconds: float = 30.0) -> None:
-        self.credentials = credentials
-        headers = {"Accept": "application/json", "User-Agent": "kvpolicy-operator"}
-        if credentials.token:
-            headers["Authorization"] = f"Bearer {credentials.token}"
-        self._session = aiohttp.ClientSession(
-            base_url=credentials.server,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout_seconds),
-            connector=aiohttp.TCPConnector(ssl=credentials.ssl_context(), limit=64),
-        )
+    async def connect(cls, login: ClusterLogin, timeout_seconds: float = 30.0) -> KubernetesApi:
+        configuration = await login.configuration()
+        clients = []
+        for connections in (REQUEST_CONNECTIONS, WATCH_CONNECTIONS):
+            configuration.connection_pool_maxsize = connections  # read when the client's pool is made
+            client = ApiClient(configuration)
+            client.user_agent = f"{FIELD_MANAGER}/{__version__}"
+            clients.append(client)
+        return cls(clients[0], clients[1], login, timeout_seconds)
 
     async def close(self) -> None:
-        await self._session.close()
+        for client in self._clients:
+            await client.close()
 
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        content_type: str = "application/json",
-        params: Mapping[str, str] | None = None,
-        missing_ok: bool = False,
-    ) -> Obj | None:
-        data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type} if body is not None else {}
-        try:
-            async with self._session.request(method, path, data=data, headers=headers, params=params) as response:
-                text = await response.text()
-                if response.status == 404 and missing_ok:
-                    return None
-                if response.status >= 400:
-                    raise _api_error(response.status, text)
-                return json.loads(text) if text else {}
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise ApiError(0, "ConnectionError", f"{method} {path}: {error or type(error).__name__}") from error
+    # --- KubeApi ----------------------------------------------------------------------------------------------
 
     async def get(self, resource: Resource, namespace: str | None, name: str) -> Obj | None:
-        return await self._request("GET", resource.path(namespace, name), missing_ok=True)
+        return await self._call(resource, "read", namespace, missing_ok=True, name=name)
 
     async def list_objects(self, resource: Resource, namespace: str | None, label_selector: str = "") -> list[Obj]:
-        params = {"labelSelector": label_selector} if label_selector else None
-        result = await self._request("GET", resource.path(namespace), params=params)
-        items: list[Obj] = (result or {}).get("items") or []
+        items: list[Obj] = (await self.list_collection(resource, namespace, label_selector)).get("items") or []
         return items
 
     async def create(self, resource: Resource, namespace: str, body: Obj) -> bool:
         try:
-            await self._request("POST", resource.path(namespace), body=body)
+            await self._call(resource, "create", namespace, body=body, field_manager=FIELD_MANAGER)
         except ApiError as error:
             if error.code == 409 and error.reason == "AlreadyExists":
                 return False
@@ -223,16 +164,138 @@ class HttpKubeApi:
         patch_type: PatchType = "merge",
         subresource: str | None = None,
     ) -> Obj | None:
-        path = resource.path(namespace, name, subresource)
-        return await self._request("PATCH", path, body=patch, content_type=CONTENT_TYPES[patch_type], missing_ok=True)
+        return await self._call(
+            resource,
+            "patch",
+            namespace,
+            subresource,
+            missing_ok=True,
+            name=name,
+            body=patch,
+            field_manager=FIELD_MANAGER,
+            _content_type=CONTENT_TYPES[patch_type],
+        )
 
     async def delete(self, resource: Resource, namespace: str, name: str) -> bool:
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
-        result = await self._request("DELETE", resource.path(namespace, name), body=body, missing_ok=True)
-        return result is not None
+        deleted = await self._call(
+            resource, "delete", namespace, missing_ok=True, name=name, propagation_policy="Background"
+        )
+        return deleted is not None
 
     async def post_event(self, namespace: str, body: Obj) -> None:
-        await self._request("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=body)
+        await self._call(EVENTS, "create", namespace, body=body, field_manager=FIELD_MANAGER)
+
+    # --- lists and watches ------------------------------------------------------------------------------------
+
+    async def list_collection(self, resource: Resource, namespace: str | None, label_selector: str = "") -> Obj:
+        """The whole list as the API server sends it: `items`, and `metadata.resourceVersion` to watch from."""
+        return await self._call(resource, "list", namespace, label_selector=label_selector or None) or {}
+
+    async def watch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        label_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """(event type, object) from `resource_version` on, BOOKMARKs included, until the server ends the stream
+        after `timeout_seconds`. Failures (410 Gone for a version too old, 401, network) raise `ApiError`; after a
+        401 the credentials are loaded again first, so the caller's next list and watch use fresh ones.
+
+        The generated list method streams the events; their lines are read here rather than through the library's
+        `Watch`, which builds an ApiClient (an aiohttp session and a TLS context) of its own for every stream."""
+        method, names = self._method(resource, "list", namespace, None, watching=True)
+        try:
+            response = await method(
+                **names,
+                label_selector=label_selector or None,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout_seconds,
+                watch=True,
+                _preload_content=False,
+                _request_timeout=(self.timeout_seconds, timeout_seconds + self.timeout_seconds),
+            )
+            async with response:
+                if response.status >= 400:
+                    if response.status == 401:
+                        sent = response.request_info.headers.get("Authorization", "")
+                        await self._reload_credentials(sent.removeprefix("Bearer ") or None)
+                    raise _api_error(response.status, await response.text())
+                async for line in response.content:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":  # e.g. 410 Gone: the version fell out of the server's window
+                        raise _api_error(int(event["object"].get("code") or 0), json.dumps(event["object"]))
+                    yield str(event["type"]), event["object"]
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as error:
+            raise ApiError(0, "WatchFailed", f"watch {resource.plural}: {error or type(error).__name__}") from error
+
+    # --- calling the generated API ----------------------------------------------------------------------------
+
+    def _method(
+        self, resource: Resource, verb: str, namespace: str | None, subresource: str | None, watching: bool = False
+    ) -> Any:
+        """The generated method for a verb on a resource, e.g. AppsV1Api.patch_namespaced_deployment_status, with
+        the arguments that name the resource; the caller adds the rest as keywords."""
+        suffix = f"_{subresource}" if subresource else ""
+        builtin, custom = (self._watch_builtin, self._watch_custom) if watching else (self._builtin, self._custom)
+        if resource.group in builtin:
+            api = builtin[resource.group]
+            kind = resource.plural.removesuffix("s")
+            if namespace is not None:
+                return getattr(api, f"{verb}_namespaced_{kind}{suffix}"), {"namespace": namespace}
+            all_namespaces = f"{verb}_{kind}_for_all_namespaces"
+            return getattr(api, all_namespaces if hasattr(api, all_namespaces) else f"{verb}_{kind}{suffix}"), {}
+        names = {"group": resource.group, "version": resource.version}
+        if namespace is None:  # only listed across namespaces
+            return custom.list_custom_object_for_all_namespaces, {**names, "resource_plural": resource.plural}
+        verb = "get" if verb == "read" else verb
+        method = getattr(custom, f"{verb}_namespaced_custom_object{suffix}")
+        return method, {**names, "plural": resource.plural, "namespace": namespace}
+
+    async def _call(
+        self,
+        resource: Resource,
+        verb: str,
+        namespace: str | None,
+        subresource: str | None = None,
+        *,
+        missing_ok: bool = False,
+        **arguments: Any,
+    ) -> Obj | None:
+        """Call the API; the response's JSON, or None for a 404 when `missing_ok`. A 401 loads the credentials
+        again (a rotated token file, an expired exec credential) and the call is made once more."""
+        method, names = self._method(resource, verb, namespace, subresource)
+        for attempt in range(2):
+            try:
+                response = await method(
+                    **names, **arguments, _preload_content=False, _request_timeout=self.timeout_seconds
+                )
+                async with response:
+                    status, text = response.status, await response.text()
+                    sent = response.request_info.headers.get("Authorization", "")
+            except (aiohttp.ClientError, TimeoutError) as error:
+                what = f"{verb} {resource.plural}"
+                raise ApiError(0, "ConnectionError", f"{what}: {error or type(error).__name__}") from error
+            if status == 401 and attempt == 0:
+                await self._reload_credentials(sent.removeprefix("Bearer ") or None)
+                continue
+            if status == 404 and missing_ok:
+                return None
+            if status >= 400:
+                raise _api_error(status, text)
+            result: Obj = json.loads(text) if text else {}
+            return result
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _reload_credentials(self, rejected_token: str | None) -> None:
+        try:
+            await self.login.refresh(rejected_token)
+        except CredentialsError as error:  # e.g. an exec plugin whose identity provider is down: worth retrying
+            raise ApiError(0, "CredentialsUnavailable", str(error)) from error
 
 
 def _api_error(code: int, text: str) -> ApiError:

@@ -10,10 +10,12 @@ import argparse
 import asyncio
 import ipaddress
 import logging
+import sys
 
 import kopf
 
 from kvpolicy.controller import handlers
+from kvpolicy.controller.login import ClusterLogin, CredentialsError
 
 
 def _ip_address(text: str) -> str:
@@ -52,6 +54,13 @@ def main(argv: list[str]) -> int:
         )
     except ValueError as error:
         _parser().error(str(error))
+    try:
+        # Found and loaded before kopf starts, so missing or broken credentials are one line, not a retry loop.
+        login = ClusterLogin.discover()
+        asyncio.run(login.configuration())
+    except CredentialsError as error:
+        print(f"kvpolicy run: {error}", file=sys.stderr)
+        return 1
     kopf.configure(verbose=args.verbose, log_prefix=True)
     if not args.verbose:
         # kopf logs every watch-event handler call at INFO: one line per status write of every policy.
@@ -65,7 +74,7 @@ def main(argv: list[str]) -> int:
             clusterwide=args.all_namespaces,
             namespaces=args.namespace or (),
             liveness_endpoint=liveness,
-            memo=kopf.Memo(options=options),
+            memo=kopf.Memo(options=options, login=login),
         )
     )
     return 0
