@@ -161,7 +161,11 @@ class World:
 
     def finish_job(self, gate: str, output: str | None, exit_code: int = 0, failure: str | None = None) -> None:
         # The newest generation's Job of that gate (an edited spec leaves the earlier one behind).
-        name = max((n for n in self.jobs if f"-{gate}-g" in n), key=lambda n: int(n.rsplit("-g", 1)[1]))
+        def rollout(name: str) -> tuple[int, int]:
+            generation, _, run = name.rsplit("-g", 1)[1].partition("r")
+            return int(generation), int(run or 1)
+
+        name = max((n for n in self.jobs if f"-{gate}-g" in n), key=rollout)
         self.job_views[name] = JobView(
             name,
             succeeded=exit_code == 0 and failure is None,
