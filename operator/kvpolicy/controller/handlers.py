@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -19,6 +19,7 @@ from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
 from kvpolicy.controller.executor import post_events
 from kvpolicy.controller.kube import ApiError, Credentials, HttpKubeApi
+from kvpolicy.controller.notifications import DeliverySettings, Notifier, NotifierConfig
 from kvpolicy.controller.observe import LatencyAnalyser
 from kvpolicy.controller.reconciler import Reconciler
 from kvpolicy.controller.state import Event, StepConfig
@@ -49,16 +50,26 @@ class OperatorOptions:
     poll_seconds: float = 5.0
     idle_seconds: float = 300.0
     metrics_port: int | None = None
+    notifications: NotifierConfig = field(default_factory=NotifierConfig)
 
     @classmethod
     def from_env(cls, metrics_port: int | None = None) -> OperatorOptions:
-        """KVPOLICY_GATE_IMAGE, KVPOLICY_PROBE_IMAGE, KVPOLICY_POLL_SECONDS, KVPOLICY_IDLE_SECONDS."""
+        """KVPOLICY_GATE_IMAGE, KVPOLICY_PROBE_IMAGE, KVPOLICY_POLL_SECONDS, KVPOLICY_IDLE_SECONDS; notifications:
+        KVPOLICY_NOTIFICATIONS, KVPOLICY_NAMESPACE, KVPOLICY_NOTIFY_ATTEMPTS, KVPOLICY_NOTIFY_TIMEOUT_SECONDS."""
+        delivery = DeliverySettings(
+            attempts=int(_positive_float("KVPOLICY_NOTIFY_ATTEMPTS", DeliverySettings.attempts)),
+            timeout_seconds=_positive_float("KVPOLICY_NOTIFY_TIMEOUT_SECONDS", DeliverySettings.timeout_seconds),
+        )
+        notifications = NotifierConfig.parse(
+            os.environ.get("KVPOLICY_NOTIFICATIONS", ""), os.environ.get("KVPOLICY_NAMESPACE", ""), delivery
+        )
         return cls(
             gate_image=os.environ.get("KVPOLICY_GATE_IMAGE") or DEFAULT_GATE_IMAGE,
             probe_image=os.environ.get("KVPOLICY_PROBE_IMAGE") or DEFAULT_PROBE_IMAGE,
             poll_seconds=_positive_float("KVPOLICY_POLL_SECONDS", 5.0),
             idle_seconds=_positive_float("KVPOLICY_IDLE_SECONDS", 300.0),
             metrics_port=metrics_port,
+            notifications=notifications,
         )
 
     def step_config(self) -> StepConfig:
@@ -96,7 +107,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **
         raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
     api = HttpKubeApi(Credentials.from_kopf(info))
     memo["api"] = api
-    memo["reconciler"] = Reconciler(api, options.step_config(), LatencyAnalyser())
+    notifier = Notifier(api, options.notifications.receivers(), options.notifications.settings)
+    memo["reconciler"] = Reconciler(api, options.step_config(), LatencyAnalyser(), notifier=notifier)
     if options.metrics_port is not None:
         memo["metrics_server"] = await metrics.start_metrics_server("0.0.0.0", options.metrics_port)
         logger.info("metrics on :%d/metrics", options.metrics_port)
@@ -107,6 +119,8 @@ async def shutdown(memo: Any, **_: Any) -> None:
     reconciler = memo.get("reconciler")
     if reconciler is not None and reconciler.analyser is not None:
         await reconciler.analyser.close()
+    if reconciler is not None and reconciler.notifier is not None:
+        await reconciler.notifier.close()
     if memo.get("api") is not None:
         await memo["api"].close()
     if memo.get("metrics_server") is not None:

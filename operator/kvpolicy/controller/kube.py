@@ -52,6 +52,7 @@ SERVICES = Resource("", "v1", "services")
 JOBS = Resource("batch", "v1", "jobs")
 PODS = Resource("", "v1", "pods")
 NODES = Resource("", "v1", "nodes")
+SECRETS = Resource("", "v1", "secrets")
 KVPOLICIES = Resource(GROUP, VERSION, PLURAL)
 
 
