@@ -36,6 +36,17 @@ TARGET_IMAGE = "vllm:0.12"
 TARGET_ARGS = ["serve", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "131072", "--port", "8000"]
 
 
+# The phase changes of a rollout that passes its gates, as notifications report them: (previous, new).
+PROMOTED_ROLLOUT = [
+    (None, "Planning"),
+    ("Planning", "CanaryStarting"),
+    ("CanaryStarting", "AccuracyGate"),
+    ("AccuracyGate", "LatencyAnalysis"),
+    ("LatencyAnalysis", "Promoting"),
+    ("Promoting", "Promoted"),
+]
+
+
 def gpu(product: str) -> GpuFacts:
     return gpu_facts([KNOWN_PRODUCTS[product]])
 

@@ -15,6 +15,7 @@ from kvpolicy.controller.rules import rollout_hash
 from kvpolicy.controller.state import Patch
 from operator_helpers import (
     PATCHED_IMAGE,
+    PROMOTED_ROLLOUT,
     TARGET_ARGS,
     TARGET_IMAGE,
     Driver,
@@ -411,14 +412,7 @@ def test_every_phase_change_of_a_rollout_is_a_notice_in_order() -> None:
     assert driver.phase == "Promoted"
     notices = [n for r in driver.results for n in r.notices]
     changes = [(n.previous_phase, n.phase) for n in notices if n.kind == NotificationEvent.PHASE_CHANGED]
-    assert changes == [
-        (None, "Planning"),
-        ("Planning", "CanaryStarting"),
-        ("CanaryStarting", "AccuracyGate"),
-        ("AccuracyGate", "LatencyAnalysis"),
-        ("LatencyAnalysis", "Promoting"),
-        ("Promoting", "Promoted"),
-    ]
+    assert changes == PROMOTED_ROLLOUT
     decided = [n for n in notices if n.kind == NotificationEvent.DECIDED]
     assert len(decided) == 1 and decided[0].decision is not None and decided[0].decision.result == "Promoted"
     assert all(n.rollout_id == driver.policy.status.rollout_id for n in notices)
