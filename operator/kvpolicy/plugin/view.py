@@ -57,19 +57,24 @@ _VERDICT_ICONS = {
 
 
 def age(since: str | None, now: datetime) -> str:
-    """kubectl's short ages: 42s, 3m12s, 2h5m, 4d."""
+    """kubectl's ages (apimachinery's HumanDuration): 42s, 3m12s, 65m, 3h3m, 8h, 2d7h, 9d."""
     moment = parse_timestamp(since)
     if moment is None:
         return "-"
     seconds = max(0, int((now - moment).total_seconds()))
+    minutes, hours = seconds // 60, seconds // 3600
     if seconds < 120:
         return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{seconds}s" if minutes < 10 and seconds else f"{minutes}m"
-    hours, minutes = divmod(minutes, 60)
+    if minutes < 10:
+        return f"{minutes}m{seconds % 60}s" if seconds % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
     if hours < 48:
-        return f"{hours}h{minutes}m" if hours < 10 and minutes else f"{hours}h"
+        return f"{hours}h"
+    if hours < 24 * 8:
+        return f"{hours // 24}d{hours % 24}h" if hours % 24 else f"{hours // 24}d"
     return f"{hours // 24}d"
 
 
