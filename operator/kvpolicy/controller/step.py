@@ -272,7 +272,17 @@ def _promoted(t: Tick, desired: PodTemplateRecord, reason: str, message: str) ->
     t.decide(DecisionResult.PROMOTED, reason, message)
     t.condition(ConditionType.PROMOTED, ConditionStatus.TRUE, reason, message)
     t.event("Normal", Reason.PROMOTED, message)
+    _in_sync(t)
     t.requeue = t.config.idle_seconds
+
+
+def _in_sync(t: Tick) -> None:
+    """The target runs what was decided: a Drifted condition (kept through a re-evaluation) clears."""
+    name = t.spec.target_ref.name
+    if t.status.drift is not None or t.condition_is(ConditionType.DRIFTED, ConditionStatus.TRUE):
+        t.event("Normal", Reason.IN_SYNC, f"{name} runs what was decided again")
+    t.condition(ConditionType.DRIFTED, ConditionStatus.FALSE, Reason.IN_SYNC, f"{name} runs what was decided")
+    t.status.drift = None
 
 
 def _await_adoption(t: Tick, target: Obj, current: PodTemplateRecord, desired: PodTemplateRecord) -> None:
@@ -359,10 +369,7 @@ def _watch_drift(t: Tick) -> None:
     else:
         found = drift.differences(expected, current)
     if not found:
-        if t.status.drift is not None or t.condition_is(ConditionType.DRIFTED, ConditionStatus.TRUE):
-            t.event("Normal", Reason.IN_SYNC, f"{name} runs what was decided again")
-        t.condition(ConditionType.DRIFTED, ConditionStatus.FALSE, Reason.IN_SYNC, f"{name} runs what was decided")
-        t.status.drift = None
+        _in_sync(t)
         return
     summary = drift.describe(found)
     changed = t.status.drift is None or t.status.drift.differences != found
