@@ -228,3 +228,12 @@ def test_without_a_kubeconfig_the_plugin_says_what_to_set(plugin_env: dict[str, 
     assert result.returncode == 1
     assert "no usable kubeconfig" in result.stderr and "KUBECONFIG" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv", [["-n", "serving", "get", "x"], ["get", "x", "-n", "serving"], ["get", "-n", "serving", "x"]]
+)
+def test_connection_flags_go_before_or_after_the_command(argv: list[str]) -> None:
+    from kvpolicy.plugin.cli import _parser
+
+    assert _parser().parse_args(argv).namespace == "serving"

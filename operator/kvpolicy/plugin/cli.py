@@ -293,12 +293,18 @@ COMMANDS: dict[str, Callable[[Session, argparse.Namespace], Awaitable[None]]] = 
 }
 
 
+def _connection_flags(default: object) -> argparse.ArgumentParser:
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument("-n", "--namespace", default=default, help="namespace (default: the kubeconfig context's)")
+    flags.add_argument("--kubeconfig", default=default, help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)")
+    flags.add_argument("--context", default=default, help="kubeconfig context (default: the current one)")
+    return flags
+
+
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's)")
-    common.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG, then ~/.kube/config)")
-    common.add_argument("--context", help="kubeconfig context (default: the current one)")
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], parents=[common])
+    # The flags go before or after the command; after it, only a flag given keeps the value given before it.
+    common = _connection_flags(argparse.SUPPRESS)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], parents=[_connection_flags(None)])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     get = commands.add_parser("get", parents=[common], help="show a policy's rollout: plan, gates, conditions, events")
     get.add_argument("name")
