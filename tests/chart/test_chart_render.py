@@ -275,14 +275,14 @@ def test_default_receivers_reach_the_operator_and_only_their_secret_is_readable(
     from kvpolicy.controller.notifications import DeliverySettings, NotifierConfig
 
     manifests = render("--set-json", f"notifications.defaults={NOTIFICATION_DEFAULTS}")
-    env = {entry["name"]: entry for entry in operator_container(manifests)["env"]}
-    assert env["KVPOLICY_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
-    parsed = NotifierConfig.parse(env["KVPOLICY_NOTIFICATIONS"]["value"], RELEASE_NAMESPACE, DeliverySettings())
+    env = {entry["name"]: entry["value"] for entry in operator_container(manifests)["env"]}
+    parsed = NotifierConfig.parse(env["KVPOLICY_NOTIFICATIONS"], env["KVPOLICY_NAMESPACE"], DeliverySettings())
+    assert parsed.namespace == RELEASE_NAMESPACE
     assert [(spec.name, spec.format.value, spec.url_secret_ref.key) for spec in parsed.defaults] == [
         ("ops", "Slack", "slack"),
         ("events", "CloudEvents", "cloudevents"),
     ]
-    assert env["KVPOLICY_NOTIFY_ATTEMPTS"]["value"] == "5"
+    assert env["KVPOLICY_NOTIFY_ATTEMPTS"] == "5"
     role = next(r for r in of_kind(manifests, "Role") if r["metadata"]["name"].endswith("-notifications"))
     assert role["metadata"]["namespace"] == RELEASE_NAMESPACE
     assert role["rules"] == [
