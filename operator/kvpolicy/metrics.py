@@ -112,6 +112,13 @@ class OperatorMetrics:
             ["phase"],
             registry,
         )
+        self.notifications = Counter(
+            "kvpolicy_notifications",
+            "Notifications to webhooks by format and result: sent, failed (after every retry) or dropped (the "
+            "receiver's queue was full).",
+            ["format", "result"],
+            registry=registry,
+        )
         self._phases_seen: set[str] = set()
         self._verdict_series: set[tuple[str, str, str]] = set()
 
@@ -185,6 +192,9 @@ class OperatorMetrics:
             self.verdicts.remove(*series)
             self._verdict_series.discard(series)
 
+    def record_notification(self, format_: str, result: str) -> None:
+        self.notifications.labels(format=format_, result=result).inc()
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -201,6 +211,7 @@ observe_rollout_duration = OPERATOR_METRICS.observe_rollout_duration
 record_reconcile_error = OPERATOR_METRICS.record_reconcile_error
 set_phase_deadline = OPERATOR_METRICS.set_phase_deadline
 forget_policy = OPERATOR_METRICS.forget_policy
+record_notification = OPERATOR_METRICS.record_notification
 
 
 def metrics_app(metrics: OperatorMetrics = OPERATOR_METRICS) -> web.Application:

@@ -271,3 +271,44 @@ def test_other_services_would_not_be_scraped(custom_manifests: list[Manifest]) -
     selector = only(custom_manifests, "ServiceMonitor")["spec"]["selector"]["matchLabels"]
     other_release = dict(only(custom_manifests, "Service")["metadata"]["labels"], **{"app.kubernetes.io/instance": "x"})
     assert not selector.items() <= other_release.items()
+
+
+# --- notifications ------------------------------------------------------------------------------------------------
+
+NOTIFICATION_DEFAULTS = (
+    '[{"name": "ops", "format": "Slack", "urlSecretRef": {"name": "kvpolicy-hooks", "key": "slack"}},'
+    ' {"name": "events", "urlSecretRef": {"name": "kvpolicy-hooks", "key": "cloudevents"}, "events": ["Decided"]}]'
+)
+
+
+def test_default_receivers_reach_the_operator_and_only_their_secret_is_readable(render: Renderer) -> None:
+    from kvpolicy.controller.notifications import DeliverySettings, NotifierConfig
+
+    manifests = render("--set-json", f"notifications.defaults={NOTIFICATION_DEFAULTS}")
+    env = {entry["name"]: entry["value"] for entry in operator_container(manifests)["env"]}
+    parsed = NotifierConfig.parse(env["KVPOLICY_NOTIFICATIONS"], env["KVPOLICY_NAMESPACE"], DeliverySettings())
+    assert parsed.namespace == RELEASE_NAMESPACE
+    assert [(spec.name, spec.format.value, spec.url_secret_ref.key) for spec in parsed.defaults] == [
+        ("ops", "Slack", "slack"),
+        ("events", "CloudEvents", "cloudevents"),
+    ]
+    assert env["KVPOLICY_NOTIFY_ATTEMPTS"] == "5"
+    role = next(r for r in of_kind(manifests, "Role") if r["metadata"]["name"].endswith("-notifications"))
+    assert role["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["kvpolicy-hooks"], "verbs": ["get"]}
+    ]
+    assert ("", "secrets", "get") not in granted(only(manifests, "ClusterRole")), "no other Secret"
+
+
+def test_policy_secrets_grant_get_on_secrets_where_policies_are_reconciled(render: Renderer) -> None:
+    cluster_wide = granted(only(render("--set", "notifications.policySecrets=true"), "ClusterRole"))
+    assert {triple for triple in cluster_wide if triple[1] == "secrets"} == {("", "secrets", "get")}
+    namespaced = render("--values", CUSTOM_VALUES, "--set", "notifications.policySecrets=true")
+    assert ("", "secrets", "get") not in granted(only(namespaced, "ClusterRole"))
+    assert all(("", "secrets", "get") in granted(role) for role in of_kind(namespaced, "Role"))
+
+
+def test_malformed_default_receivers_are_refused_at_install(render: Renderer) -> None:
+    with pytest.raises(RenderError, match=re.escape("notifications.defaults.0: urlSecretRef is required")):
+        render("--set-json", 'notifications.defaults=[{"name": "ops"}]')

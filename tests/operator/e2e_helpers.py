@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 from kopf.testing import KopfRunner
 from kvpolicy_dev.devcluster import POOL_LABEL, ThreadedDevCluster
 from operator_helpers import set_paths
 
+ROOT = Path(__file__).resolve().parents[2]
+KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
 PATCHED_IMAGE = "vllm-fp8-twolevel:test"
 TARGET_IMAGE = "vllm:0.12"
 MODEL = "llama"
@@ -135,3 +142,18 @@ def ready_pods(cluster: ThreadedDevCluster, namespace: str, selector: str) -> li
         if not pod["metadata"].get("deletionTimestamp")
         and any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
     ]
+
+
+def kubectl_run(
+    cluster: ThreadedDevCluster, *args: str, stdin: str = "", env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real kubectl against the dev cluster (a kubeconfig of its own; HOME beside it, so no user config)."""
+    assert KUBECTL is not None, "kubectl missing: run `make tools`"
+    environ = {**os.environ, **(env or {}), **cluster.environ(), "HOME": str(cluster.kubeconfig.parent)}
+    return subprocess.run([KUBECTL, *args], input=stdin, env=environ, capture_output=True, text=True, timeout=120)
+
+
+def kubectl(cluster: ThreadedDevCluster, *args: str, stdin: str = "", env: Mapping[str, str] | None = None) -> str:
+    result = kubectl_run(cluster, *args, stdin=stdin, env=env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout

@@ -36,6 +36,17 @@ TARGET_IMAGE = "vllm:0.12"
 TARGET_ARGS = ["serve", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "131072", "--port", "8000"]
 
 
+# The phase changes of a rollout that passes its gates, as notifications report them: (previous, new).
+PROMOTED_ROLLOUT = [
+    (None, "Planning"),
+    ("Planning", "CanaryStarting"),
+    ("CanaryStarting", "AccuracyGate"),
+    ("AccuracyGate", "LatencyAnalysis"),
+    ("LatencyAnalysis", "Promoting"),
+    ("Promoting", "Promoted"),
+]
+
+
 def gpu(product: str) -> GpuFacts:
     return gpu_facts([KNOWN_PRODUCTS[product]])
 
@@ -161,7 +172,11 @@ class World:
 
     def finish_job(self, gate: str, output: str | None, exit_code: int = 0, failure: str | None = None) -> None:
         # The newest generation's Job of that gate (an edited spec leaves the earlier one behind).
-        name = max((n for n in self.jobs if f"-{gate}-g" in n), key=lambda n: int(n.rsplit("-g", 1)[1]))
+        def rollout(name: str) -> tuple[int, int]:
+            generation, _, run = name.rsplit("-g", 1)[1].partition("r")
+            return int(generation), int(run or 1)
+
+        name = max((n for n in self.jobs if f"-{gate}-g" in n), key=rollout)
         self.job_views[name] = JobView(
             name,
             succeeded=exit_code == 0 and failure is None,

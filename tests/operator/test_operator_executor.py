@@ -117,15 +117,20 @@ def test_gpu_node_selector_prefers_the_spec_then_the_target() -> None:
     assert gpu_node_selector(make_policy(), target) == {"nvidia.com/gpu.present": "true"}
 
 
-async def test_observer_reads_gpu_facts_while_planning_and_nothing_once_decided() -> None:
+async def test_observer_reads_gpu_facts_while_planning_and_only_the_target_once_decided() -> None:
     api = FakeKubeApi()
     api.put(DEPLOYMENTS, NAMESPACE, target_deployment())
     api.put(NODES, None, {"metadata": {"name": "n1", "labels": {**KNOWN_PRODUCTS["B200"], "pool": "h200"}}})
     observed = await Observer(api).observe(make_policy(), NOW)
     assert observed.gpu is not None and observed.gpu.generation.value == "Blackwell"
-    decided = make_policy(status={"phase": "Promoted", "specHash": rollout_hash(make_policy().spec)})
+    spec_hash = rollout_hash(make_policy().spec)
+    promoted = make_policy(status={"phase": "Promoted", "specHash": spec_hash})
     api.calls.clear()
-    assert (await Observer(api).observe(decided, NOW)).target is None
+    assert (await Observer(api).observe(promoted, NOW)).target is not None, "drift needs the target"
+    assert len(api.calls) == 1
+    rolled_back = make_policy(status={"phase": "RolledBack", "specHash": spec_hash})
+    api.calls.clear()
+    assert (await Observer(api).observe(rolled_back, NOW)).target is None
     assert api.calls == []
 
 

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import yaml
-from e2e_helpers import OperatorFactory, policy, target, wait_phase
+from e2e_helpers import KUBECTL, ROOT, OperatorFactory, kubectl, policy, target, wait_phase
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 
-ROOT = Path(__file__).resolve().parents[2]
-KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl missing: run `make tools`")
-
-
-def kubectl(cluster: ThreadedDevCluster, *args: str, stdin: str = "") -> str:
-    assert KUBECTL is not None
-    env = {**os.environ, **cluster.environ(), "HOME": str(cluster.kubeconfig.parent)}
-    result = subprocess.run([KUBECTL, *args], input=stdin, env=env, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 def test_kubectl_applies_a_kvpolicy_and_shows_its_progress(

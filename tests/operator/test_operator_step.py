@@ -274,7 +274,7 @@ def test_manual_approval_holds_before_promotion() -> None:
     assert driver.phase == "AwaitingApproval"
     driver.tick(600)
     assert driver.phase == "AwaitingApproval" and driver.world.target_patches == 0
-    driver.edit({"rollout.approved": True})
+    driver.edit({"rollout.approvedRollout": driver.policy.status.rollout_id})
     driver.tick()
     assert driver.phase == "Promoting"
     assert "Approved" in driver.reasons()

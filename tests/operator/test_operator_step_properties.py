@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -27,6 +28,8 @@ ACTIONS = st.sampled_from(
         "resume",
         "edit",
         "approve",
+        "retry",
+        "gitops_revert",
     ]
 )
 
@@ -52,13 +55,18 @@ def act(driver: Driver, action: str, edits: list[int]) -> None:
         verdict = "Pass" if action == "probe_pass" else "Breach"
         world.finish_job("latency", f'{{"verdict": "{verdict}", "message": "m"}}', exit_code=0)
         driver.tick(1)
-    elif action in ("abort", "clear_abort", "pause", "resume", "approve"):
+    elif action == "gitops_revert":  # a sync of the original manifest
+        world.target = copy.deepcopy(ORIGINAL)
+        driver.tick(300)
+    elif action in ("abort", "clear_abort", "pause", "resume", "approve", "retry"):
+        rollout = driver.policy.status.rollout_id
         field, value = {
             "abort": ("rollout.abort", True),
             "clear_abort": ("rollout.abort", False),
             "pause": ("rollout.paused", True),
             "resume": ("rollout.paused", False),
-            "approve": ("rollout.approved", True),
+            "approve": ("rollout.approvedRollout", rollout),
+            "retry": ("rollout.retryRollout", rollout),
         }[action]
         driver.edit({field: value})
         driver.tick(1)
@@ -72,6 +80,10 @@ def act(driver: Driver, action: str, edits: list[int]) -> None:
 
 def check_invariants(driver: Driver, before: Any) -> None:
     status = driver.policy.status
+    rollout = driver.policy.spec.rollout
+    for result in driver.results[before:]:
+        if rollout.approval == "Manual" and result.status.phase == Phase.PROMOTING.value:
+            assert rollout.approved_rollout == result.status.rollout_id, "promoted without an approval of this rollout"
     assert status.phase in {phase.value for phase in Phase}
     assert len(status.history) <= 10
     generation = driver.policy.metadata["generation"]
@@ -83,8 +95,11 @@ def check_invariants(driver: Driver, before: Any) -> None:
     if status.phase == Phase.ROLLED_BACK.value:
         assert driver.world.target == ORIGINAL, "a rollback must leave the target exactly as it was"
         assert not driver.world.deployments and not driver.world.services
-    if status.phase == Phase.PROMOTED.value:
+    drifted = any(c.type == "Drifted" and c.status == "True" for c in status.conditions)
+    if status.phase == Phase.PROMOTED.value and not drifted:
         assert "--kv-cache-dtype" in driver.world.target["spec"]["template"]["spec"]["containers"][0]["args"]
+    if status.phase == Phase.PROMOTED.value and drifted:
+        assert driver.policy.spec.rollout.paused, "only a paused policy reports the drift of an FP8 decision"
         assert not driver.world.deployments
 
 

@@ -74,6 +74,11 @@ Granted cluster-wide (ClusterRole) without watchNamespaces, or per namespace (Ro
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.notifications.policySecrets }}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
 {{- end -}}
 
 {{/* Cluster-scoped reads, needed in both modes. */}}

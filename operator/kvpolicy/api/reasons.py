@@ -56,6 +56,16 @@ class Reason(StrEnum):
     ROLLOUT_PAUSED = "RolloutPaused"
     ROLLOUT_RESUMED = "RolloutResumed"
     DELETED = "Deleted"
+    TARGET_DRIFTED = "TargetDrifted"
+    TARGET_CHANGED = "TargetChanged"
+    IN_SYNC = "InSync"
+    DRIFT_REPORTED = "DriftReported"
+    ADVISED = "ChangeAdvised"
+    AWAITING_ADOPTION = "AwaitingAdoption"
+    APPROVAL_FOR_ANOTHER_ROLLOUT = "ApprovalForAnotherRollout"
+    DEPRECATED_APPROVAL = "DeprecatedApproval"
+    RETRY_REQUESTED = "RetryRequested"
+    NOTIFICATION_FAILED = "NotificationFailed"
 
 
 class DecisionReason(StrEnum):
@@ -64,6 +74,7 @@ class DecisionReason(StrEnum):
     with its `PlanCode` cause."""
 
     GATES_PASSED = "GatesPassed"
+    ADOPTED = "Adopted"
     ABORTED = "Aborted"
     TARGET_NOT_FOUND = "TargetNotFound"
     CAPACITY_UNAVAILABLE = "CapacityUnavailable"

@@ -178,6 +178,35 @@ class Approval(StrEnum):
     MANUAL = "Manual"
 
 
+class OnDrift(StrEnum):
+    """What a decided policy does when its target stops running what was decided."""
+
+    REEVALUATE = "Reevaluate"
+    REPORT = "Report"
+
+
+class ApplyMode(StrEnum):
+    """Patch: the operator writes the target. Advisory: it never does; it publishes the change for a GitOps
+    repository to take."""
+
+    PATCH = "Patch"
+    ADVISORY = "Advisory"
+
+
+class WebhookFormat(StrEnum):
+    CLOUD_EVENTS = "CloudEvents"
+    SLACK = "Slack"
+    TEAMS = "Teams"
+
+
+class NotificationEvent(StrEnum):
+    """What a receiver is sent: every phase change, decisions, drift of the target."""
+
+    PHASE_CHANGED = "PhaseChanged"
+    DECIDED = "Decided"
+    DRIFTED = "Drifted"
+
+
 class Phase(StrEnum):
     """status.phase: Planning -> HeldBF16 | CanaryStarting -> [GpuPreflight] -> [AccuracyGate] -> LatencyAnalysis
     -> [AwaitingApproval] -> Promoting -> Promoted, and from anywhere before the promotion: RollingBack ->
@@ -241,6 +270,7 @@ class ConditionType(StrEnum):
     PROMOTED = "Promoted"
     ROLLED_BACK = "RolledBack"
     PAUSED = "Paused"
+    DRIFTED = "Drifted"
 
 
 class ConditionStatus(StrEnum):
@@ -467,8 +497,11 @@ class GatesSpec(_Model):
     gpu_preflight: GpuPreflightGate = Field(default_factory=GpuPreflightGate)
 
 
+ROLLOUT_ID_PATTERN = r"^[0-9]+-[0-9a-f]{6}$"
+
+
 class RolloutSpec(_Model):
-    """How the canary is run, held, approved or aborted."""
+    """How the canary is run, held, approved, aborted, retried, applied, and what a drifted target does."""
 
     canary_replicas: Int = Field(default=1, ge=1, description="Replicas of the canary Deployment.")
     progress_deadline_seconds: Int = Field(
@@ -480,10 +513,71 @@ class RolloutSpec(_Model):
         description="ReplicaRatio: after the accuracy gate, the canary joins the target's Service. Synthetic: it "
         "never takes user traffic; the latency probe drives it.",
     )
-    paused: Bool = Field(default=False, description="Hold the rollout where it is.")
+    paused: Bool = Field(
+        default=False, description="Hold the rollout where it is (a drifted target is then only reported)."
+    )
     abort: Bool = Field(default=False, description="Abort and roll back to BF16.")
     approval: Approval = Field(default=Approval.AUTOMATIC, description="Manual holds before promotion.")
-    approved: Bool = Field(default=False, description="With Manual approval: set true to promote.")
+    approved_rollout: str | None = Field(
+        default=None,
+        pattern=ROLLOUT_ID_PATTERN,
+        description="With Manual approval: the status.rolloutId to promote (`kubectl kvpolicy approve`). It approves "
+        "that rollout only; a restarted or later rollout has another id and waits for its own approval.",
+    )
+    retry_rollout: str | None = Field(
+        default=None,
+        pattern=ROLLOUT_ID_PATTERN,
+        description="The status.rolloutId of a RolledBack rollout to run again (`kubectl kvpolicy retry`).",
+    )
+    approved: Bool = Field(
+        default=False,
+        description="Deprecated: approves nothing (it used to approve every later rollout too). Set "
+        "approvedRollout instead; a rollout awaiting approval with this set gets a Warning event saying so.",
+    )
+    apply_mode: ApplyMode = Field(
+        default=ApplyMode.PATCH,
+        description="Patch: the operator patches the target. Advisory: it never writes the target; after the gates "
+        "it publishes the change (status.advice and an event) and the rollout is Promoted once the target's pods "
+        "run it (for GitOps: see docs/gitops.md).",
+    )
+    on_drift: OnDrift | None = Field(
+        default=None,
+        description="When a decided target's serving configuration (image, command, arguments, env of the vLLM "
+        "container) changes: Reevaluate plans and gates again, Report only sets the Drifted condition. Unset: "
+        "Reevaluate after an FP8 decision, Report after a BF16 one.",
+    )
+
+
+class SecretKeySelector(_Model):
+    """A key of a Secret in the policy's namespace (for the operator's defaults: in the operator's namespace)."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret.")
+    key: str = Field(min_length=1, max_length=253, description="Key whose value is the webhook URL.")
+
+
+class NotificationSpec(_Model):
+    """A webhook that is told about the rollout's phase changes, decisions and drift."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Names the receiver in events, logs and metrics (its URL never appears there).",
+    )
+    format: WebhookFormat = Field(
+        default=WebhookFormat.CLOUD_EVENTS,
+        description="CloudEvents (structured JSON), Slack (incoming webhook) or Teams (Workflows webhook, an "
+        "Adaptive Card).",
+    )
+    url_secret_ref: SecretKeySelector = Field(
+        alias="urlSecretRef", description="The Secret key holding the webhook URL (http or https)."
+    )
+    events: list[NotificationEvent] = Field(
+        default=[NotificationEvent.PHASE_CHANGED, NotificationEvent.DECIDED, NotificationEvent.DRIFTED],
+        min_length=1,
+        max_length=3,
+        description="What to send: PhaseChanged, Decided, Drifted.",
+    )
 
 
 class KVPolicySpec(_Model):
@@ -545,6 +639,12 @@ class KVPolicySpec(_Model):
         default=None,
         description="Labels of the nodes the target runs on; defaults to the target's pod nodeSelector, "
         "then to nvidia.com/gpu.present=true.",
+    )
+    notifications: list[NotificationSpec] | None = Field(
+        default=None,
+        max_length=8,
+        description="Webhooks told about phase changes, decisions and drift; unset: the operator's default "
+        "receivers (chart value notifications.defaults).",
     )
 
     @property
@@ -667,12 +767,45 @@ class LatencyAnalysis(_Model):
 
 
 class PodTemplateRecord(_Model):
-    """The target container's configuration before a promotion, restored exactly on rollback."""
+    """A vLLM container's serving configuration: its image, command, arguments and env, exactly."""
 
     image: str
     command: list[str] | None = None
     args: list[str] | None = None
     env: list[dict[str, Any]] | None = None
+
+
+class Difference(_Model):
+    """One way the target's serving configuration differs from what the policy expected."""
+
+    field: str = Field(description="Image, Command, KVArguments, Arguments or Env.")
+    expected: str
+    observed: str
+
+    def describe(self) -> str:
+        return f"{self.field}: {self.expected} -> {self.observed}"
+
+
+class Drift(_Model):
+    """The target no longer runs what the policy decided (or what its rollout was gated on)."""
+
+    detected_at: str
+    rollout_id: str | None = Field(default=None, description="The rollout whose decision the target left.")
+    differences: list[Difference] = Field(default_factory=list, max_length=16)
+
+
+class Advice(_Model):
+    """Advisory mode: the exact change the target needs, for a GitOps repository to take."""
+
+    rollout_id: str
+    deployment: str
+    container: str
+    image: str
+    command: list[str] | None = None
+    args: list[str] | None = None
+    strategic_merge_patch: str = Field(description="JSON: `kubectl patch deployment --type strategic -p ...`.")
+    json_patch: str = Field(description="JSON: an RFC 6902 patch (`--type json`), testing the container's name first.")
+    summary: str = Field(description="The change in words.")
 
 
 class Decision(_Model):
@@ -688,6 +821,7 @@ class CanaryRef(_Model):
     deployment: str
     service: str
     generation: int
+    run: int = Field(default=1, ge=1, description="Which run of the rollout at this generation (drift, retries).")
 
 
 class KVPolicyStatus(_Model):
@@ -711,7 +845,25 @@ class KVPolicyStatus(_Model):
         default=None, description="Hash of the spec fields that define the rollout; a change restarts it."
     )
     rollout_generation: int | None = Field(default=None, description="The generation the current rollout runs.")
+    rollout_run: int | None = Field(
+        default=None, description="Runs of a rollout at this generation so far (drift and retries run it again)."
+    )
     rollout_started_at: str | None = Field(default=None, description="When the current rollout started planning.")
+    rollout_id: str | None = Field(
+        default=None,
+        description="Identifies the current rollout (<generation>-<hash>); approvals and retries name it, so they "
+        "never carry over to another rollout.",
+    )
+    target_base: PodTemplateRecord | None = Field(
+        default=None,
+        description="The target's serving configuration the current rollout started from (the canary is it plus the "
+        "plan). A target that no longer matches it before the promotion restarts the analysis.",
+    )
+    target_decided: PodTemplateRecord | None = Field(
+        default=None, description="What the decision says the target runs; a difference is drift."
+    )
+    drift: Drift | None = Field(default=None, description="How the target differs from the decision, if it does.")
+    advice: Advice | None = Field(default=None, description="Advisory mode: the change the target needs.")
 
 
 class KVPolicy(BaseModel):

@@ -46,18 +46,24 @@ def child_name(policy: str, suffix: str) -> str:
     return f"{base[:keep].rstrip('-')}-{digest}-{suffix}"
 
 
-def canary_name(policy: str, generation: int) -> str:
-    return child_name(policy, f"canary-g{generation}")
+def rollout_suffix(generation: int, run: int = 1) -> str:
+    """`g<generation>`, and `r<run>` for a rollout run again at the same generation (drift, a changed target, a
+    retry), so its children never share a name with an earlier run's that may still be terminating."""
+    return f"g{generation}" if run <= 1 else f"g{generation}r{run}"
 
 
-def baseline_service_name(policy: str, generation: int) -> str:
-    """The gates' view of the target's pods, one per rollout (its canary's generation)."""
-    return child_name(policy, f"baseline-g{generation}")
+def canary_name(policy: str, generation: int, run: int = 1) -> str:
+    return child_name(policy, f"canary-{rollout_suffix(generation, run)}")
 
 
-def job_name(policy: str, gate: str, generation: int) -> str:
+def baseline_service_name(policy: str, generation: int, run: int = 1) -> str:
+    """The gates' view of the target's pods, one per rollout (its canary's generation and run)."""
+    return child_name(policy, f"baseline-{rollout_suffix(generation, run)}")
+
+
+def job_name(policy: str, gate: str, generation: int, run: int = 1) -> str:
     """gate: accuracy, latency or preflight."""
-    return child_name(policy, f"{gate}-g{generation}")
+    return child_name(policy, f"{gate}-{rollout_suffix(generation, run)}")
 
 
 @dataclass(frozen=True)
@@ -128,29 +134,39 @@ def container_record(container: Mapping[str, Any]) -> PodTemplateRecord:
     )
 
 
-def strip_kv_flags(tokens: Sequence[str]) -> list[str]:
-    """Remove the plan-owned flags (both `--flag value` and `--flag=value` forms) from a command line."""
-    out: list[str] = []
+def split_kv_flags(tokens: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A command line split into (everything else, the plan-owned flags with their values), both in order; both
+    `--flag value` and `--flag=value` forms."""
+    rest: list[str] = []
+    owned: list[str] = []
     skipping_values = False
     skip_one = False
     for token in tokens:
         if skip_one:
             skip_one = False
+            owned.append(token)
             continue
         if skipping_values:
             if not token.startswith("-"):
+                owned.append(token)
                 continue
             skipping_values = False
         flag = token.split("=", 1)[0]
         if flag in KV_FLAGS:
+            owned.append(token)
             if "=" not in token:
                 if flag in MULTI_VALUE_FLAGS:
                     skipping_values = True
                 else:
                     skip_one = True
             continue
-        out.append(token)
-    return out
+        rest.append(token)
+    return rest, owned
+
+
+def strip_kv_flags(tokens: Sequence[str]) -> list[str]:
+    """Remove the plan-owned flags from a command line."""
+    return split_kv_flags(tokens)[0]
 
 
 def kv_cache_dtype(tokens: Sequence[str]) -> str:
@@ -190,15 +206,26 @@ def without_fp8(record: PodTemplateRecord) -> PodTemplateRecord:
     )
 
 
+SERVING_FIELDS = ("image", "command", "args", "env")
+
+
 def container_patch(deployment: Mapping[str, Any], container: str | None, desired: PodTemplateRecord) -> list[Obj]:
     """A JSON patch setting one container's image, command, args and env exactly to `desired`.
 
-    It first tests the container's name, so a patch computed against an old template cannot hit another container.
+    It first tests the container's name and the values it replaces, so a patch computed against an old template
+    cannot hit another container or overwrite an edit it has not seen.
     """
     index = container_index(deployment, container)
     current = deployment["spec"]["template"]["spec"]["containers"][index]
     path = f"/spec/template/spec/containers/{index}"
     ops: list[Obj] = [{"op": "test", "path": f"{path}/name", "value": current.get("name")}]
+    # The fields it replaces must still be what was observed: an edit made since fails the patch (422), and the next
+    # pass observes it (and restarts the analysis rather than overwrite a configuration nobody gated).
+    ops += [
+        {"op": "test", "path": f"{path}/{field}", "value": current[field]}
+        for field in SERVING_FIELDS
+        if field in current
+    ]
     for field, value in (("image", desired.image), ("command", desired.command), ("args", desired.args)):
         if value is not None:
             ops.append({"op": "add", "path": f"{path}/{field}", "value": value})
@@ -303,11 +330,11 @@ def canary_service(policy: PolicyRef, name: str, port: int) -> Obj:
     return _service(policy, name, ROLE_CANARY, {POLICY_LABEL: policy.name, CANARY_LABEL: name}, port)
 
 
-def baseline_service(policy: PolicyRef, target: Mapping[str, Any], port: int, generation: int) -> Obj:
+def baseline_service(policy: PolicyRef, target: Mapping[str, Any], port: int, name: str) -> Obj:
     """The gates' view of the target's pods. It selects what the target's Deployment selects, which the canary's pods
     only match once they have joined (ReplicaRatio, after the accuracy gate)."""
     selector = target["spec"]["selector"].get("matchLabels") or template_labels(target)
-    return _service(policy, baseline_service_name(policy.name, generation), ROLE_BASELINE, selector, port)
+    return _service(policy, name, ROLE_BASELINE, selector, port)
 
 
 # ------------------------------------------------------------------------------------------------------- gate Jobs

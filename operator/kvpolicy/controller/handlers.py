@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -22,6 +22,7 @@ from kvpolicy.controller.cached import CachedKubeApi, operator_selections
 from kvpolicy.controller.executor import post_events
 from kvpolicy.controller.kube import ApiError, KubernetesApi
 from kvpolicy.controller.login import ClusterLogin
+from kvpolicy.controller.notifications import DeliverySettings, Notifier, NotifierConfig
 from kvpolicy.controller.observe import LatencyAnalyser
 from kvpolicy.controller.reconciler import Reconciler
 from kvpolicy.controller.state import Event, StepConfig
@@ -53,10 +54,19 @@ class OperatorOptions:
     idle_seconds: float = 300.0
     metrics_port: int | None = None
     metrics_address: str = "0.0.0.0"
+    notifications: NotifierConfig = field(default_factory=NotifierConfig)
 
     @classmethod
     def from_env(cls, metrics_port: int | None = None, metrics_address: str = "0.0.0.0") -> OperatorOptions:
-        """KVPOLICY_GATE_IMAGE, KVPOLICY_PROBE_IMAGE, KVPOLICY_POLL_SECONDS, KVPOLICY_IDLE_SECONDS."""
+        """KVPOLICY_GATE_IMAGE, KVPOLICY_PROBE_IMAGE, KVPOLICY_POLL_SECONDS, KVPOLICY_IDLE_SECONDS; notifications:
+        KVPOLICY_NOTIFICATIONS, KVPOLICY_NAMESPACE, KVPOLICY_NOTIFY_ATTEMPTS, KVPOLICY_NOTIFY_TIMEOUT_SECONDS."""
+        delivery = DeliverySettings(
+            attempts=int(_positive_float("KVPOLICY_NOTIFY_ATTEMPTS", DeliverySettings.attempts)),
+            timeout_seconds=_positive_float("KVPOLICY_NOTIFY_TIMEOUT_SECONDS", DeliverySettings.timeout_seconds),
+        )
+        notifications = NotifierConfig.parse(
+            os.environ.get("KVPOLICY_NOTIFICATIONS", ""), os.environ.get("KVPOLICY_NAMESPACE", ""), delivery
+        )
         return cls(
             gate_image=os.environ.get("KVPOLICY_GATE_IMAGE") or DEFAULT_GATE_IMAGE,
             probe_image=os.environ.get("KVPOLICY_PROBE_IMAGE") or DEFAULT_PROBE_IMAGE,
@@ -64,6 +74,7 @@ class OperatorOptions:
             idle_seconds=_positive_float("KVPOLICY_IDLE_SECONDS", 300.0),
             metrics_port=metrics_port,
             metrics_address=metrics_address,
+            notifications=notifications,
         )
 
     def step_config(self) -> StepConfig:
@@ -110,7 +121,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **
     # The children each pass lists, and the nodes' labels, come from watches (controller/cached.py).
     api = CachedKubeApi(await KubernetesApi.connect(_cluster_login(memo)), operator_selections(POLICY_LABEL))
     memo["api"] = api
-    memo["reconciler"] = Reconciler(api, options.step_config(), LatencyAnalyser())
+    notifier = Notifier(api, options.notifications.receivers(), options.notifications.settings)
+    memo["reconciler"] = Reconciler(api, options.step_config(), LatencyAnalyser(), notifier=notifier)
     if options.metrics_port is not None:
         memo["metrics_server"] = await metrics.start_metrics_server(options.metrics_address, options.metrics_port)
         logger.info("metrics on %s:%d/metrics", options.metrics_address, options.metrics_port)
@@ -121,6 +133,8 @@ async def shutdown(memo: Any, **_: Any) -> None:
     reconciler = memo.get("reconciler")
     if reconciler is not None and reconciler.analyser is not None:
         await reconciler.analyser.close()
+    if reconciler is not None and reconciler.notifier is not None:
+        await reconciler.notifier.close()
     if memo.get("api") is not None:
         await memo["api"].close()
     if memo.get("metrics_server") is not None:

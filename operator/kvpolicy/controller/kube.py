@@ -51,6 +51,7 @@ JOBS = Resource("batch", "v1", "jobs")
 PODS = Resource("", "v1", "pods")
 NODES = Resource("", "v1", "nodes")
 EVENTS = Resource("", "v1", "events")
+SECRETS = Resource("", "v1", "secrets")
 KVPOLICIES = Resource(GROUP, VERSION, PLURAL)
 
 

@@ -150,7 +150,7 @@ class Observer:
         name = str(policy.metadata.get("name", ""))
         restarting = status.spec_hash != rollout_hash(policy.spec)
         phase = Phase.PLANNING if restarting or status.phase is None else status.phase
-        if phase in TERMINAL_PHASES - {Phase.HELD_BF16}:
+        if phase == Phase.ROLLED_BACK:
             return Observations(now=now)
         target = await self.api.get(DEPLOYMENTS, namespace, policy.spec.target_ref.name)
         if phase == Phase.PLANNING:
@@ -159,7 +159,7 @@ class Observer:
             nodes = await self.api.list_objects(NODES, None, label_selector(gpu_node_selector(policy, target)))
             labels = [node["metadata"].get("labels") or {} for node in nodes]
             return Observations(now=now, target=target, gpu=gpu_facts(labels))
-        if phase == Phase.HELD_BF16:
+        if phase in TERMINAL_PHASES:  # decided: drift of the target is all the step looks for
             return Observations(now=now, target=target)
 
         needs = PHASE_NEEDS.get(phase, frozenset())

@@ -24,6 +24,7 @@ from kvpolicy.api.v1alpha1 import GateVerdict, KVPolicy, Phase
 from kvpolicy.controller import builders as b
 from kvpolicy.controller.executor import apply_actions, post_events, write_status
 from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, label_selector
+from kvpolicy.controller.notifications import Notifier
 from kvpolicy.controller.observe import LatencyAnalyser, Observer
 from kvpolicy.controller.rules import phase_deadline
 from kvpolicy.controller.state import Event, Observations, StepConfig, StepResult, parse_timestamp
@@ -51,6 +52,7 @@ class Reconciler:
     config: StepConfig
     analyser: LatencyAnalyser | None = None
     clock: Callable[[], datetime] = _utcnow
+    notifier: Notifier | None = None
     max_backoff_seconds: float = 60.0
     _wake: dict[str, asyncio.Event] = field(default_factory=dict, init=False)
     _generations: dict[str, int] = field(default_factory=dict, init=False)
@@ -150,6 +152,8 @@ class Reconciler:
             return None
         self._known[uid] = written
         await post_events(self.api, raw, result.events, now)
+        if self.notifier is not None:
+            self.notifier.submit(policy, result.notices)  # queued: a slow or dead receiver never holds the loop
         self._record_metrics(policy, observations, result)
         return result.requeue_after
 

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 from kvpolicy.analysis import LatencyGateConfig, parse_ratio
 from kvpolicy.api.v1alpha1 import (
+    ApplyMode,
     ConditionStatus,
     ConditionType,
     KVPolicy,
@@ -21,8 +22,11 @@ from kvpolicy.api.v1alpha1 import (
 from kvpolicy.controller.jobgates import GATE_OF_PHASE, LATENCY_PROBE
 from kvpolicy.controller.state import parse_timestamp
 
-# Spec fields that steer a running rollout rather than define it: changing them must not restart the analysis.
-CONTROL_FIELDS = ("paused", "abort", "approval", "approved")
+# Spec fields that steer a running rollout, or say how its decision is applied and watched, rather than define what
+# is gated: changing them must not restart the analysis (nor must notifications). A field added with a default must be
+# listed here too, or every stored policy would restart when the operator is upgraded.
+CONTROL_FIELDS = ("paused", "abort", "approval", "approved", "approvedRollout", "retryRollout", "applyMode", "onDrift")
+OUTSIDE_THE_ROLLOUT = ("notifications",)
 
 
 def rollout_hash(spec: KVPolicySpec) -> str:
@@ -31,7 +35,13 @@ def rollout_hash(spec: KVPolicySpec) -> str:
     rollout = data.get("rollout", {})
     for name in CONTROL_FIELDS:
         rollout.pop(name, None)
+    for name in OUTSIDE_THE_ROLLOUT:
+        data.pop(name, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def is_paused(policy: KVPolicy) -> bool:
+    return any(c.type == ConditionType.PAUSED and c.status == ConditionStatus.TRUE for c in policy.status.conditions)
 
 
 def latency_gate_config(spec: KVPolicySpec) -> LatencyGateConfig:
@@ -61,6 +71,8 @@ def latency_check_due(policy: KVPolicy, now: datetime) -> bool:
     status = policy.status
     if status.phase != Phase.LATENCY_ANALYSIS or not uses_live_analysis(policy.spec, status.plan):
         return False
+    if policy.spec.rollout.paused:  # the step holds the analysis: a check would be thrown away
+        return False
     if status.latency is None or status.latency.started_at is None:
         return False
     last = parse_timestamp(status.latency.last.at) if status.latency.last else None
@@ -71,8 +83,7 @@ def phase_deadline(policy: KVPolicy) -> datetime | None:
     """When the current phase must be over (the RolloutStuck alert fires past it); None for phases that may hold."""
     status, spec = policy.status, policy.spec
     entered = parse_timestamp(status.phase_entered_at)
-    paused = any(c.type == ConditionType.PAUSED and c.status == ConditionStatus.TRUE for c in status.conditions)
-    if entered is None or status.phase is None or paused:
+    if entered is None or status.phase is None or is_paused(policy):
         return None
     phase = status.phase
     seconds: float
@@ -82,6 +93,8 @@ def phase_deadline(policy: KVPolicy) -> datetime | None:
         latency = spec.gates.latency
         seconds = spec.rollout.progress_deadline_seconds + spec.rollout.bake_seconds
         seconds += latency.inconclusive_deadline_seconds if latency.enabled else 0
+    elif phase == Phase.PROMOTING and spec.rollout.apply_mode == ApplyMode.ADVISORY:
+        return None  # waiting for a GitOps repository to take the change may take a review's time
     elif phase in (Phase.CANARY_STARTING, Phase.PROMOTING, Phase.ROLLING_BACK):
         seconds = spec.rollout.progress_deadline_seconds
     else:

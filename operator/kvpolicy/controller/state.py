@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from kvpolicy.analysis import Verdict
-from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicyStatus
+from kvpolicy.api.v1alpha1 import Decision, Difference, GpuFacts, KVPolicyStatus, NotificationEvent, Phase
 
 Obj = dict[str, Any]
 
@@ -107,14 +107,30 @@ Action = Create | Patch | Delete
 
 
 @dataclass(frozen=True)
+class Notice:
+    """What notification receivers are told about one step: a phase change, a decision, or drift of the target. Sent
+    at the edge after the status is written, like events."""
+
+    kind: NotificationEvent
+    phase: Phase
+    previous_phase: Phase | None
+    rollout_id: str | None
+    message: str
+    at: datetime
+    decision: Decision | None = None
+    differences: tuple[Difference, ...] = ()
+
+
+@dataclass(frozen=True)
 class StepResult:
-    """The new status, the API writes to make (in order, before the status), events to post after it, and when to
-    look again (seconds)."""
+    """The new status, the API writes to make (in order, before the status), events to post after it, notices for
+    the notification receivers, and when to look again (seconds)."""
 
     status: KVPolicyStatus
     actions: tuple[Action, ...]
     events: tuple[Event, ...]
     requeue_after: float
+    notices: tuple[Notice, ...] = ()
 
 
 @dataclass(frozen=True)

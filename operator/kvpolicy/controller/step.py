@@ -15,28 +15,43 @@ from collections.abc import Callable
 
 from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import (
-    Approval,
     CanaryRef,
     ConditionStatus,
     ConditionType,
     DecisionResult,
+    Difference,
+    Drift,
     KVPolicy,
+    OnDrift,
     Phase,
     PodTemplateRecord,
 )
 from kvpolicy.controller import builders as b
+from kvpolicy.controller import drift
 from kvpolicy.controller.gate_phase import job_gate_phase
 from kvpolicy.controller.jobgates import PHASE_GATES, JobGate
 from kvpolicy.controller.latency_phase import latency_analysis
 from kvpolicy.controller.rules import rollout_hash
-from kvpolicy.controller.state import Create, Delete, Kind, Observations, Patch, StepConfig, StepResult, timestamp
+from kvpolicy.controller.state import (
+    Create,
+    Delete,
+    Kind,
+    Obj,
+    Observations,
+    Patch,
+    StepConfig,
+    StepResult,
+    timestamp,
+)
 from kvpolicy.controller.tick import (
     CANARY_PHASES,
     Tick,
     advance,
+    approved,
     deadline_rollback,
     restart,
     rollback,
+    rollout_id,
     start_promotion,
     watch_capacity,
 )
@@ -61,21 +76,24 @@ def _planning(t: Tick) -> None:
     planned = plan(t.spec, t.obs.gpu)
     t.status.plan = planned
     t.status.gpu = t.obs.gpu
+    # What this rollout is gated on: promotion applies the plan to it, and only while the target still matches it.
+    t.status.target_base = drift.observed_record(target, t.spec.target_ref.container)
     if not planned.is_fp8:
         cause = bf16_cause(planned)
         t.condition(ConditionType.PLANNED, ConditionStatus.TRUE, Reason.BF16_PLANNED, cause.message)
-        t.decide(DecisionResult.HELD_BF16, cause.code, cause.message)
         t.enter(Phase.HELD_BF16)
+        t.decide(DecisionResult.HELD_BF16, cause.code, cause.message)
         t.event("Normal", Reason.HELD_BF16, f"{cause.code}: {cause.message}")
-        _held_bf16(t)
+        _apply_bf16_decision(t)
         return
     summary = f"FP8 KV ({' '.join(planned.extra_args)}) on {t.obs.gpu.product or t.obs.gpu.generation.value}"
     if planned.image:
         summary += f" with image {planned.image}"
     summary += f"; gates: {', '.join(planned.gates) or 'none'}"
     t.condition(ConditionType.PLANNED, ConditionStatus.TRUE, Reason.FP8_PLANNED, summary)
-    name = b.canary_name(t.ref.name, t.generation)
-    t.status.canary = CanaryRef(deployment=name, service=name, generation=t.generation)
+    run = t.status.rollout_run or 1
+    name = b.canary_name(t.ref.name, t.generation, run)
+    t.status.canary = CanaryRef(deployment=name, service=name, generation=t.generation, run=run)
     t.event("Normal", Reason.PLANNED, summary)
     t.enter(Phase.CANARY_STARTING)
     _canary_starting(t)
@@ -92,7 +110,7 @@ def _ensure_canary_objects(t: Tick) -> None:
         t.add(Create(Kind.SERVICE, b.canary_service(t.ref, t.canary.service, port)))
     baseline = t.baseline_service_name()
     if baseline not in t.obs.services:
-        t.add(Create(Kind.SERVICE, b.baseline_service(t.ref, target, port, t.canary.generation)))
+        t.add(Create(Kind.SERVICE, b.baseline_service(t.ref, target, port, baseline)))
 
 
 def _canary_starting(t: Tick) -> None:
@@ -116,29 +134,92 @@ def _canary_starting(t: Tick) -> None:
 
 
 def _awaiting_approval(t: Tick) -> None:
-    if t.spec.rollout.approval == Approval.MANUAL and not t.spec.rollout.approved:
-        t.status.message = "all gates passed; waiting for spec.rollout.approved"
-        t.requeue = t.config.idle_seconds
+    if approved(t):
+        t.event("Normal", Reason.APPROVED, f"rollout {t.status.rollout_id} approved (spec.rollout.approvedRollout)")
+        start_promotion(t)
         return
-    t.event("Normal", Reason.APPROVED, "spec.rollout.approved is set")
-    start_promotion(t)
+    named = t.spec.rollout.approved_rollout
+    if named is not None:
+        t.status.message = (
+            f"all gates passed; spec.rollout.approvedRollout names rollout {named}, not this one "
+            f"({t.status.rollout_id}): waiting for an approval of {t.status.rollout_id}"
+        )
+    else:
+        t.status.message = f"all gates passed; waiting for an approval of rollout {t.status.rollout_id}"
+    t.requeue = t.config.idle_seconds
 
 
-def _current(t: Tick) -> PodTemplateRecord | None:
+def _observed(t: Tick) -> PodTemplateRecord | None:
+    """The target's serving configuration now; None when the target or its vLLM container is gone."""
     if t.obs.target is None:
         return None
-    return b.container_record(b.vllm_container(t.obs.target, t.spec.target_ref.container))
+    try:
+        return drift.observed_record(t.obs.target, t.spec.target_ref.container)
+    except b.TargetShapeError:
+        return None
+
+
+def _advise(t: Tick, desired: PodTemplateRecord) -> None:
+    """Advisory mode: publish the change that makes the target `desired`, once per rollout and configuration."""
+    assert t.obs.target is not None and t.status.rollout_id is not None
+    advice = drift.advice(t.status.rollout_id, t.obs.target, t.spec.target_ref.container, desired)
+    if t.status.advice == advice:
+        return
+    t.status.advice = advice
+    t.event(
+        "Normal",
+        Reason.ADVISED,
+        f"applyMode Advisory: apply to Deployment {advice.deployment} ({advice.summary}); strategic merge patch "
+        f"(also in status.advice): {advice.strategic_merge_patch}",
+    )
 
 
 def _converge_target(t: Tick, desired: PodTemplateRecord) -> bool:
-    """Patch the target's container to `desired`; True when it already is."""
-    current = _current(t)
+    """Patch the target's container to `desired` (Advisory: publish the change instead); True when nothing is left
+    to wait for."""
+    current = _observed(t)
     if current is None or current == desired:
         return True
     assert t.obs.target is not None
+    if t.advisory:
+        _advise(t, desired)
+        return True
     patch = b.container_patch(t.obs.target, t.spec.target_ref.container, desired)
     t.add(Patch(Kind.DEPLOYMENT, t.spec.target_ref.name, patch, patch_type="json"))
     return False
+
+
+def _base(t: Tick, current: PodTemplateRecord) -> PodTemplateRecord:
+    """The configuration this rollout was gated on; a rollout started by an operator that did not record it adopts
+    the target as it is."""
+    if t.status.target_base is None:
+        t.status.target_base = current
+    return t.status.target_base
+
+
+def _target_changed(t: Tick, found: list[Difference], why: str) -> None:
+    """The target is no longer what this rollout was gated on: say what changed and run the rollout again on it."""
+    summary = drift.describe(found) or why
+    message = f"target {t.spec.target_ref.name} changed during the rollout ({summary}): {why}"
+    t.condition(ConditionType.DRIFTED, ConditionStatus.TRUE, Reason.TARGET_CHANGED, message)
+    t.event("Warning", Reason.TARGET_CHANGED, message)
+    t.notice_drift(found, message)
+    restart(t, rollout_hash(t.spec), f"{message}; planning again", target_changed=True)
+    t.requeue = 0
+
+
+def _still_gated(t: Tick) -> bool:
+    """Before the promotion: the target must still be what the canary was built from, or the analysis restarts."""
+    current = _observed(t)
+    if current is None:
+        missing = [Difference(field="Container", expected=t.spec.target_ref.container or "first", observed="missing")]
+        _target_changed(t, missing, "its vLLM container is gone")
+        return False
+    found = drift.differences(_base(t, current), current)
+    if found:
+        _target_changed(t, found, "the gates ran on another configuration")
+        return False
+    return True
 
 
 def _remove_children(t: Tick) -> bool:
@@ -157,8 +238,17 @@ def _remove_children(t: Tick) -> bool:
 
 
 def _promoting(t: Tick) -> None:
-    current = _current(t)
-    assert current is not None
+    target = t.obs.target
+    current = _observed(t)
+    if target is None or current is None:
+        _still_gated(t)
+        return
+    base = _base(t, current)
+    desired = b.with_plan(base, t.plan)
+    # Only the plan's change on top of what was gated: the target may be there still, or there already (our patch,
+    # or a GitOps repository taking the advice); anything else was never gated.
+    if drift.differences(desired, current) and not _still_gated(t):
+        return
     if t.status.previous_template is None:
         # Recorded (and persisted with this step's status) before the target is touched in the next step. A target
         # someone had already set to FP8 by hand is recorded without those flags: a rollback must land on BF16.
@@ -166,16 +256,55 @@ def _promoting(t: Tick) -> None:
         t.status.message = f"recorded the configuration of {t.spec.target_ref.name} for a later rollback"
         t.requeue = 0
         return
-    desired = b.with_plan(current, t.plan)
+    if t.advisory:
+        _await_adoption(t, target, current, desired)
+        return
     patched = _converge_target(t, desired)
     removed = _remove_children(t)
     if patched and removed:
         message = f"{t.spec.target_ref.name} runs FP8 KV ({' '.join(desired.args or desired.command or [])})"
-        t.decide(DecisionResult.PROMOTED, DecisionReason.GATES_PASSED, message)
-        t.condition(ConditionType.PROMOTED, ConditionStatus.TRUE, DecisionReason.GATES_PASSED, message)
-        t.enter(Phase.PROMOTED)
-        t.event("Normal", Reason.PROMOTED, message)
-        t.requeue = t.config.idle_seconds
+        _promoted(t, desired, DecisionReason.GATES_PASSED, message)
+
+
+def _promoted(t: Tick, desired: PodTemplateRecord, reason: str, message: str) -> None:
+    t.status.target_decided = desired
+    t.enter(Phase.PROMOTED)
+    t.decide(DecisionResult.PROMOTED, reason, message)
+    t.condition(ConditionType.PROMOTED, ConditionStatus.TRUE, reason, message)
+    t.event("Normal", Reason.PROMOTED, message)
+    _in_sync(t)
+    t.requeue = t.config.idle_seconds
+
+
+def _in_sync(t: Tick) -> None:
+    """The target runs what was decided: a Drifted condition (kept through a re-evaluation) clears."""
+    name = t.spec.target_ref.name
+    if t.status.drift is not None or t.condition_is(ConditionType.DRIFTED, ConditionStatus.TRUE):
+        t.event("Normal", Reason.IN_SYNC, f"{name} runs what was decided again")
+    t.condition(ConditionType.DRIFTED, ConditionStatus.FALSE, Reason.IN_SYNC, f"{name} runs what was decided")
+    t.status.drift = None
+
+
+def _await_adoption(t: Tick, target: Obj, current: PodTemplateRecord, desired: PodTemplateRecord) -> None:
+    """Advisory: publish the change, free the canary's GPUs, and count the rollout as promoted once the target's pods
+    all run the change."""
+    _advise(t, desired)
+    removed = _remove_children(t)
+    adopted = not drift.differences(desired, current)
+    if adopted and drift.rolled_out(target) and removed:
+        message = (
+            f"{t.spec.target_ref.name}'s pods run the advised FP8 KV configuration "
+            f"({' '.join(desired.args or desired.command or [])})"
+        )
+        _promoted(t, desired, DecisionReason.ADOPTED, message)
+        return
+    if adopted:
+        waiting = f"the pods of {t.spec.target_ref.name} are rolling out the advised change"
+    else:
+        waiting = f"waiting for {t.spec.target_ref.name} to take the change in status.advice (applyMode Advisory)"
+    t.condition(ConditionType.PROMOTED, ConditionStatus.FALSE, Reason.AWAITING_ADOPTION, waiting)
+    t.status.message = waiting
+    t.requeue = t.config.poll_seconds if adopted else t.config.idle_seconds
 
 
 def _bf16_configuration(t: Tick, current: PodTemplateRecord) -> PodTemplateRecord:
@@ -185,14 +314,16 @@ def _bf16_configuration(t: Tick, current: PodTemplateRecord) -> PodTemplateRecor
 
 
 def _rolling_back(t: Tick) -> None:
-    current = _current(t)
+    current = _observed(t)
     restored = current is None or _converge_target(t, _bf16_configuration(t, current))
     removed = _remove_children(t)
     if restored and removed:
         decision = t.status.decision
         reason = decision.reason if decision else Reason.ROLLED_BACK
         message = decision.message if decision else ""
-        if current is not None:
+        if current is not None and t.advisory and current != _bf16_configuration(t, current):
+            message = f"{message}; {t.spec.target_ref.name} needs the change in status.advice to run BF16"
+        elif current is not None:
             how = "restored" if t.status.previous_template is not None else "runs"
             message = f"{message}; {t.spec.target_ref.name} {how} its BF16 configuration"
         t.status.previous_template = None
@@ -202,11 +333,65 @@ def _rolling_back(t: Tick) -> None:
         t.requeue = t.config.idle_seconds
 
 
-def _held_bf16(t: Tick) -> None:
-    current = _current(t)
-    if current is not None and _converge_target(t, _bf16_configuration(t, current)):
-        t.status.previous_template = None
+def _apply_bf16_decision(t: Tick) -> None:
+    """A BF16 decision: the target runs its configuration without FP8 KV flags (patched once, or advised)."""
+    current = _observed(t)
+    if current is None:
+        return
+    desired = _bf16_configuration(t, current)
+    _converge_target(t, desired)
+    t.status.target_decided = desired
+    t.status.previous_template = None
     t.requeue = t.config.idle_seconds if not t.actions else t.config.poll_seconds
+
+
+def _on_drift(t: Tick) -> OnDrift:
+    chosen = t.spec.rollout.on_drift
+    if chosen is not None:
+        return chosen
+    return OnDrift.REEVALUATE if t.phase == Phase.PROMOTED else OnDrift.REPORT
+
+
+def _watch_drift(t: Tick) -> None:
+    """Promoted and HeldBF16: the target must keep running what was decided. If it does not (a GitOps sync reverted
+    it, someone edited it), say how it differs, and plan and gate again or only report, as spec.rollout.onDrift says.
+    Replicas, labels and annotations are not part of what is compared."""
+    t.requeue = t.config.idle_seconds
+    current = _observed(t)
+    if t.status.target_decided is None and current is not None:
+        # Decided by an operator that did not record it: what the decision means for the target as it is.
+        adopted = b.with_plan(current, t.plan) if t.phase == Phase.PROMOTED else _bf16_configuration(t, current)
+        t.status.target_decided = adopted
+    expected = t.status.target_decided
+    name = t.spec.target_ref.name
+    if current is None or expected is None:
+        found = [Difference(field="Target", expected=f"Deployment {name}", observed="not found or no vLLM container")]
+    else:
+        found = drift.differences(expected, current)
+    if not found:
+        _in_sync(t)
+        return
+    summary = drift.describe(found)
+    changed = t.status.drift is None or t.status.drift.differences != found
+    if changed:
+        t.status.drift = Drift(detected_at=timestamp(t.now), rollout_id=t.status.rollout_id, differences=found)
+    decided = t.status.decision.result.value if t.status.decision else t.phase.value
+    reevaluate = _on_drift(t) == OnDrift.REEVALUATE and not t.spec.rollout.paused and current is not None
+    if reevaluate:
+        message = f"{name} no longer runs what was decided ({decided}): {summary}; planning and gating again"
+        t.condition(ConditionType.DRIFTED, ConditionStatus.TRUE, Reason.TARGET_DRIFTED, message)
+        t.event("Warning", Reason.TARGET_DRIFTED, message)
+        t.notice_drift(found, message)
+        restart(t, rollout_hash(t.spec), message, target_changed=True)
+        t.requeue = 0
+        return
+    why = "spec.rollout.paused" if t.spec.rollout.paused and current is not None else f"onDrift {_on_drift(t).value}"
+    advice = "; status.advice has the change" if t.advisory and t.status.advice is not None else ""
+    message = f"{name} no longer runs what was decided ({decided}): {summary}; reported only ({why}){advice}"
+    t.condition(ConditionType.DRIFTED, ConditionStatus.TRUE, Reason.DRIFT_REPORTED, message)
+    if changed:
+        t.event("Warning", Reason.TARGET_DRIFTED, message)
+        t.notice_drift(found, message)
 
 
 def _job_gate_handler(gate: JobGate) -> Callable[[Tick], None]:
@@ -215,7 +400,8 @@ def _job_gate_handler(gate: JobGate) -> Callable[[Tick], None]:
 
 _PHASES: dict[Phase, Callable[[Tick], None]] = {
     Phase.PLANNING: _planning,
-    Phase.HELD_BF16: _held_bf16,
+    Phase.HELD_BF16: _watch_drift,
+    Phase.PROMOTED: _watch_drift,
     Phase.CANARY_STARTING: _canary_starting,
     **{gate.phase: _job_gate_handler(gate) for gate in PHASE_GATES},
     Phase.LATENCY_ANALYSIS: latency_analysis,
@@ -238,6 +424,9 @@ def step(policy: KVPolicy, obs: Observations, config: StepConfig) -> StepResult:
         restart(t, spec_hash, f"spec changed (generation {t.generation}): planning the rollout again")
         t.requeue = 0
         return t.result()
+    if t.status.rollout_id is None:  # a rollout started by an operator that did not name rollouts
+        started = t.status.rollout_started_at or timestamp(t.now)
+        t.status.rollout_id = rollout_id(t.ref.uid, t.status.rollout_generation or t.generation, spec_hash, started)
     if (
         t.phase == Phase.ROLLED_BACK
         and decision
@@ -245,6 +434,16 @@ def step(policy: KVPolicy, obs: Observations, config: StepConfig) -> StepResult:
         and not t.spec.rollout.abort
     ):
         restart(t, spec_hash, "spec.rollout.abort was cleared: starting the rollout again")
+        t.requeue = 0
+        return t.result()
+    retry = t.spec.rollout.retry_rollout
+    if t.phase == Phase.ROLLED_BACK and retry is not None and retry == t.status.rollout_id:
+        if t.spec.rollout.abort:
+            t.status.message = f"retry of rollout {retry} waits: spec.rollout.abort is set"
+            t.requeue = config.idle_seconds
+            return t.result()
+        t.event("Normal", Reason.RETRY_REQUESTED, f"retry of rollout {retry} requested (spec.rollout.retryRollout)")
+        restart(t, spec_hash, f"running rolled-back rollout {retry} again")
         t.requeue = 0
         return t.result()
     phase = t.phase
@@ -266,6 +465,9 @@ def step(policy: KVPolicy, obs: Observations, config: StepConfig) -> StepResult:
         t.condition(ConditionType.PAUSED, ConditionStatus.FALSE, Reason.RESUMED, cleared)
         t.event("Normal", Reason.ROLLOUT_RESUMED, f"resuming phase {phase.value}; its deadline starts again")
         t.status.phase_entered_at = timestamp(t.now)
+
+    if phase in CANARY_PHASES and not _still_gated(t):
+        return t.result()
 
     handler = _PHASES.get(phase)
     if handler is None:

@@ -3,11 +3,14 @@ running a Job gate."""
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
 from typing import Literal
 
 from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import (
     TERMINAL_PHASES,
+    ApplyMode,
     Approval,
     CanaryRef,
     Condition,
@@ -15,11 +18,13 @@ from kvpolicy.api.v1alpha1 import (
     ConditionType,
     Decision,
     DecisionResult,
+    Difference,
     GateResult,
     GateVerdict,
     KVCacheDtype,
     KVPolicy,
     LatencyAnalysis,
+    NotificationEvent,
     Phase,
     Plan,
 )
@@ -31,6 +36,7 @@ from kvpolicy.controller.state import (
     Delete,
     Event,
     Kind,
+    Notice,
     Obj,
     Observations,
     StepConfig,
@@ -47,8 +53,22 @@ CANARY_PHASES = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class _Noted:
+    """A notice as the step takes it; a phase change's message is the last event the step posts in that phase."""
+
+    kind: NotificationEvent
+    phase: Phase
+    previous_phase: Phase | None
+    rollout_id: str | None
+    first_event: int
+    decision: Decision | None = None
+    differences: tuple[Difference, ...] = ()
+    message: str = ""
+
+
 class Tick:
-    """The working state of one step: a copy of the status, and the actions and events it accumulates."""
+    """The working state of one step: a copy of the status, and the actions, events and notices it accumulates."""
 
     def __init__(self, policy: KVPolicy, obs: Observations, config: StepConfig) -> None:
         self.spec = policy.spec
@@ -65,6 +85,7 @@ class Tick:
         )
         self.actions: list[Action] = []
         self.events: list[Event] = []
+        self.noted: list[_Noted] = []
         self.requeue = config.poll_seconds
 
     # -------------------------------------------------------------------------------------------- bookkeeping
@@ -104,8 +125,26 @@ class Tick:
         return any(c.type == type_ and c.status == status for c in self.status.conditions)
 
     def enter(self, phase: Phase) -> None:
+        previous = self.status.phase
         self.status.phase = phase
         self.status.phase_entered_at = timestamp(self.now)
+        if previous != phase:
+            self.noted.append(
+                _Noted(NotificationEvent.PHASE_CHANGED, phase, previous, self.status.rollout_id, len(self.events))
+            )
+
+    def notice_drift(self, differences: list[Difference], message: str) -> None:
+        self.noted.append(
+            _Noted(
+                NotificationEvent.DRIFTED,
+                self.phase,
+                self.phase,
+                self.status.rollout_id,
+                len(self.events),
+                differences=tuple(differences),
+                message=message,
+            )
+        )
 
     @property
     def phase(self) -> Phase:
@@ -126,11 +165,26 @@ class Tick:
         )
         self.status.decision = decision
         self.status.history = [*self.status.history, decision][-HISTORY_LIMIT:]
+        self.noted.append(
+            _Noted(
+                NotificationEvent.DECIDED,
+                self.phase,
+                self.phase,
+                self.status.rollout_id,
+                len(self.events),
+                decision=decision,
+                message=f"{result.value} ({reason}): {message}",
+            )
+        )
 
     def add(self, action: Action) -> None:
         self.actions.append(action)
 
     # ----------------------------------------------------------------------------------------------- lookups
+
+    @property
+    def advisory(self) -> bool:
+        return self.spec.rollout.apply_mode == ApplyMode.ADVISORY
 
     @property
     def plan(self) -> Plan:
@@ -145,10 +199,10 @@ class Tick:
         return self.status.canary
 
     def baseline_service_name(self) -> str:
-        return b.baseline_service_name(self.ref.name, self.canary.generation)
+        return b.baseline_service_name(self.ref.name, self.canary.generation, self.canary.run)
 
     def job(self, gate: JobGate) -> str:
-        return b.job_name(self.ref.name, gate.name, self.canary.generation)
+        return b.job_name(self.ref.name, gate.name, self.canary.generation, self.canary.run)
 
     def serving_port(self) -> int:
         assert self.obs.target is not None
@@ -186,25 +240,56 @@ class Tick:
             and all(pod.labels.get(k) == v for k, v in target_labels.items())
         )
 
+    def notices(self) -> tuple[Notice, ...]:
+        found = []
+        changes = [noted for noted in self.noted if noted.kind == NotificationEvent.PHASE_CHANGED]
+        for noted in self.noted:
+            message = noted.message
+            if not message:  # a phase change: the last event posted before the next phase change
+                later = [other.first_event for other in changes if other.first_event > noted.first_event]
+                posted = self.events[noted.first_event : later[0] if later else len(self.events)]
+                message = posted[-1].message if posted else (self.status.message or "")
+            found.append(
+                Notice(
+                    kind=noted.kind,
+                    phase=noted.phase,
+                    previous_phase=noted.previous_phase,
+                    rollout_id=noted.rollout_id,
+                    message=message,
+                    at=self.now,
+                    decision=noted.decision,
+                    differences=noted.differences,
+                )
+            )
+        return tuple(found)
+
     def result(self) -> StepResult:
         # Conditions that survived this step hold for the generation it looked at (a spec change that would void
         # them restarts the rollout and clears them).
         for condition in self.status.conditions:
             condition.observed_generation = self.generation
-        return StepResult(self.status, tuple(self.actions), tuple(self.events), max(0.0, self.requeue))
+        return StepResult(self.status, tuple(self.actions), tuple(self.events), max(0.0, self.requeue), self.notices())
 
 
 # ------------------------------------------------------------------------------------------------------ transitions
 
 
-def restart(t: Tick, spec_hash: str, why: str) -> None:
+def rollout_id(uid: str, generation: int, spec_hash: str, started_at: str) -> str:
+    """`<generation>-<6 hex>`: names one rollout; a rollout run again (even at the same generation) gets another."""
+    digest = hashlib.sha256(f"{uid}/{generation}/{spec_hash}/{started_at}".encode()).hexdigest()[:6]
+    return f"{generation}-{digest}"
+
+
+def restart(t: Tick, spec_hash: str, why: str, *, target_changed: bool = False) -> None:
     """A new rollout: clean up the previous one's children and plan again. History and the recorded template stay,
-    so a later rollback still restores the configuration from before any promotion."""
+    so a later rollback still restores the configuration from before any promotion; unless the target itself
+    changed (`target_changed`): then the next promotion records it afresh. A Drifted condition stays, saying why."""
     previous = t.status
     if previous.canary is not None and t.phase not in TERMINAL_PHASES:
         t.add(Delete(Kind.DEPLOYMENT, previous.canary.deployment))
         t.add(Delete(Kind.SERVICE, previous.canary.service))
-        t.add(Delete(Kind.SERVICE, b.baseline_service_name(t.ref.name, previous.canary.generation)))
+        baseline = b.baseline_service_name(t.ref.name, previous.canary.generation, previous.canary.run)
+        t.add(Delete(Kind.SERVICE, baseline))
         for gate in JOB_GATES:
             result = gate.result(previous)
             if result is not None and result.job and result.verdict == GateVerdict.RUNNING:
@@ -212,6 +297,8 @@ def restart(t: Tick, spec_hash: str, why: str) -> None:
     if previous.spec_hash is not None:
         reason = Reason.ANALYSIS_RESTARTED if t.phase not in TERMINAL_PHASES else Reason.ROLLOUT_RESTARTED
         t.event("Normal", reason, why)
+    run = (previous.rollout_run or 1) + 1 if previous.rollout_generation == t.generation else 1
+    started = timestamp(t.now)
     t.status = previous.model_copy(
         update={
             "plan": None,
@@ -219,10 +306,16 @@ def restart(t: Tick, spec_hash: str, why: str) -> None:
             "canary": None,
             "latency": None,
             "decision": None,
-            "conditions": [],
+            "conditions": [c for c in previous.conditions if c.type == ConditionType.DRIFTED],
             "spec_hash": spec_hash,
             "rollout_generation": t.generation,
-            "rollout_started_at": timestamp(t.now),
+            "rollout_run": run,
+            "rollout_started_at": started,
+            "rollout_id": rollout_id(t.ref.uid, t.generation, spec_hash, started),
+            "target_base": None,
+            "target_decided": None,
+            "advice": None,
+            "previous_template": None if target_changed else previous.previous_template,
         }
     )
     for gate in PHASE_GATES:
@@ -232,10 +325,10 @@ def restart(t: Tick, spec_hash: str, why: str) -> None:
 
 
 def rollback(t: Tick, reason: str, message: str) -> None:
+    t.enter(Phase.ROLLING_BACK)
     t.decide(DecisionResult.ROLLED_BACK, reason, message)
     t.condition(ConditionType.ROLLED_BACK, ConditionStatus.FALSE, reason, f"rolling back: {message}")
     t.event("Warning", Reason.ROLLING_BACK, f"{reason}: {message}")
-    t.enter(Phase.ROLLING_BACK)
     # The rollback itself starts with the next pass, which observes everything it must remove.
     t.requeue = 0
 
@@ -259,17 +352,42 @@ def advance(t: Tick) -> None:
             t.status.latency = LatencyAnalysis()
         t.requeue = 0
         return
-    if t.spec.rollout.approval == Approval.MANUAL and not t.spec.rollout.approved:
+    if not approved(t):
         t.enter(Phase.AWAITING_APPROVAL)
-        t.event("Normal", Reason.AWAITING_APPROVAL, "all gates passed; set spec.rollout.approved to true to promote")
+        rollout = t.status.rollout_id
+        t.event(
+            "Normal",
+            Reason.AWAITING_APPROVAL,
+            f"all gates passed; approve rollout {rollout} to promote: kubectl kvpolicy approve {t.ref.name} "
+            f"(sets spec.rollout.approvedRollout to {rollout})",
+        )
+        if t.spec.rollout.approved:
+            t.event(
+                "Warning",
+                Reason.DEPRECATED_APPROVAL,
+                "spec.rollout.approved no longer approves (it would approve every later rollout too): set "
+                f"spec.rollout.approvedRollout to {rollout} and remove spec.rollout.approved",
+            )
         t.requeue = t.config.idle_seconds
         return
     start_promotion(t)
 
 
+def approved(t: Tick) -> bool:
+    """Automatic approval, or a Manual one naming this rollout: an approval never carries over to another."""
+    rollout = t.spec.rollout
+    return rollout.approval == Approval.AUTOMATIC or (
+        rollout.approved_rollout is not None and rollout.approved_rollout == t.status.rollout_id
+    )
+
+
 def start_promotion(t: Tick) -> None:
     t.enter(Phase.PROMOTING)
-    t.event("Normal", Reason.PROMOTING, f"gates passed: promoting {t.spec.target_ref.name} to FP8 KV")
+    if t.advisory:
+        message = f"gates passed: publishing the FP8 KV change for {t.spec.target_ref.name} (applyMode Advisory)"
+    else:
+        message = f"gates passed: promoting {t.spec.target_ref.name} to FP8 KV"
+    t.event("Normal", Reason.PROMOTING, message)
     t.requeue = 0
 
 

@@ -1,0 +1,1 @@
+"""`kubectl kvpolicy`: the kubectl plugin (console script `kubectl-kvpolicy`)."""

@@ -1,0 +1,5 @@
+import sys
+
+from kvpolicy.plugin.cli import main
+
+sys.exit(main())
