@@ -26,7 +26,27 @@ def test_child_names_are_deterministic_and_fit_63_characters() -> None:
     assert len(name_a) <= 63 and len(name_b) <= 63
     assert name_a != name_b and name_a == b.canary_name(long_a, 12)
     assert name_a.endswith("-canary-g12")
-    assert b.job_name("7b-model", "accuracy", 1) == "kvp-7b-model-accuracy-g1", "Service names start with a letter"
+    assert b.job_name("7b-model", "accuracy", 1).startswith("kvp-7b-model-"), "Service names start with a letter"
+    assert b.job_name("kvp-7b-model", "accuracy", 1) == "kvp-7b-model-accuracy-g1"
+    assert b.job_name("7b-model", "accuracy", 1) != b.job_name("kvp-7b-model", "accuracy", 1)
+
+
+def test_dotted_names_become_dns_1035_labels_unique_to_the_policy() -> None:
+    dotted, dashed = b.canary_name("llama-3.1-8b", 1), b.canary_name("llama-3-1-8b", 1)
+    assert dashed == "llama-3-1-8b-canary-g1"
+    assert dotted.startswith("llama-3-1-8b-") and dotted.endswith("-canary-g1") and "." not in dotted
+    assert dotted != dashed, "two policies must never share a canary"
+
+
+def test_policy_label_values_fit_63_characters() -> None:
+    assert b.policy_labels("llama-3.1-8b") == {b.POLICY_LABEL: "llama-3.1-8b"}, "dots are legal in label values"
+    long = "x" * 200
+    value = b.policy_labels(long)[b.POLICY_LABEL]
+    assert len(value) == 63 and value != b.policy_labels("x" * 199 + "y")[b.POLICY_LABEL]
+    canary = b.canary_deployment(
+        b.PolicyRef(long, "serving", "uid-1"), b.canary_name(long, 1), target_deployment(), make_policy().spec, FP8_PLAN
+    )
+    assert canary["spec"]["selector"]["matchLabels"][b.POLICY_LABEL] == value
 
 
 @pytest.mark.parametrize(

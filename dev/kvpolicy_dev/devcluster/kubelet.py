@@ -18,7 +18,6 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import signal
 import sys
 import time
@@ -225,13 +224,15 @@ class Kubelet:
             logger.exception("dev cluster kubelet: %s %s/%s failed", obj["kind"], meta.get("namespace"), meta["name"])
             return 1.0
 
-    def _create_pod(self, owner: Obj, template: Mapping[str, Any], name: str, labels: Mapping[str, str]) -> None:
+    def _create_pod(self, owner: Obj, template: Mapping[str, Any], labels: Mapping[str, str]) -> None:
+        """A pod named as the ReplicaSet and Job controllers name theirs: generateName `<owner>-` (the API server cuts
+        it to 58 characters and appends 5 random ones)."""
         template_meta = template.get("metadata") or {}
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": name,
+                "generateName": f"{owner['metadata']['name']}-",
                 "labels": {**(template_meta.get("labels") or {}), **labels},
                 "annotations": dict(template_meta.get("annotations") or {}),
                 "ownerReferences": [self._owner_reference(owner)],
@@ -313,8 +314,7 @@ class Kubelet:
         desired = int(spec.get("replicas", 1))
         pods = self._owned(self._pods, replica_set)
         for _ in range(desired - len(pods)):
-            pod_name = f"{replica_set['metadata']['name']}-{secrets.token_hex(3)[:5]}"
-            self._create_pod(replica_set, spec.get("template") or {}, pod_name, {})
+            self._create_pod(replica_set, spec.get("template") or {}, {})
         # Scale down the pods least far along first: unready, then newest.
         surplus = sorted(pods, key=lambda pod: (is_ready(pod), pod["metadata"]["creationTimestamp"]))
         for pod in surplus[: max(0, len(pods) - desired)]:
@@ -401,7 +401,7 @@ class Kubelet:
             if not active:
                 name = job["metadata"]["name"]
                 labels = {"job-name": name, "batch.kubernetes.io/job-name": name, "controller-uid": uid}
-                self._create_pod(job, spec.get("template") or {}, f"{name}-{secrets.token_hex(3)[:5]}", labels)
+                self._create_pod(job, spec.get("template") or {}, labels)
                 active = [{}]
             wake = remaining
         status.update(active=len(active), succeeded=succeeded, failed=failed, conditions=conditions)

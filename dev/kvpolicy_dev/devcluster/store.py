@@ -27,6 +27,7 @@ from kvpolicy_dev.devcluster.resources import (
     types_from_crd,
 )
 from kvpolicy_dev.devcluster.selectors import Selector
+from kvpolicy_dev.devcluster.validation import generated_name_base, validate
 
 Obj = dict[str, Any]
 ObjectKey = tuple[str, str]  # (namespace or "", name)
@@ -76,6 +77,18 @@ def conflict(rt: ResourceType, name: str) -> ApiError:
         "the object has been modified; please apply your changes to the latest version and try again"
     )
     return ApiError(409, "Conflict", message, {"name": name, "group": rt.group, "kind": rt.plural})
+
+
+def invalid(rt: ResourceType, obj: Mapping[str, Any], creating: bool) -> ApiError | None:
+    """422 Invalid, as kube-apiserver words it, for a name or labels it would refuse; None when they are valid."""
+    errors = validate(rt.kind, obj, creating)
+    if not errors:
+        return None
+    name = str((obj.get("metadata") or {}).get("name") or "")
+    qualified = f"{rt.kind}.{rt.group}" if rt.group else rt.kind
+    listed = str(errors[0]) if len(errors) == 1 else f"[{', '.join(map(str, errors))}]"
+    details = {"name": name, "group": rt.group, "kind": rt.kind, "causes": [error.cause() for error in errors]}
+    return ApiError(422, "Invalid", f'{qualified} "{name}" is invalid: {listed}', details)
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -249,8 +262,11 @@ class Store:
         if not metadata.get("name"):
             if not metadata.get("generateName"):
                 raise ApiError(422, "Invalid", f"{rt.kind}: metadata.name or metadata.generateName is required")
-            metadata["name"] = metadata["generateName"] + secrets.token_hex(3)[:5]
+            metadata["name"] = generated_name_base(metadata["generateName"]) + secrets.token_hex(3)[:5]
         name = metadata["name"]
+        refused = invalid(rt, obj, creating=True)
+        if refused is not None:
+            raise refused
         if rt.namespaced:
             namespace = namespace or metadata.get("namespace") or "default"
             if metadata.get("namespace") not in (None, "", namespace):
@@ -397,6 +413,9 @@ class Store:
                     result["status"] = old["status"]
                 else:
                     result.pop("status", None)
+            refused = invalid(rt, result, creating=False)
+            if refused is not None:
+                raise refused
             if _spec_part(result) != _spec_part(old):
                 metadata["generation"] = old["metadata"].get("generation", 1) + 1
             if rt.key == (CRD_GROUP, CRD_PLURAL):

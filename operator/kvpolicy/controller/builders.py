@@ -1,17 +1,18 @@
 """Pure builders of the objects the operator creates or patches: names, canary, Services, gate Jobs, container patches.
 
 Every name is deterministic (policy + generation), so creating an object twice is harmless: AlreadyExists means done.
+Names and label values derived from the policy's name follow the one rule in names.py.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kvpolicy.api.v1alpha1 import API_VERSION, KIND, KVPolicySpec, Plan, PodTemplateRecord
+from kvpolicy.controller.names import child_name, label_value
 from kvpolicy.gates.report import DEFAULT_TERMINATION_LOG
 
 Obj = dict[str, Any]
@@ -26,24 +27,12 @@ ROLE_BASELINE = "baseline"
 ROLE_GATE = "gate"
 ROLE_PREFLIGHT = "preflight"
 
-MAX_NAME = 63  # DNS-1035 label: Service names, and label values
 DEFAULT_SERVING_PORT = 8000
 # vLLM flags the plan owns: stripped from the target's arguments before the plan's are appended.
 KV_FLAGS = ("--kv-cache-dtype", "--kv-cache-dtype-skip-layers", "--attention-backend")
 # Flags whose value is a list of tokens (until the next flag) rather than one token.
 MULTI_VALUE_FLAGS = frozenset({"--kv-cache-dtype-skip-layers"})
 GATE_TERMINATION_LOG = str(DEFAULT_TERMINATION_LOG)
-
-
-def child_name(policy: str, suffix: str) -> str:
-    """`<policy>-<suffix>`, shortened with a hash of the policy name to fit a DNS-1035 label (63 chars)."""
-    base = policy if policy[:1].isalpha() else f"kvp-{policy}"
-    name = f"{base}-{suffix}"
-    if len(name) <= MAX_NAME:
-        return name
-    digest = hashlib.sha256(policy.encode()).hexdigest()[:8]
-    keep = MAX_NAME - len(suffix) - len(digest) - 2
-    return f"{base[:keep].rstrip('-')}-{digest}-{suffix}"
 
 
 def canary_name(policy: str, generation: int) -> str:
@@ -58,6 +47,11 @@ def baseline_service_name(policy: str, generation: int) -> str:
 def job_name(policy: str, gate: str, generation: int) -> str:
     """gate: accuracy, latency or preflight."""
     return child_name(policy, f"{gate}-g{generation}")
+
+
+def policy_labels(policy: str) -> dict[str, str]:
+    """The label every child of the policy carries: what observe and cleanup select them by."""
+    return {POLICY_LABEL: label_value(policy)}
 
 
 @dataclass(frozen=True)
@@ -79,7 +73,7 @@ class PolicyRef:
         }
 
     def labels(self, role: str) -> dict[str, str]:
-        return {POLICY_LABEL: self.name, ROLE_LABEL: role, MANAGED_BY_LABEL: MANAGED_BY}
+        return {**policy_labels(self.name), ROLE_LABEL: role, MANAGED_BY_LABEL: MANAGED_BY}
 
     def metadata(self, name: str, role: str, extra_labels: Mapping[str, str] | None = None) -> Obj:
         return {
@@ -269,7 +263,7 @@ def canary_deployment(
         "metadata": policy.metadata(name, ROLE_CANARY, {CANARY_LABEL: name}),
         "spec": {
             "replicas": spec.rollout.canary_replicas,
-            "selector": {"matchLabels": {POLICY_LABEL: policy.name, CANARY_LABEL: name}},
+            "selector": {"matchLabels": {**policy_labels(policy.name), CANARY_LABEL: name}},
             # Recreate: relabelling the canary to join the traffic must not need a second GPU for a surge pod.
             "strategy": {"type": "Recreate"},
             "template": template,
@@ -300,7 +294,7 @@ def _service(policy: PolicyRef, name: str, role: str, selector: Mapping[str, str
 
 
 def canary_service(policy: PolicyRef, name: str, port: int) -> Obj:
-    return _service(policy, name, ROLE_CANARY, {POLICY_LABEL: policy.name, CANARY_LABEL: name}, port)
+    return _service(policy, name, ROLE_CANARY, {**policy_labels(policy.name), CANARY_LABEL: name}, port)
 
 
 def baseline_service(policy: PolicyRef, target: Mapping[str, Any], port: int, generation: int) -> Obj:

@@ -163,7 +163,7 @@ class Observer:
             return Observations(now=now, target=target)
 
         needs = PHASE_NEEDS.get(phase, frozenset())
-        by_policy = label_selector({b.POLICY_LABEL: name})
+        by_policy = label_selector(b.policy_labels(name))
         canary = None
         if "canary" in needs and status.canary is not None:
             canary = await self.api.get(DEPLOYMENTS, namespace, status.canary.deployment)

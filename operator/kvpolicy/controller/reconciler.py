@@ -195,7 +195,7 @@ class Reconciler:
         meta = raw["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         policy = KVPolicy.model_validate(raw)
-        selector = label_selector({b.POLICY_LABEL: name})
+        selector = label_selector(b.policy_labels(name))
         for resource in (DEPLOYMENTS, SERVICES, JOBS):
             for child in await self.api.list_objects(resource, namespace, selector):
                 await self.api.delete(resource, namespace, child["metadata"]["name"])
