@@ -6,11 +6,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from e2e_helpers import OperatorFactory
+from e2e_helpers import PATCHED_IMAGE, OperatorFactory
 from kopf.testing import KopfRunner
 from kvpolicy.api import crd
 from kvpolicy.controller import handlers
-from kvpolicy_dev.devcluster import ThreadedDevCluster
+from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
 
 OPERATOR_ENV = {
     "KVPOLICY_POLL_SECONDS": "0.2",
@@ -40,3 +40,9 @@ def operator(kvpolicy_crd: None, monkeypatch: pytest.MonkeyPatch) -> OperatorFac
         assert runner.exit_code == 0, runner.output
 
     return run
+
+
+@pytest.fixture
+def fixed_image_runner(devcluster: ThreadedDevCluster) -> None:
+    """Simulated vLLM pods whose FP8 attention is fixed in the patched image (they pass the accuracy gate)."""
+    devcluster.set_runner(SimulatorRunner(time_scale=0.001, two_level_fix_images=frozenset({PATCHED_IMAGE})))

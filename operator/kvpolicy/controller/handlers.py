@@ -120,11 +120,15 @@ async def rollout(stopped: kopf.DaemonStopped, meta: kopf.Meta, memo: Any, **_: 
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-def watched(body: kopf.Body, memo: Any, **_: Any) -> None:
-    """Wake a policy's loop at once when its spec changes, instead of at its next requeue."""
+def watched(body: kopf.Body, event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    """Wake a policy's loop at once when its spec changes, instead of at its next requeue; once a policy is gone,
+    wake those that waited for its target."""
     if "reconciler" in memo:
         meta = body.get("metadata", {})
-        _reconciler(memo).notice(str(meta.get("uid")), meta.get("generation"), bool(meta.get("deletionTimestamp")))
+        reconciler = _reconciler(memo)
+        reconciler.notice(str(meta.get("uid")), meta.get("generation"), bool(meta.get("deletionTimestamp")))
+        if event.get("type") == "DELETED":
+            reconciler.released(str(meta.get("namespace")), str(meta.get("name")))
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)

@@ -18,7 +18,8 @@ from kvpolicy.analysis import (
 from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, KVPolicy, LatencyProvider, Phase
 from kvpolicy.controller import builders as b
 from kvpolicy.controller.jobgates import PHASE_GATES
-from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, NODES, PODS, SERVICES, KubeApi, label_selector
+from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, SERVICES, KubeApi, label_selector
+from kvpolicy.controller.ownership import governing_policy
 from kvpolicy.controller.rules import latency_check_due, latency_gate_config, rollout_hash
 from kvpolicy.controller.state import JobView, Observations, PodView
 from kvpolicy.gpu import PRESENT_LABEL, gpu_facts
@@ -148,6 +149,10 @@ class Observer:
         status = policy.status
         namespace = str(policy.metadata.get("namespace", ""))
         name = str(policy.metadata.get("name", ""))
+        peers = await self.api.list_objects(KVPOLICIES, namespace)
+        governed_by = governing_policy(policy.metadata, policy.spec.target_ref.name, peers)
+        if governed_by is not None:  # nothing else matters until that policy is gone
+            return Observations(now=now, governed_by=governed_by)
         restarting = status.spec_hash != rollout_hash(policy.spec)
         phase = Phase.PLANNING if restarting or status.phase is None else status.phase
         if phase in TERMINAL_PHASES - {Phase.HELD_BF16}:

@@ -55,6 +55,7 @@ class Observations:
     """The cluster as observed for one step. What a phase does not need is left empty (observe.py decides)."""
 
     now: datetime
+    governed_by: str | None = None  # the other KVPolicy that governs the target (ownership.py); None: this one
     target: Obj | None = None
     gpu: GpuFacts | None = None
     canary: Obj | None = None

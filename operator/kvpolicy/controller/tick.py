@@ -10,7 +10,6 @@ from kvpolicy.api.v1alpha1 import (
     TERMINAL_PHASES,
     Approval,
     CanaryRef,
-    Condition,
     ConditionStatus,
     ConditionType,
     Decision,
@@ -24,6 +23,7 @@ from kvpolicy.api.v1alpha1 import (
     Plan,
 )
 from kvpolicy.controller import builders as b
+from kvpolicy.controller.conditions import set_condition
 from kvpolicy.controller.jobgates import JOB_GATES, PHASE_GATES, JobGate, JobInputs
 from kvpolicy.controller.state import (
     Action,
@@ -75,30 +75,10 @@ class Tick:
 
     def condition(self, type_: ConditionType, status: ConditionStatus, reason: str, message: str = "") -> bool:
         """Set a condition; True when its status changed (a transition worth an event)."""
-        conditions = self.status.conditions
-        for index, existing in enumerate(conditions):
-            if existing.type == type_:
-                changed = existing.status != status
-                conditions[index] = Condition(
-                    type=type_,
-                    status=status,
-                    reason=reason,
-                    message=message,
-                    last_transition_time=timestamp(self.now) if changed else existing.last_transition_time,
-                    observed_generation=self.generation,
-                )
-                return changed
-        conditions.append(
-            Condition(
-                type=type_,
-                status=status,
-                reason=reason,
-                message=message,
-                last_transition_time=timestamp(self.now),
-                observed_generation=self.generation,
-            )
+        previous = set_condition(
+            self.status.conditions, type_, status, reason, message, timestamp(self.now), self.generation
         )
-        return True
+        return previous is None or previous.status != status
 
     def condition_is(self, type_: ConditionType, status: ConditionStatus) -> bool:
         return any(c.type == type_ and c.status == status for c in self.status.conditions)
