@@ -8,7 +8,7 @@ import jsonpatch
 import pytest
 from kvpolicy.api.v1alpha1 import KVCacheDtype, Plan, PodTemplateRecord
 from kvpolicy.controller import builders as b
-from operator_helpers import TARGET_ARGS, make_policy, target_deployment
+from operator_helpers import CONFIG, TARGET_ARGS, make_policy, target_deployment
 
 FP8_PLAN = Plan(
     kv_cache_dtype=KVCacheDtype.FP8,
@@ -142,7 +142,7 @@ def test_gate_job_is_single_shot_with_a_deadline_and_a_termination_message() -> 
             image="kvpolicy:1",
             command=b.accuracy_command(spec, "http://c:8000", "http://b:8000"),
             timeout_seconds=3600,
-            resources=b.GATE_RESOURCES,
+            resources=CONFIG.gate_resources,
             pod_placement={},
         ),
     )

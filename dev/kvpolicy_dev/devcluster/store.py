@@ -18,6 +18,7 @@ from typing import Any
 
 import jsonpatch
 
+from kvpolicy_dev.devcluster import podsecurity
 from kvpolicy_dev.devcluster.resources import (
     BUILTIN_TYPES,
     CRD_GROUP,
@@ -278,6 +279,8 @@ class Store:
         if self.find(rt, namespace, name) is not None:
             qualified = f"{rt.plural}.{rt.group}" if rt.group else rt.plural
             raise ApiError(409, "AlreadyExists", f'{qualified} "{name}" already exists', {"name": name})
+        if rt.key == ("", "pods"):
+            self._admit_pod(str(namespace), name, obj)
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
         metadata.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=now_timestamp())
         for transient in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
@@ -378,6 +381,15 @@ class Store:
         return self._remove(rt, obj, orphan=propagation == "Orphan")
 
     # --- internals ------------------------------------------------------------------------------------------------
+
+    def _admit_pod(self, namespace: str, name: str, pod: Obj) -> None:
+        """Pod Security admission: a namespace labelled pod-security.kubernetes.io/enforce refuses pods below it."""
+        labels = (self.get(self._types[("", "v1", "namespaces")], None, namespace)["metadata"].get("labels")) or {}
+        level = labels.get(podsecurity.ENFORCE_LABEL, "privileged")
+        problems = podsecurity.violations(level, pod.get("spec") or {}, pod["metadata"].get("annotations"))
+        if problems:
+            message = f'pods "{name}" is forbidden: violates PodSecurity "{level}:latest": {", ".join(problems)}'
+            raise ApiError(403, "Forbidden", message, {"name": name, "kind": "pods"})
 
     def _require_namespace(self, namespace: str) -> None:
         if ("", namespace) not in self._objects[("", "namespaces")]:

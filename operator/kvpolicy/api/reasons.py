@@ -30,6 +30,7 @@ class Reason(StrEnum):
     CANARY_UNSCHEDULABLE = "CanaryUnschedulable"
     SCHEDULED = "Scheduled"
     UNSCHEDULABLE = "Unschedulable"
+    GATE_POD_NOT_STARTING = "GatePodNotStarting"  # a gate Job's pod cannot be pulled, configured or scheduled
     PREFLIGHT_PASSED = "PreflightPassed"
     PREFLIGHT_INCONCLUSIVE = "PreflightInconclusive"
     PREFLIGHT_TIMED_OUT = "PreflightTimedOut"

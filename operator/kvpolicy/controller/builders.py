@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvpolicy.api.v1alpha1 import API_VERSION, KIND, KVPolicySpec, Plan, PodTemplateRecord
@@ -193,11 +193,11 @@ def container_patch(deployment: Mapping[str, Any], container: str | None, desire
     current = deployment["spec"]["template"]["spec"]["containers"][index]
     path = f"/spec/template/spec/containers/{index}"
     ops: list[Obj] = [{"op": "test", "path": f"{path}/name", "value": current.get("name")}]
-    for field, value in (("image", desired.image), ("command", desired.command), ("args", desired.args)):
+    for attribute, value in (("image", desired.image), ("command", desired.command), ("args", desired.args)):
         if value is not None:
-            ops.append({"op": "add", "path": f"{path}/{field}", "value": value})
-        elif field in current:
-            ops.append({"op": "remove", "path": f"{path}/{field}"})
+            ops.append({"op": "add", "path": f"{path}/{attribute}", "value": value})
+        elif attribute in current:
+            ops.append({"op": "remove", "path": f"{path}/{attribute}"})
     if desired.env is not None:
         ops.append({"op": "add", "path": f"{path}/env", "value": desired.env})
     elif "env" in current:
@@ -250,11 +250,11 @@ def canary_deployment(
     container = template["spec"]["containers"][index]
     desired = with_plan(container_record(container), plan)
     container["image"] = desired.image
-    for field, value in (("command", desired.command), ("args", desired.args)):
+    for attribute, value in (("command", desired.command), ("args", desired.args)):
         if value is None:
-            container.pop(field, None)
+            container.pop(attribute, None)
         else:
-            container[field] = value
+            container[attribute] = value
     metadata = template.setdefault("metadata", {})
     metadata["labels"] = canary_pod_labels(policy, name, target, joined)
     return {
@@ -309,7 +309,7 @@ def baseline_service(policy: PolicyRef, target: Mapping[str, Any], port: int, ge
 
 @dataclass(frozen=True)
 class GateJob:
-    """What differs between gate Jobs: name, role, image, command, and where the pod may run."""
+    """What differs between gate Jobs: name, role, image, command, resources, and where the pod may run."""
 
     name: str
     role: str
@@ -318,6 +318,27 @@ class GateJob:
     timeout_seconds: int
     resources: Obj
     pod_placement: Obj  # nodeSelector / tolerations / affinity copied from the target for GPU Jobs
+    image_pull_secrets: list[Obj] = field(default_factory=list)  # the target's: the images may share its registry
+    env: list[Obj] = field(default_factory=list)
+
+
+# The Pod Security Standards' "restricted" profile. The gate tools run as the operator image's user (Dockerfile: USER
+# 10001); naming the user lets a root-by-default image (a vLLM image for the probe) run too.
+GATE_USER = 10001
+POD_SECURITY_CONTEXT: Obj = {
+    "runAsNonRoot": True,
+    "runAsUser": GATE_USER,
+    "runAsGroup": GATE_USER,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: Obj = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+# The one writable place on a read-only root filesystem (temporary files; the probe's Triton and CUDA caches).
+SCRATCH_DIR = "/tmp"
+SCRATCH_VOLUME: Obj = {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}
 
 
 def gate_job(policy: PolicyRef, job: GateJob) -> Obj:
@@ -326,11 +347,26 @@ def gate_job(policy: PolicyRef, job: GateJob) -> Obj:
         "name": job.role if job.role != ROLE_GATE else "gate",
         "image": job.image,
         "command": job.command,
-        "resources": job.resources,
+        "resources": copy.deepcopy(job.resources),
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
+        "volumeMounts": [{"name": SCRATCH_VOLUME["name"], "mountPath": SCRATCH_DIR}],
         "terminationMessagePath": GATE_TERMINATION_LOG,
         # The tools write their JSON verdict to the termination log; logs are the fallback if they crash first.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if job.env:
+        container["env"] = copy.deepcopy(job.env)
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        # The gate tools talk to the canary and baseline over HTTP; they need no Kubernetes credentials.
+        "automountServiceAccountToken": False,
+        "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
+        "containers": [container],
+        "volumes": [copy.deepcopy(SCRATCH_VOLUME)],
+        **copy.deepcopy(job.pod_placement),
+    }
+    if job.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = copy.deepcopy(job.image_pull_secrets)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -338,21 +374,29 @@ def gate_job(policy: PolicyRef, job: GateJob) -> Obj:
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": job.timeout_seconds,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    # The gate tools talk to the canary and baseline over HTTP; they need no Kubernetes credentials.
-                    "automountServiceAccountToken": False,
-                    "containers": [container],
-                    **job.pod_placement,
-                },
-            },
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
 
 
-GATE_RESOURCES: Obj = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def with_one_gpu(resources: Obj) -> Obj:
+    """`resources` plus the one GPU the preflight probe measures, whatever the operator's settings say."""
+    result = copy.deepcopy(resources)
+    for part in ("requests", "limits"):
+        result.setdefault(part, {})[GPU_RESOURCE] = 1
+    return result
+
+
+def image_pull_secrets(target: Mapping[str, Any]) -> list[Obj]:
+    secrets: list[Obj] = target["spec"]["template"]["spec"].get("imagePullSecrets") or []
+    return copy.deepcopy(secrets)
+
+
+# The probe's GPU toolchains (Triton, CUDA) cache compiled kernels under $HOME, which the read-only root cannot hold.
+PREFLIGHT_ENV: list[Obj] = [{"name": "HOME", "value": SCRATCH_DIR}]
 
 
 def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]:
@@ -429,6 +473,3 @@ def pod_placement(target: Mapping[str, Any]) -> Obj:
     """The target's scheduling constraints, so a GPU Job lands on the same pool."""
     pod_spec = target["spec"]["template"]["spec"]
     return {key: copy.deepcopy(pod_spec[key]) for key in ("nodeSelector", "tolerations", "affinity") if key in pod_spec}
-
-
-PREFLIGHT_RESOURCES: Obj = {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 1}}

@@ -7,9 +7,10 @@ importing this module never changes what another kopf operator in the same proce
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -42,6 +43,28 @@ def _positive_float(name: str, default: float) -> float:
     return value
 
 
+RESOURCES_EXAMPLE = '{"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}\''
+
+
+def _resources(name: str) -> dict[str, Any] | None:
+    """A container's `resources` as JSON in environment variable `name` (the chart's gateJobs values); None if unset."""
+    text = os.environ.get(name)
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{name} is not JSON; give resources such as {RESOURCES_EXAMPLE}") from None
+    parts_ok = isinstance(value, dict) and set(value) <= {"requests", "limits"}
+    if not parts_ok or not all(
+        isinstance(amounts, dict) and all(isinstance(amount, str | int) for amount in amounts.values())
+        for amounts in value.values()
+    ):
+        raise ValueError(f"{name}={text} is not requests/limits of quantities, such as {RESOURCES_EXAMPLE}")
+    resources: dict[str, Any] = value
+    return resources
+
+
 @dataclass(frozen=True)
 class OperatorOptions:
     gate_image: str = DEFAULT_GATE_IMAGE
@@ -49,16 +72,22 @@ class OperatorOptions:
     poll_seconds: float = 5.0
     idle_seconds: float = 300.0
     metrics_port: int | None = None
+    gate_resources: dict[str, Any] = field(default_factory=lambda: dict(StepConfig("", "").gate_resources))
+    preflight_resources: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, metrics_port: int | None = None) -> OperatorOptions:
-        """KVPOLICY_GATE_IMAGE, KVPOLICY_PROBE_IMAGE, KVPOLICY_POLL_SECONDS, KVPOLICY_IDLE_SECONDS."""
+        """KVPOLICY_GATE_IMAGE, KVPOLICY_PROBE_IMAGE, KVPOLICY_POLL_SECONDS, KVPOLICY_IDLE_SECONDS, and the gate
+        Jobs' resources as JSON: KVPOLICY_GATE_RESOURCES, KVPOLICY_PREFLIGHT_RESOURCES (besides its GPU)."""
+        defaults = cls()
         return cls(
             gate_image=os.environ.get("KVPOLICY_GATE_IMAGE") or DEFAULT_GATE_IMAGE,
             probe_image=os.environ.get("KVPOLICY_PROBE_IMAGE") or DEFAULT_PROBE_IMAGE,
             poll_seconds=_positive_float("KVPOLICY_POLL_SECONDS", 5.0),
             idle_seconds=_positive_float("KVPOLICY_IDLE_SECONDS", 300.0),
             metrics_port=metrics_port,
+            gate_resources=_resources("KVPOLICY_GATE_RESOURCES") or defaults.gate_resources,
+            preflight_resources=_resources("KVPOLICY_PREFLIGHT_RESOURCES") or defaults.preflight_resources,
         )
 
     def step_config(self) -> StepConfig:
@@ -67,6 +96,8 @@ class OperatorOptions:
             probe_image=self.probe_image,
             poll_seconds=self.poll_seconds,
             idle_seconds=self.idle_seconds,
+            gate_resources=self.gate_resources,
+            preflight_resources=self.preflight_resources,
         )
 
 

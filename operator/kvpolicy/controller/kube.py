@@ -194,7 +194,9 @@ class HttpKubeApi:
                     raise _api_error(response.status, text)
                 return json.loads(text) if text else {}
         except (aiohttp.ClientError, TimeoutError) as error:
-            raise ApiError(0, "ConnectionError", f"{method} {path}: {error or type(error).__name__}") from error
+            # A timeout's text is empty: name the exception so the log line says what happened.
+            what = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            raise ApiError(0, "ConnectionError", f"{method} {path}: {what}") from error
 
     async def get(self, resource: Resource, namespace: str | None, name: str) -> Obj | None:
         return await self._request("GET", resource.path(namespace, name), missing_ok=True)

@@ -30,6 +30,7 @@ from kvpolicy.controller.state import (
     Create,
     Delete,
     Event,
+    JobView,
     Kind,
     Obj,
     Observations,
@@ -253,24 +254,25 @@ def start_promotion(t: Tick) -> None:
     t.requeue = 0
 
 
-def watch_capacity(t: Tick) -> bool:
-    """Report pods the scheduler cannot place; True while some are unschedulable."""
+def watch_capacity(t: Tick) -> str | None:
+    """Report pods the scheduler cannot place; the scheduler's message while some are unschedulable."""
     unschedulable = [pod for pod in t.obs.canary_pods if pod.unschedulable]
     if unschedulable:
         message = f"canary pod {unschedulable[0].name} cannot be scheduled: {unschedulable[0].unschedulable}"
         if t.condition(ConditionType.CAPACITY_AVAILABLE, ConditionStatus.FALSE, Reason.UNSCHEDULABLE, message):
             t.event("Warning", Reason.CANARY_UNSCHEDULABLE, message)
-        return True
-    return False
+        return unschedulable[0].unschedulable
+    return None
 
 
-def deadline_rollback(t: Tick, unschedulable: bool, waiting_for: str) -> bool:
+def deadline_rollback(t: Tick, unschedulable: str | None, waiting_for: str) -> bool:
+    """Roll back once the phase has waited `progressDeadlineSeconds`; `unschedulable` is the scheduler's message."""
     deadline = t.spec.rollout.progress_deadline_seconds
     if t.phase_age() <= deadline:
         return False
-    if unschedulable:
+    if unschedulable is not None:
         reason = DecisionReason.CAPACITY_UNAVAILABLE
-        message = f"{waiting_for} not ready within {deadline} s: no GPU capacity for its pods"
+        message = f"{waiting_for} not ready within {deadline} s: no capacity for its pods ({unschedulable})"
     else:
         reason = DecisionReason.PROGRESS_DEADLINE_EXCEEDED
         message = f"{waiting_for} not ready within {deadline} s"
@@ -280,18 +282,35 @@ def deadline_rollback(t: Tick, unschedulable: bool, waiting_for: str) -> bool:
 
 
 def run_job(t: Tick, gate: JobGate) -> GateResult | None:
-    """A Job gate's record once its Job has finished or timed out; None while it runs. Creates the Job if missing."""
+    """A Job gate's record once its Job has finished or timed out; None while it runs. Creates the Job if missing.
+
+    A Job whose pod cannot start (an image it cannot pull, a missing Secret, no node for it) says so in the gate's
+    condition at once, and fails past `progressDeadlineSeconds`, well before the gate's own timeout."""
     job = gate.build(t.job_inputs(gate))
     view = t.obs.jobs.get(job.name)
     if view is None:
         t.add(Create(Kind.JOB, b.gate_job(t.ref, job)))
+    if view is not None and not view.finished and view.not_starting is not None:
+        message = f"gate Job {job.name} cannot start: {view.not_starting}"
+        if t.condition(gate.condition, ConditionStatus.UNKNOWN, Reason.GATE_POD_NOT_STARTING, message):
+            t.event("Warning", Reason.GATE_POD_NOT_STARTING, message)
+        deadline = t.spec.rollout.progress_deadline_seconds
+        if t.phase_age() > deadline:
+            t.add(Delete(Kind.JOB, job.name))
+            never_started = JobView(job.name, failed=True, failure_reason=f"not started in {deadline} s: {message}")
+            return _recorded(t, gate, never_started, job.name)
     if view is None or not view.finished:
         if t.phase_age() <= gate.deadline_seconds(t.spec):
             return None
         t.add(Delete(Kind.JOB, job.name))
         result = gate.timed_out(t.spec)
-    else:
-        result = gate.record(t.spec, view, read_report(view.termination_message))
-        result.finished_at = timestamp(t.now)
-    result.job = job.name
+        result.job = job.name
+        return result
+    return _recorded(t, gate, view, job.name)
+
+
+def _recorded(t: Tick, gate: JobGate, view: JobView, job: str) -> GateResult:
+    result = gate.record(t.spec, view, read_report(view.termination_message))
+    result.finished_at = timestamp(t.now)
+    result.job = job
     return result
