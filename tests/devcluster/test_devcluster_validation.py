@@ -112,3 +112,57 @@ def test_names() -> None:
     assert dns1123_subdomain("llama-3.1-8b") == [] and dns1035_label("llama-3.1-8b") != []
     assert dns1123_subdomain("a" * 254) == ["must be no more than 253 characters"]
     assert dns1035_label("9b") and not dns1035_label("b9")
+
+
+def _pod(name: str, image: str = "i", secure: bool = False, pull_secret: str | None = None) -> Obj:
+    container: Obj = {"name": "c", "image": image}
+    spec: Obj = {"restartPolicy": "Never", "containers": [container]}
+    if secure:
+        spec["securityContext"] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+        container["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    if pull_secret:
+        spec["imagePullSecrets"] = [{"name": pull_secret}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+async def test_pod_security_admission_follows_the_namespace_label(
+    http: aiohttp.ClientSession, devcluster: ThreadedDevCluster, devcluster_namespace: str
+) -> None:
+    path = f"/api/v1/namespaces/{devcluster_namespace}/pods"
+    assert (await _post(http, path, _pod("open")))[0] == 201, "no label: privileged"
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    devcluster.patch("v1", "Namespace", devcluster_namespace, {"metadata": {"labels": labels}})
+    code, status = await _post(http, path, _pod("bare"))
+    assert (code, status["reason"]) == (403, "Forbidden")
+    assert status["message"].startswith('pods "bare" is forbidden: violates PodSecurity "restricted:latest": ')
+    assert 'allowPrivilegeEscalation != false (container "c" must set' in status["message"]
+    assert (await _post(http, path, _pod("hardened", secure=True)))[0] == 201
+
+
+def test_a_private_registry_needs_the_pods_pull_secret(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str
+) -> None:
+    ns = devcluster_namespace
+    devcluster.set_private_registry("private.example/", "creds")
+    devcluster.create(
+        {**_pod("anonymous", "private.example/tool:1"), "metadata": {"name": "anonymous", "namespace": ns}}
+    )
+
+    def waiting(pod: Obj) -> str | None:
+        statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+        reason: str | None = ((statuses[0].get("state") or {}).get("waiting") or {}).get("reason")
+        return reason
+
+    devcluster.wait_for("v1", "Pod", "anonymous", ns, lambda pod: waiting(pod) == "ImagePullBackOff", 10)
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": ns}, "data": {}}
+    devcluster.create(secret)
+    pod = {
+        **_pod("entitled", "private.example/tool:1", pull_secret="creds"),
+        "metadata": {"name": "entitled", "namespace": ns},
+    }
+    pod["spec"]["containers"][0]["command"] = ["python", "-c", "pass"]
+    devcluster.create(pod)
+    done = devcluster.wait_for(
+        "v1", "Pod", "entitled", ns, lambda p: (p.get("status") or {}).get("phase") == "Succeeded", 30
+    )
+    assert waiting(done) is None
