@@ -14,7 +14,7 @@ from kvpolicy.controller.handlers import OperatorOptions
 from kvpolicy.controller.jobgates import JOB_GATES, JobInputs
 from kvpolicy.controller.kube import DEPLOYMENTS, ApiError, Credentials, HttpKubeApi
 from kvpolicy.controller.observe import job_view
-from kvpolicy.controller.state import JobView, StepConfig
+from kvpolicy.controller.state import JobView, StepConfig, default_gate_resources
 from kvpolicy_dev.devcluster.podsecurity import pod_template_specs, violations
 from operator_helpers import CONFIG, Driver, make_policy, run_to_canary, target_deployment
 from test_operator_builders import FP8_PLAN
@@ -103,7 +103,7 @@ def test_resources_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ValueError, match="is not requests/limits of quantities"):
         OperatorOptions.from_env()
     monkeypatch.delenv("KVPOLICY_GATE_RESOURCES")
-    assert OperatorOptions.from_env().step_config().gate_resources == StepConfig("", "").gate_resources
+    assert OperatorOptions.from_env().step_config().gate_resources == default_gate_resources()
 
 
 def _pod(waiting: str | None = None, unschedulable: str | None = None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from kvpolicy.controller.executor import post_events
 from kvpolicy.controller.kube import ApiError, Credentials, HttpKubeApi
 from kvpolicy.controller.observe import LatencyAnalyser
 from kvpolicy.controller.reconciler import Reconciler
-from kvpolicy.controller.state import Event, StepConfig
+from kvpolicy.controller.state import Event, StepConfig, default_gate_resources
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 DEFAULT_GATE_IMAGE = f"ghcr.io/kvpolicy/kvpolicy-operator:{__version__}"
@@ -72,7 +72,7 @@ class OperatorOptions:
     poll_seconds: float = 5.0
     idle_seconds: float = 300.0
     metrics_port: int | None = None
-    gate_resources: dict[str, Any] = field(default_factory=lambda: dict(StepConfig("", "").gate_resources))
+    gate_resources: dict[str, Any] = field(default_factory=default_gate_resources)
     preflight_resources: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

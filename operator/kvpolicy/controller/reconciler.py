@@ -205,6 +205,8 @@ class Reconciler:
             metrics.record_reconcile_error(error.reason or str(error.code))
             await self._not_ready(raw, Reason.API_REQUEST_REJECTED, f"the API server refused a request: {error}")
             return self.max_backoff_seconds
+        for refused in rejected:
+            metrics.record_reconcile_error(refused.error.reason or str(refused.error.code))
         events = list(result.events)
         readiness = self._readiness(policy, result, observations, rejected)
         if readiness is not None:
@@ -228,8 +230,6 @@ class Reconciler:
     ) -> Event | None:
         """Set the Ready condition after a pass; a Warning event when it turned False or its reason changed. A target
         governed by another policy is the step's to say (Conflict)."""
-        for refused in rejected:
-            metrics.record_reconcile_error(refused.error.reason or str(refused.error.code))
         if observations.governed_by is not None:
             return None
         conditions, generation = result.status.conditions, int(policy.metadata.get("generation") or 1)

@@ -120,7 +120,8 @@ class StepResult:
     requeue_after: float
 
 
-def _gate_resources() -> Obj:
+def default_gate_resources() -> Obj:
+    """The accuracy and latency gate Jobs' resources unless the operator is told otherwise (chart: gateJobs)."""
     return {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 
 
@@ -132,7 +133,7 @@ class StepConfig:
     probe_image: str
     poll_seconds: float = 5.0  # how soon to look again while something is starting or running
     idle_seconds: float = 300.0  # how soon to look again in a decided phase
-    gate_resources: Obj = field(default_factory=_gate_resources)  # of the accuracy and latency gate Jobs
+    gate_resources: Obj = field(default_factory=default_gate_resources)  # of the accuracy and latency gate Jobs
     preflight_resources: Obj = field(default_factory=dict)  # of the GPU preflight Job, besides its one GPU
 
 
