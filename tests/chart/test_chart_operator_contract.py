@@ -3,6 +3,7 @@ and its RBAC allows every request the operator makes in a whole rollout (and not
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,6 +41,9 @@ def test_chart_default_job_images_are_the_operators_defaults(default_manifests: 
     env = {entry["name"]: entry["value"] for entry in operator_container(default_manifests)["env"]}
     assert env["KVPOLICY_GATE_IMAGE"] == handlers.DEFAULT_GATE_IMAGE
     assert env["KVPOLICY_PROBE_IMAGE"] == handlers.DEFAULT_PROBE_IMAGE
+    defaults = handlers.OperatorOptions()
+    assert json.loads(env["KVPOLICY_GATE_RESOURCES"]) == defaults.gate_resources
+    assert json.loads(env["KVPOLICY_PREFLIGHT_RESOURCES"]) == defaults.preflight_resources
 
 
 # --- RBAC against a real rollout on the dev cluster ---------------------------------------------------------------

@@ -44,5 +44,5 @@ def operator(kvpolicy_crd: None, monkeypatch: pytest.MonkeyPatch) -> OperatorFac
 
 @pytest.fixture
 def fixed_image_runner(devcluster: ThreadedDevCluster) -> None:
-    """Pods of the patched image serve FP8 with two-level accumulation (the accuracy gate passes on Hopper)."""
+    """Simulated vLLM pods whose FP8 attention is fixed in the patched image (they pass the accuracy gate)."""
     devcluster.set_runner(SimulatorRunner(time_scale=0.001, two_level_fix_images=frozenset({PATCHED_IMAGE})))

@@ -8,7 +8,7 @@ import jsonpatch
 import pytest
 from kvpolicy.api.v1alpha1 import KVCacheDtype, Plan, PodTemplateRecord
 from kvpolicy.controller import builders as b
-from operator_helpers import TARGET_ARGS, make_policy, target_deployment
+from operator_helpers import CONFIG, TARGET_ARGS, make_policy, target_deployment
 
 FP8_PLAN = Plan(
     kv_cache_dtype=KVCacheDtype.FP8,
@@ -26,7 +26,27 @@ def test_child_names_are_deterministic_and_fit_63_characters() -> None:
     assert len(name_a) <= 63 and len(name_b) <= 63
     assert name_a != name_b and name_a == b.canary_name(long_a, 12)
     assert name_a.endswith("-canary-g12")
-    assert b.job_name("7b-model", "accuracy", 1) == "kvp-7b-model-accuracy-g1", "Service names start with a letter"
+    assert b.job_name("7b-model", "accuracy", 1).startswith("kvp-7b-model-"), "Service names start with a letter"
+    assert b.job_name("kvp-7b-model", "accuracy", 1) == "kvp-7b-model-accuracy-g1"
+    assert b.job_name("7b-model", "accuracy", 1) != b.job_name("kvp-7b-model", "accuracy", 1)
+
+
+def test_dotted_names_become_dns_1035_labels_unique_to_the_policy() -> None:
+    dotted, dashed = b.canary_name("llama-3.1-8b", 1), b.canary_name("llama-3-1-8b", 1)
+    assert dashed == "llama-3-1-8b-canary-g1"
+    assert dotted.startswith("llama-3-1-8b-") and dotted.endswith("-canary-g1") and "." not in dotted
+    assert dotted != dashed, "two policies must never share a canary"
+
+
+def test_policy_label_values_fit_63_characters() -> None:
+    assert b.policy_labels("llama-3.1-8b") == {b.POLICY_LABEL: "llama-3.1-8b"}, "dots are legal in label values"
+    long = "x" * 200
+    value = b.policy_labels(long)[b.POLICY_LABEL]
+    assert len(value) == 63 and value != b.policy_labels("x" * 199 + "y")[b.POLICY_LABEL]
+    canary = b.canary_deployment(
+        b.PolicyRef(long, "serving", "uid-1"), b.canary_name(long, 1), target_deployment(), make_policy().spec, FP8_PLAN
+    )
+    assert canary["spec"]["selector"]["matchLabels"][b.POLICY_LABEL] == value
 
 
 @pytest.mark.parametrize(
@@ -122,7 +142,7 @@ def test_gate_job_is_single_shot_with_a_deadline_and_a_termination_message() -> 
             image="kvpolicy:1",
             command=b.accuracy_command(spec, "http://c:8000", "http://b:8000"),
             timeout_seconds=3600,
-            resources=b.GATE_RESOURCES,
+            resources=CONFIG.gate_resources,
             pod_placement={},
         ),
     )

@@ -127,11 +127,11 @@ async def test_observer_reads_gpu_facts_while_planning_and_only_the_target_once_
     promoted = make_policy(status={"phase": "Promoted", "specHash": spec_hash})
     api.calls.clear()
     assert (await Observer(api).observe(promoted, NOW)).target is not None, "drift needs the target"
-    assert len(api.calls) == 1
+    assert sorted(api.calls) == ["get deployments", "list kvpolicies"], "the target, and which policy governs it"
     rolled_back = make_policy(status={"phase": "RolledBack", "specHash": spec_hash})
     api.calls.clear()
     assert (await Observer(api).observe(rolled_back, NOW)).target is None
-    assert api.calls == []
+    assert api.calls == ["list kvpolicies"], "only which policy governs the target"
 
 
 async def test_reconciler_takes_a_policy_from_planning_to_its_canary() -> None:
@@ -162,12 +162,94 @@ async def test_reconciler_takes_a_policy_from_planning_to_its_canary() -> None:
     assert not [key for key in api.objects if key[0] == JOBS.plural]
 
 
-async def test_reconciler_reports_an_invalid_spec_and_waits() -> None:
+def _ready(api: FakeKubeApi) -> tuple[str, str, str]:
+    stored = api.objects[("kvpolicies", NAMESPACE, "llama-fp8")]
+    ready = next(c for c in stored["status"]["conditions"] if c["type"] == "Ready")
+    return ready["status"], ready["reason"], ready["message"]
+
+
+def _errors(kind: str) -> float:
+    return metrics.OPERATOR_METRICS.registry.get_sample_value("kvpolicy_reconcile_errors_total", {"kind": kind}) or 0
+
+
+async def test_an_invalid_spec_is_a_condition_counted_every_pass_with_one_event_per_change() -> None:
     api = FakeKubeApi()
     api.put(KVPOLICIES, NAMESPACE, raw_policy(**{"gates.accuracy.minRecovery": "2"}))
-    delay = await Reconciler(api, CONFIG, clock=lambda: NOW).reconcile_once(NAMESPACE, "llama-fp8")
-    assert delay == CONFIG.idle_seconds
-    assert api.events[0]["reason"] == "InvalidSpec" and "minRecovery" in api.events[0]["message"]
+    api.put(DEPLOYMENTS, NAMESPACE, target_deployment())
+    reconciler = Reconciler(api, CONFIG, clock=lambda: NOW)
+    before = _errors("InvalidSpec")
+    for _ in range(3):
+        assert await reconciler.reconcile_once(NAMESPACE, "llama-fp8") == CONFIG.idle_seconds
+    status, reason, message = _ready(api)
+    assert (status, reason) == ("False", "InvalidSpec")
+    rule = 'gates.accuracy.minRecovery must be a number in (0, 1], such as "0.95" (got "2")'
+    assert message == f"invalid KVPolicy: spec.gates.accuracy: {rule}"
+    assert _errors("InvalidSpec") == before + 3, "the alert on reconcile errors sees every pass"
+    assert [event["reason"] for event in api.events] == ["InvalidSpec"], "the event is not re-posted each idle period"
+    key = ("kvpolicies", NAMESPACE, "llama-fp8")
+    api.objects[key]["spec"]["targetRef"]["kind"] = "StatefulSet"
+    await reconciler.reconcile_once(NAMESPACE, "llama-fp8")
+    assert len(api.events) == 2 and "spec.targetRef.kind" in _ready(api)[2], "a different problem is news"
+    api.objects[key]["spec"] = policy_spec()
+    api.put(NODES, None, {"metadata": {"name": "n1", "labels": {**KNOWN_PRODUCTS["H200"], "pool": "h200"}}})
+    await reconciler.reconcile_once(NAMESPACE, "llama-fp8")
+    assert _ready(api)[:2] == ("True", "Reconciled")
+    assert api.objects[("kvpolicies", NAMESPACE, "llama-fp8")]["status"]["phase"] == "CanaryStarting"
+
+
+async def test_a_refused_write_is_a_condition_an_event_and_a_metric_and_the_other_writes_go_on() -> None:
+    api = FakeKubeApi()
+    api.put(KVPOLICIES, NAMESPACE, raw_policy())
+    api.put(DEPLOYMENTS, NAMESPACE, target_deployment())
+    api.put(NODES, None, {"metadata": {"name": "n1", "labels": {**KNOWN_PRODUCTS["H200"], "pool": "h200"}}})
+    api.fail["create"] = ApiError(422, "Invalid", 'Deployment.apps "x" is invalid: metadata.name: Invalid value')
+    before = _errors("Invalid")
+    reconciler = Reconciler(api, CONFIG, clock=lambda: NOW)
+    assert await reconciler.reconcile_once(NAMESPACE, "llama-fp8") == CONFIG.poll_seconds
+    assert ("deployments", NAMESPACE, "llama-fp8-canary-g1") not in api.objects
+    assert ("services", NAMESPACE, "llama-fp8-canary-g1") in api.objects, "the other creates were made"
+    status, reason, message = _ready(api)
+    assert (status, reason) == ("False", "APIRequestRejected")
+    assert message.startswith("the API server refused to create Deployment llama-fp8-canary-g1: 422 Invalid")
+    assert api.objects[("kvpolicies", NAMESPACE, "llama-fp8")]["status"]["phase"] == "CanaryStarting", "written"
+    assert _errors("Invalid") == before + 1
+    assert [e["reason"] for e in api.events if e["type"] == "Warning"] == ["APIRequestRejected"]
+    await reconciler.reconcile_once(NAMESPACE, "llama-fp8", "uid-1")
+    assert _ready(api)[:2] == ("True", "Reconciled"), "the create went through this time"
+
+
+class StopAfter:
+    """A daemon stop flag that is set after `waits` sleeps."""
+
+    def __init__(self, waits: int) -> None:
+        self.waits = waits
+
+    def __bool__(self) -> bool:
+        return self.waits <= 0
+
+    async def wait(self) -> None:
+        self.waits -= 1
+        await asyncio.sleep(0)
+
+
+async def test_a_refused_read_of_the_policy_is_logged_counted_and_said_once_and_the_loop_goes_on() -> None:
+    api = FakeKubeApi()
+    api.put(KVPOLICIES, NAMESPACE, raw_policy())
+    forbidden = ApiError(403, "Forbidden", 'kvpolicies.kvpolicy.dev "llama-fp8" is forbidden')
+    reconciler = Reconciler(api, CONFIG, max_backoff_seconds=0.01)
+    original_get = api.get
+
+    async def refuse(*args: Any) -> Any:
+        api.calls.append("get kvpolicies")
+        raise forbidden
+
+    api.get = refuse  # type: ignore[method-assign]
+    before = _errors("Forbidden")
+    await asyncio.wait_for(reconciler.run_policy(NAMESPACE, "llama-fp8", "uid-1", StopAfter(3)), timeout=5)
+    assert api.calls.count("get kvpolicies") == 3 and _errors("Forbidden") == before + 3
+    assert [event["reason"] for event in api.events] == ["APIRequestRejected"]
+    assert api.events[0]["involvedObject"]["uid"] == "uid-1"
+    api.get = original_get  # type: ignore[method-assign]
 
 
 async def test_reconciler_retries_retryable_errors_and_stops_when_the_policy_is_gone() -> None:
@@ -201,11 +283,22 @@ async def test_observer_ignores_a_canary_being_deleted() -> None:
     assert observed.target is not None and observed.canary is None
 
 
-async def test_reconciler_raises_errors_that_will_not_pass() -> None:
-    api = FakeKubeApi(fail={"get": ApiError(403, "Forbidden", "no RBAC")})
-
-    with pytest.raises(ApiError, match="Forbidden"):
-        await Reconciler(api, CONFIG).run_policy(NAMESPACE, "llama-fp8", "uid-1", NeverStopped())
+async def test_an_invalid_policy_is_cleaned_up_by_its_children_labels_and_owner() -> None:
+    api = FakeKubeApi()
+    api.put(DEPLOYMENTS, NAMESPACE, target_deployment())
+    raw = raw_policy()
+    raw["spec"]["gates"] = {"accuracy": {"minRecovery": 0.95}}  # a float: the tightened schema refuses it
+    owner = {"uid": "uid-1", "kind": "KVPolicy"}
+    mine = {"name": "llama-fp8-canary-g1", "labels": b.policy_labels("llama-fp8"), "ownerReferences": [owner]}
+    other = {"name": "lookalike", "labels": b.policy_labels("llama-fp8"), "ownerReferences": [{"uid": "uid-2"}]}
+    api.put(DEPLOYMENTS, NAMESPACE, {"metadata": mine})
+    api.put(DEPLOYMENTS, NAMESPACE, {"metadata": other})
+    stated = await Reconciler(api, CONFIG).cleanup(raw)
+    assert stated == "llama left as it runs: BF16 KV cache, image vllm:0.12"
+    assert ("deployments", NAMESPACE, "llama-fp8-canary-g1") not in api.objects
+    assert ("deployments", NAMESPACE, "lookalike") in api.objects, "only the policy's own children"
+    del raw["spec"]["targetRef"]
+    assert "no readable targetRef" in await Reconciler(api, CONFIG).cleanup(raw)
 
 
 async def test_a_decision_is_counted_with_the_rollout_duration() -> None:

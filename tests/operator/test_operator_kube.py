@@ -3,6 +3,7 @@ line."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,23 @@ async def test_unreachable_server_is_a_retryable_error(tmp_path: Path) -> None:
         assert caught.value.code == 0 and caught.value.retryable
     finally:
         await api.close()
+
+
+async def test_an_api_timeout_is_logged_with_its_name(tmp_path: Path) -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(1)
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    api = await KubernetesApi.connect(kubeconfig_login(f"http://127.0.0.1:{port}", tmp_path), timeout_seconds=0.2)
+    try:
+        with pytest.raises(ApiError) as caught:
+            await api.get(DEPLOYMENTS, "ns", "x")
+    finally:
+        await api.close()
+        server.close()
+    assert str(caught.value).endswith("read deployments: TimeoutError")
 
 
 @pytest.mark.parametrize("argv", [[], ["--namespace", "a", "--all-namespaces"], ["-A", "--metrics-port", "x"]])

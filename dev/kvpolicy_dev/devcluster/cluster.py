@@ -168,6 +168,15 @@ class DevCluster:
         previous, self.kubelet.runner = self.kubelet.runner, runner
         return previous
 
+    def set_private_registry(self, prefix: str, secret: str | None) -> None:
+        """Images starting with `prefix` pull only for pods whose imagePullSecrets name `secret` (an existing
+        Secret of their namespace); others stay in ErrImagePull/ImagePullBackOff. None: a public registry again."""
+        if secret is None:
+            self.kubelet.private_registries.pop(prefix, None)
+        else:
+            self.kubelet.private_registries[prefix] = secret
+        self.store.notify()
+
     def fail_next(self, times: int, code: int, **match: str) -> Fault:
         """Fail the next `times` matching API requests with `code`; see `EmulatedApiServer.fail_next`."""
         return self.api.fail_next(times, code, **match)
@@ -401,6 +410,9 @@ class ThreadedDevCluster:
 
     def set_runner(self, runner: ContainerRunner) -> ContainerRunner:
         return self.call(self.cluster.set_runner, runner)
+
+    def set_private_registry(self, prefix: str, secret: str | None) -> None:
+        self.call(self.cluster.set_private_registry, prefix, secret)
 
     def fail_next(self, times: int, code: int, **match: str) -> Fault:
         return self.call(self.cluster.fail_next, times, code, **match)

@@ -18,7 +18,6 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import signal
 import sys
 import time
@@ -140,6 +139,8 @@ class Kubelet:
     ips: PodIpAllocator = field(default_factory=PodIpAllocator)
     restart_backoff_seconds: float = 0.2
     service_wait_seconds: float = 10.0
+    # Images under these prefixes pull only with an imagePullSecrets entry naming the Secret given (a private registry).
+    private_registries: dict[str, str] = field(default_factory=dict)
     _runtimes: dict[str, PodRuntime] = field(default_factory=dict, init=False)
     _job_started: dict[str, float] = field(default_factory=dict, init=False)
     _first_seen: dict[str, float] = field(default_factory=dict, init=False)
@@ -225,13 +226,15 @@ class Kubelet:
             logger.exception("dev cluster kubelet: %s %s/%s failed", obj["kind"], meta.get("namespace"), meta["name"])
             return 1.0
 
-    def _create_pod(self, owner: Obj, template: Mapping[str, Any], name: str, labels: Mapping[str, str]) -> None:
+    def _create_pod(self, owner: Obj, template: Mapping[str, Any], labels: Mapping[str, str]) -> None:
+        """A pod named as the ReplicaSet and Job controllers name theirs: generateName `<owner>-` (the API server cuts
+        it to 58 characters and appends 5 random ones)."""
         template_meta = template.get("metadata") or {}
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": name,
+                "generateName": f"{owner['metadata']['name']}-",
                 "labels": {**(template_meta.get("labels") or {}), **labels},
                 "annotations": dict(template_meta.get("annotations") or {}),
                 "ownerReferences": [self._owner_reference(owner)],
@@ -313,8 +316,7 @@ class Kubelet:
         desired = int(spec.get("replicas", 1))
         pods = self._owned(self._pods, replica_set)
         for _ in range(desired - len(pods)):
-            pod_name = f"{replica_set['metadata']['name']}-{secrets.token_hex(3)[:5]}"
-            self._create_pod(replica_set, spec.get("template") or {}, pod_name, {})
+            self._create_pod(replica_set, spec.get("template") or {}, {})
         # Scale down the pods least far along first: unready, then newest.
         surplus = sorted(pods, key=lambda pod: (is_ready(pod), pod["metadata"]["creationTimestamp"]))
         for pod in surplus[: max(0, len(pods) - desired)]:
@@ -401,7 +403,7 @@ class Kubelet:
             if not active:
                 name = job["metadata"]["name"]
                 labels = {"job-name": name, "batch.kubernetes.io/job-name": name, "controller-uid": uid}
-                self._create_pod(job, spec.get("template") or {}, f"{name}-{secrets.token_hex(3)[:5]}", labels)
+                self._create_pod(job, spec.get("template") or {}, labels)
                 active = [{}]
             wake = remaining
         status.update(active=len(active), succeeded=succeeded, failed=failed, conditions=conditions)
@@ -446,6 +448,8 @@ class Kubelet:
                 node = next((n for n in nodes if n["metadata"]["name"] == pod["spec"]["nodeName"]), None)
                 if node is None:
                     self._node_missing(pod)
+                elif self._image_pull_failed(pod):
+                    continue
                 elif (wait := self._wait_for_services(pod)) is not None:
                     wakes.append(wait)
                 else:
@@ -477,6 +481,32 @@ class Kubelet:
         status["containerStatuses"] = [self._container_status(container, False, {"waiting": waiting})]
         self._write_status(pod, status)
         return remaining
+
+    def _image_pull_failed(self, pod: Obj) -> bool:
+        """A container image of a private registry the pod has no pull Secret for: ErrImagePull, then
+        ImagePullBackOff (and there it stays, as the real kubelet's back-off never succeeds either)."""
+        namespace = pod["metadata"]["namespace"]
+        secrets = self.store.find_type("", "v1", "secrets")
+        offered = {ref.get("name") for ref in pod["spec"].get("imagePullSecrets") or []}
+        usable = {name for name in offered if self.store.find(secrets, namespace, name) is not None}
+        for container in pod["spec"].get("containers") or []:
+            image = str(container.get("image", ""))
+            needed = next((s for prefix, s in self.private_registries.items() if image.startswith(prefix)), None)
+            if needed is None or needed in usable:
+                continue
+            statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+            was = ((statuses[0].get("state") or {}).get("waiting") or {}).get("reason")
+            if was in ("ErrImagePull", "ImagePullBackOff"):
+                waiting = {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'}
+            else:
+                waiting = {"reason": "ErrImagePull", "message": f'failed to pull and unpack image "{image}": pull '
+                           "access denied, repository does not exist or may require authorization"}  # fmt: skip
+            status = copy.deepcopy(pod.get("status") or {})
+            status.setdefault("phase", "Pending")
+            status["containerStatuses"] = [self._container_status(container, False, {"waiting": waiting})]
+            self._write_status(pod, status)
+            return True
+        return False
 
     def _node_missing(self, pod: Obj) -> None:
         """A pod bound to a node that does not exist stays Pending, saying so (as on a real cluster)."""

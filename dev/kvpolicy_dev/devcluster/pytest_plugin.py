@@ -3,8 +3,8 @@
 - `devcluster`: one `ThreadedDevCluster` for the whole session; KUBECONFIG points at it, so kubectl, helm, kopf and
   the kubernetes library all talk to it.
 - `devcluster_namespace`: a fresh namespace per test. On teardown it is deleted with everything in it (pod processes
-  and objects held by finalizers included), and injected faults, pool capacities, the container runner and the
-  accepted bearer tokens are reset.
+  and objects held by finalizers included), and injected faults, pool capacities, private registries, the container
+  runner and the accepted bearer tokens are reset.
 """
 
 from __future__ import annotations
@@ -42,4 +42,5 @@ def devcluster_namespace(devcluster: ThreadedDevCluster, request: pytest.Fixture
         devcluster.clear_faults()
         devcluster.accept_tokens(None)
         devcluster.call(devcluster.cluster.reset_pool_capacities)
+        devcluster.call(devcluster.cluster.kubelet.private_registries.clear)
         devcluster.set_runner(runner)

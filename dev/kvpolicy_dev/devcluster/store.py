@@ -18,6 +18,7 @@ from typing import Any
 
 import jsonpatch
 
+from kvpolicy_dev.devcluster import podsecurity
 from kvpolicy_dev.devcluster.resources import (
     BUILTIN_TYPES,
     CRD_GROUP,
@@ -27,6 +28,7 @@ from kvpolicy_dev.devcluster.resources import (
     types_from_crd,
 )
 from kvpolicy_dev.devcluster.selectors import Selector
+from kvpolicy_dev.devcluster.validation import generated_name_base, validate
 
 Obj = dict[str, Any]
 ObjectKey = tuple[str, str]  # (namespace or "", name)
@@ -76,6 +78,18 @@ def conflict(rt: ResourceType, name: str) -> ApiError:
         "the object has been modified; please apply your changes to the latest version and try again"
     )
     return ApiError(409, "Conflict", message, {"name": name, "group": rt.group, "kind": rt.plural})
+
+
+def invalid(rt: ResourceType, obj: Mapping[str, Any], creating: bool) -> ApiError | None:
+    """422 Invalid, as kube-apiserver words it, for a name or labels it would refuse; None when they are valid."""
+    errors = validate(rt.kind, obj, creating)
+    if not errors:
+        return None
+    name = str((obj.get("metadata") or {}).get("name") or "")
+    qualified = f"{rt.kind}.{rt.group}" if rt.group else rt.kind
+    listed = str(errors[0]) if len(errors) == 1 else f"[{', '.join(map(str, errors))}]"
+    details = {"name": name, "group": rt.group, "kind": rt.kind, "causes": [error.cause() for error in errors]}
+    return ApiError(422, "Invalid", f'{qualified} "{name}" is invalid: {listed}', details)
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -249,8 +263,11 @@ class Store:
         if not metadata.get("name"):
             if not metadata.get("generateName"):
                 raise ApiError(422, "Invalid", f"{rt.kind}: metadata.name or metadata.generateName is required")
-            metadata["name"] = metadata["generateName"] + secrets.token_hex(3)[:5]
+            metadata["name"] = generated_name_base(metadata["generateName"]) + secrets.token_hex(3)[:5]
         name = metadata["name"]
+        refused = invalid(rt, obj, creating=True)
+        if refused is not None:
+            raise refused
         if rt.namespaced:
             namespace = namespace or metadata.get("namespace") or "default"
             if metadata.get("namespace") not in (None, "", namespace):
@@ -262,6 +279,8 @@ class Store:
         if self.find(rt, namespace, name) is not None:
             qualified = f"{rt.plural}.{rt.group}" if rt.group else rt.plural
             raise ApiError(409, "AlreadyExists", f'{qualified} "{name}" already exists', {"name": name})
+        if rt.key == ("", "pods"):
+            self._admit_pod(str(namespace), name, obj)
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
         metadata.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=now_timestamp())
         for transient in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
@@ -363,6 +382,15 @@ class Store:
 
     # --- internals ------------------------------------------------------------------------------------------------
 
+    def _admit_pod(self, namespace: str, name: str, pod: Obj) -> None:
+        """Pod Security admission: a namespace labelled pod-security.kubernetes.io/enforce refuses pods below it."""
+        labels = (self.get(self._types[("", "v1", "namespaces")], None, namespace)["metadata"].get("labels")) or {}
+        level = labels.get(podsecurity.ENFORCE_LABEL, "privileged")
+        problems = podsecurity.violations(level, pod.get("spec") or {}, pod["metadata"].get("annotations"))
+        if problems:
+            message = f'pods "{name}" is forbidden: violates PodSecurity "{level}:latest": {", ".join(problems)}'
+            raise ApiError(403, "Forbidden", message, {"name": name, "kind": "pods"})
+
     def _require_namespace(self, namespace: str) -> None:
         if ("", namespace) not in self._objects[("", "namespaces")]:
             details = {"name": namespace, "kind": "namespaces"}
@@ -397,6 +425,9 @@ class Store:
                     result["status"] = old["status"]
                 else:
                     result.pop("status", None)
+            refused = invalid(rt, result, creating=False)
+            if refused is not None:
+                raise refused
             if _spec_part(result) != _spec_part(old):
                 metadata["generation"] = old["metadata"].get("generation", 1) + 1
             if rt.key == (CRD_GROUP, CRD_PLURAL):

@@ -18,6 +18,9 @@ class Reason(StrEnum):
     TARGET_NOT_FOUND = "TargetNotFound"
     INVALID_TARGET = "InvalidTarget"
     INVALID_SPEC = "InvalidSpec"
+    RECONCILED = "Reconciled"
+    CONFLICT = "Conflict"  # another KVPolicy governs the target
+    API_REQUEST_REJECTED = "APIRequestRejected"  # a 4xx the request cannot recover from (422, 403, 400, 404 on create)
     PLANNED = "Planned"
     BF16_PLANNED = "BF16Planned"
     FP8_PLANNED = "FP8Planned"
@@ -27,6 +30,7 @@ class Reason(StrEnum):
     CANARY_UNSCHEDULABLE = "CanaryUnschedulable"
     SCHEDULED = "Scheduled"
     UNSCHEDULABLE = "Unschedulable"
+    GATE_POD_NOT_STARTING = "GatePodNotStarting"  # a gate Job's pod cannot be pulled, configured or scheduled
     PREFLIGHT_PASSED = "PreflightPassed"
     PREFLIGHT_INCONCLUSIVE = "PreflightInconclusive"
     PREFLIGHT_TIMED_OUT = "PreflightTimedOut"

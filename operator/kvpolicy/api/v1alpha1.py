@@ -261,6 +261,9 @@ class DecisionResult(StrEnum):
 
 
 class ConditionType(StrEnum):
+    # Whether the operator can act on the policy: False for an invalid spec, a target another policy governs, or a
+    # request the API server refused.
+    READY = "Ready"
     PLANNED = "Planned"
     CANARY_READY = "CanaryReady"
     CAPACITY_AVAILABLE = "CapacityAvailable"

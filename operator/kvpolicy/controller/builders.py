@@ -1,17 +1,18 @@
 """Pure builders of the objects the operator creates or patches: names, canary, Services, gate Jobs, container patches.
 
 Every name is deterministic (policy + generation), so creating an object twice is harmless: AlreadyExists means done.
+Names and label values derived from the policy's name follow the one rule in names.py.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvpolicy.api.v1alpha1 import API_VERSION, KIND, KVPolicySpec, Plan, PodTemplateRecord
+from kvpolicy.controller.names import child_name, label_value
 from kvpolicy.gates.report import DEFAULT_TERMINATION_LOG
 
 Obj = dict[str, Any]
@@ -26,24 +27,12 @@ ROLE_BASELINE = "baseline"
 ROLE_GATE = "gate"
 ROLE_PREFLIGHT = "preflight"
 
-MAX_NAME = 63  # DNS-1035 label: Service names, and label values
 DEFAULT_SERVING_PORT = 8000
 # vLLM flags the plan owns: stripped from the target's arguments before the plan's are appended.
 KV_FLAGS = ("--kv-cache-dtype", "--kv-cache-dtype-skip-layers", "--attention-backend")
 # Flags whose value is a list of tokens (until the next flag) rather than one token.
 MULTI_VALUE_FLAGS = frozenset({"--kv-cache-dtype-skip-layers"})
 GATE_TERMINATION_LOG = str(DEFAULT_TERMINATION_LOG)
-
-
-def child_name(policy: str, suffix: str) -> str:
-    """`<policy>-<suffix>`, shortened with a hash of the policy name to fit a DNS-1035 label (63 chars)."""
-    base = policy if policy[:1].isalpha() else f"kvp-{policy}"
-    name = f"{base}-{suffix}"
-    if len(name) <= MAX_NAME:
-        return name
-    digest = hashlib.sha256(policy.encode()).hexdigest()[:8]
-    keep = MAX_NAME - len(suffix) - len(digest) - 2
-    return f"{base[:keep].rstrip('-')}-{digest}-{suffix}"
 
 
 def rollout_suffix(generation: int, run: int = 1) -> str:
@@ -66,6 +55,11 @@ def job_name(policy: str, gate: str, generation: int, run: int = 1) -> str:
     return child_name(policy, f"{gate}-{rollout_suffix(generation, run)}")
 
 
+def policy_labels(policy: str) -> dict[str, str]:
+    """The label every child of the policy carries: what observe and cleanup select them by."""
+    return {POLICY_LABEL: label_value(policy)}
+
+
 @dataclass(frozen=True)
 class PolicyRef:
     """The identity of a KVPolicy that its children point back to."""
@@ -85,7 +79,7 @@ class PolicyRef:
         }
 
     def labels(self, role: str) -> dict[str, str]:
-        return {POLICY_LABEL: self.name, ROLE_LABEL: role, MANAGED_BY_LABEL: MANAGED_BY}
+        return {**policy_labels(self.name), ROLE_LABEL: role, MANAGED_BY_LABEL: MANAGED_BY}
 
     def metadata(self, name: str, role: str, extra_labels: Mapping[str, str] | None = None) -> Obj:
         return {
@@ -222,15 +216,13 @@ def container_patch(deployment: Mapping[str, Any], container: str | None, desire
     # The fields it replaces must still be what was observed: an edit made since fails the patch (422), and the next
     # pass observes it (and restarts the analysis rather than overwrite a configuration nobody gated).
     ops += [
-        {"op": "test", "path": f"{path}/{field}", "value": current[field]}
-        for field in SERVING_FIELDS
-        if field in current
+        {"op": "test", "path": f"{path}/{name}", "value": current[name]} for name in SERVING_FIELDS if name in current
     ]
-    for field, value in (("image", desired.image), ("command", desired.command), ("args", desired.args)):
+    for attribute, value in (("image", desired.image), ("command", desired.command), ("args", desired.args)):
         if value is not None:
-            ops.append({"op": "add", "path": f"{path}/{field}", "value": value})
-        elif field in current:
-            ops.append({"op": "remove", "path": f"{path}/{field}"})
+            ops.append({"op": "add", "path": f"{path}/{attribute}", "value": value})
+        elif attribute in current:
+            ops.append({"op": "remove", "path": f"{path}/{attribute}"})
     if desired.env is not None:
         ops.append({"op": "add", "path": f"{path}/env", "value": desired.env})
     elif "env" in current:
@@ -283,11 +275,11 @@ def canary_deployment(
     container = template["spec"]["containers"][index]
     desired = with_plan(container_record(container), plan)
     container["image"] = desired.image
-    for field, value in (("command", desired.command), ("args", desired.args)):
+    for attribute, value in (("command", desired.command), ("args", desired.args)):
         if value is None:
-            container.pop(field, None)
+            container.pop(attribute, None)
         else:
-            container[field] = value
+            container[attribute] = value
     metadata = template.setdefault("metadata", {})
     metadata["labels"] = canary_pod_labels(policy, name, target, joined)
     return {
@@ -296,7 +288,7 @@ def canary_deployment(
         "metadata": policy.metadata(name, ROLE_CANARY, {CANARY_LABEL: name}),
         "spec": {
             "replicas": spec.rollout.canary_replicas,
-            "selector": {"matchLabels": {POLICY_LABEL: policy.name, CANARY_LABEL: name}},
+            "selector": {"matchLabels": {**policy_labels(policy.name), CANARY_LABEL: name}},
             # Recreate: relabelling the canary to join the traffic must not need a second GPU for a surge pod.
             "strategy": {"type": "Recreate"},
             "template": template,
@@ -327,7 +319,7 @@ def _service(policy: PolicyRef, name: str, role: str, selector: Mapping[str, str
 
 
 def canary_service(policy: PolicyRef, name: str, port: int) -> Obj:
-    return _service(policy, name, ROLE_CANARY, {POLICY_LABEL: policy.name, CANARY_LABEL: name}, port)
+    return _service(policy, name, ROLE_CANARY, {**policy_labels(policy.name), CANARY_LABEL: name}, port)
 
 
 def baseline_service(policy: PolicyRef, target: Mapping[str, Any], port: int, name: str) -> Obj:
@@ -342,7 +334,7 @@ def baseline_service(policy: PolicyRef, target: Mapping[str, Any], port: int, na
 
 @dataclass(frozen=True)
 class GateJob:
-    """What differs between gate Jobs: name, role, image, command, and where the pod may run."""
+    """What differs between gate Jobs: name, role, image, command, resources, and where the pod may run."""
 
     name: str
     role: str
@@ -351,6 +343,27 @@ class GateJob:
     timeout_seconds: int
     resources: Obj
     pod_placement: Obj  # nodeSelector / tolerations / affinity copied from the target for GPU Jobs
+    image_pull_secrets: list[Obj] = field(default_factory=list)  # the target's: the images may share its registry
+    env: list[Obj] = field(default_factory=list)
+
+
+# The Pod Security Standards' "restricted" profile. The gate tools run as the operator image's user (Dockerfile: USER
+# 10001); naming the user lets a root-by-default image (a vLLM image for the probe) run too.
+GATE_USER = 10001
+POD_SECURITY_CONTEXT: Obj = {
+    "runAsNonRoot": True,
+    "runAsUser": GATE_USER,
+    "runAsGroup": GATE_USER,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: Obj = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+# The one writable place on a read-only root filesystem (temporary files; the probe's Triton and CUDA caches).
+SCRATCH_DIR = "/tmp"
+SCRATCH_VOLUME: Obj = {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}
 
 
 def gate_job(policy: PolicyRef, job: GateJob) -> Obj:
@@ -359,11 +372,26 @@ def gate_job(policy: PolicyRef, job: GateJob) -> Obj:
         "name": job.role if job.role != ROLE_GATE else "gate",
         "image": job.image,
         "command": job.command,
-        "resources": job.resources,
+        "resources": copy.deepcopy(job.resources),
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
+        "volumeMounts": [{"name": SCRATCH_VOLUME["name"], "mountPath": SCRATCH_DIR}],
         "terminationMessagePath": GATE_TERMINATION_LOG,
         # The tools write their JSON verdict to the termination log; logs are the fallback if they crash first.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if job.env:
+        container["env"] = copy.deepcopy(job.env)
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        # The gate tools talk to the canary and baseline over HTTP; they need no Kubernetes credentials.
+        "automountServiceAccountToken": False,
+        "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
+        "containers": [container],
+        "volumes": [copy.deepcopy(SCRATCH_VOLUME)],
+        **copy.deepcopy(job.pod_placement),
+    }
+    if job.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = copy.deepcopy(job.image_pull_secrets)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -371,21 +399,29 @@ def gate_job(policy: PolicyRef, job: GateJob) -> Obj:
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": job.timeout_seconds,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    # The gate tools talk to the canary and baseline over HTTP; they need no Kubernetes credentials.
-                    "automountServiceAccountToken": False,
-                    "containers": [container],
-                    **job.pod_placement,
-                },
-            },
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
 
 
-GATE_RESOURCES: Obj = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def with_one_gpu(resources: Obj) -> Obj:
+    """`resources` plus the one GPU the preflight probe measures, whatever the operator's settings say."""
+    result = copy.deepcopy(resources)
+    for part in ("requests", "limits"):
+        result.setdefault(part, {})[GPU_RESOURCE] = 1
+    return result
+
+
+def image_pull_secrets(target: Mapping[str, Any]) -> list[Obj]:
+    secrets: list[Obj] = target["spec"]["template"]["spec"].get("imagePullSecrets") or []
+    return copy.deepcopy(secrets)
+
+
+# The probe's GPU toolchains (Triton, CUDA) cache compiled kernels under $HOME, which the read-only root cannot hold.
+PREFLIGHT_ENV: list[Obj] = [{"name": "HOME", "value": SCRATCH_DIR}]
 
 
 def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]:
@@ -462,6 +498,3 @@ def pod_placement(target: Mapping[str, Any]) -> Obj:
     """The target's scheduling constraints, so a GPU Job lands on the same pool."""
     pod_spec = target["spec"]["template"]["spec"]
     return {key: copy.deepcopy(pod_spec[key]) for key in ("nodeSelector", "tolerations", "affinity") if key in pod_spec}
-
-
-PREFLIGHT_RESOURCES: Obj = {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 1}}

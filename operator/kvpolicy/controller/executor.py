@@ -1,13 +1,15 @@
 """Apply a step's result to the API: the actions in order, then the status, then the events.
 
 Creates tolerate AlreadyExists and deletes NotFound, so a step replayed after a crash or a restart does nothing twice.
-Events are best-effort: a lost event never blocks a rollout.
+A request the API server refuses for good (422, 403, ...) does not stop the others: the deletes of a rollback still
+free the canary's GPU when its other writes fail. Events are best-effort: a lost event never blocks a rollout.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -28,22 +30,55 @@ class StaleObservationError(ApiError):
         super().__init__(409, "Conflict", message)
 
 
-async def apply_actions(api: KubeApi, namespace: str, actions: Sequence[Action]) -> None:
+@dataclass(frozen=True)
+class Rejected:
+    """An action the API server refused with an error another try cannot fix."""
+
+    action: Action
+    error: ApiError
+
+    def describe(self) -> str:
+        verb = {Create: "create", Patch: "patch", Delete: "delete"}[type(self.action)]
+        name = self.action.name
+        return f"the API server refused to {verb} {self.action.kind} {name}: {self.error}"
+
+
+async def apply_actions(api: KubeApi, namespace: str, actions: Sequence[Action]) -> list[Rejected]:
+    """Apply the actions in order. Errors that may pass (409, 429, 5xx, network) raise at once, so the pass is retried
+    with fresh observations; the others are collected and returned after the remaining actions were applied."""
+    rejected: list[Rejected] = []
     for action in actions:
-        if isinstance(action, Create):
-            created = await api.create(RESOURCES[action.kind], namespace, action.body)
-            logger.info("%s %s/%s %s", action.kind, namespace, action.name, "created" if created else "exists")
-        elif isinstance(action, Delete):
-            if await api.delete(RESOURCES[action.kind], namespace, action.name):
-                logger.info("%s %s/%s deleted", action.kind, namespace, action.name)
-        elif isinstance(action, Patch):
-            try:
-                await api.patch(RESOURCES[action.kind], namespace, action.name, action.patch, action.patch_type)
-            except ApiError as error:
-                if action.patch_type == "json" and error.code == 422:
-                    raise StaleObservationError(f"{action.kind} {action.name} changed: {error.message}") from error
+        try:
+            await _apply(api, namespace, action)
+        except ApiError as error:
+            if error.retryable:
                 raise
-            logger.info("%s %s/%s patched", action.kind, namespace, action.name)
+            logger.warning("%s %s/%s refused: %s", action.kind, namespace, action.name, error)
+            rejected.append(Rejected(action, error))
+    return rejected
+
+
+async def _apply(api: KubeApi, namespace: str, action: Action) -> None:
+    if isinstance(action, Create):
+        created = await api.create(RESOURCES[action.kind], namespace, action.body)
+        logger.info("%s %s/%s %s", action.kind, namespace, action.name, "created" if created else "exists")
+    elif isinstance(action, Delete):
+        if await api.delete(RESOURCES[action.kind], namespace, action.name):
+            logger.info("%s %s/%s deleted", action.kind, namespace, action.name)
+    else:
+        try:
+            await api.patch(RESOURCES[action.kind], namespace, action.name, action.patch, action.patch_type)
+        except ApiError as error:
+            if action.patch_type == "json" and error.code == 422 and _failed_test(error):
+                raise StaleObservationError(f"{action.kind} {action.name} changed: {error.message}") from error
+            raise
+        logger.info("%s %s/%s patched", action.kind, namespace, action.name)
+
+
+def _failed_test(error: ApiError) -> bool:
+    """A JSON patch's 422 means a `test` op failed (the object changed since it was observed) unless the API server
+    refused the patched object itself, which it says as `<Kind> "<name>" is invalid: <field errors>`."""
+    return " is invalid: " not in error.message
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> Obj:

@@ -7,6 +7,7 @@ importing this module never changes what another kopf operator in the same proce
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from kvpolicy.controller.login import ClusterLogin
 from kvpolicy.controller.notifications import DeliverySettings, Notifier, NotifierConfig
 from kvpolicy.controller.observe import LatencyAnalyser
 from kvpolicy.controller.reconciler import Reconciler
-from kvpolicy.controller.state import Event, StepConfig
+from kvpolicy.controller.state import Event, StepConfig, default_gate_resources
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 DEFAULT_GATE_IMAGE = f"ghcr.io/kvpolicy/kvpolicy-operator:{__version__}"
@@ -46,6 +47,28 @@ def _positive_float(name: str, default: float) -> float:
     return value
 
 
+RESOURCES_EXAMPLE = '{"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}\''
+
+
+def _resources(name: str) -> dict[str, Any] | None:
+    """A container's `resources` as JSON in environment variable `name` (the chart's gateJobs values); None if unset."""
+    text = os.environ.get(name)
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{name} is not JSON; give resources such as {RESOURCES_EXAMPLE}") from None
+    parts_ok = isinstance(value, dict) and set(value) <= {"requests", "limits"}
+    if not parts_ok or not all(
+        isinstance(amounts, dict) and all(isinstance(amount, str | int) for amount in amounts.values())
+        for amounts in value.values()
+    ):
+        raise ValueError(f"{name}={text} is not requests/limits of quantities, such as {RESOURCES_EXAMPLE}")
+    resources: dict[str, Any] = value
+    return resources
+
+
 @dataclass(frozen=True)
 class OperatorOptions:
     gate_image: str = DEFAULT_GATE_IMAGE
@@ -55,11 +78,15 @@ class OperatorOptions:
     metrics_port: int | None = None
     metrics_address: str = "0.0.0.0"
     notifications: NotifierConfig = field(default_factory=NotifierConfig)
+    gate_resources: dict[str, Any] = field(default_factory=default_gate_resources)
+    preflight_resources: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, metrics_port: int | None = None, metrics_address: str = "0.0.0.0") -> OperatorOptions:
         """KVPOLICY_GATE_IMAGE, KVPOLICY_PROBE_IMAGE, KVPOLICY_POLL_SECONDS, KVPOLICY_IDLE_SECONDS; notifications:
-        KVPOLICY_NOTIFICATIONS, KVPOLICY_NAMESPACE, KVPOLICY_NOTIFY_ATTEMPTS, KVPOLICY_NOTIFY_TIMEOUT_SECONDS."""
+        KVPOLICY_NOTIFICATIONS, KVPOLICY_NAMESPACE, KVPOLICY_NOTIFY_ATTEMPTS, KVPOLICY_NOTIFY_TIMEOUT_SECONDS; the gate
+        Jobs' resources as JSON: KVPOLICY_GATE_RESOURCES, KVPOLICY_PREFLIGHT_RESOURCES (besides its GPU)."""
+        defaults = cls()
         delivery = DeliverySettings(
             attempts=int(_positive_float("KVPOLICY_NOTIFY_ATTEMPTS", DeliverySettings.attempts)),
             timeout_seconds=_positive_float("KVPOLICY_NOTIFY_TIMEOUT_SECONDS", DeliverySettings.timeout_seconds),
@@ -75,6 +102,8 @@ class OperatorOptions:
             metrics_port=metrics_port,
             metrics_address=metrics_address,
             notifications=notifications,
+            gate_resources=_resources("KVPOLICY_GATE_RESOURCES") or defaults.gate_resources,
+            preflight_resources=_resources("KVPOLICY_PREFLIGHT_RESOURCES") or defaults.preflight_resources,
         )
 
     def step_config(self) -> StepConfig:
@@ -83,6 +112,8 @@ class OperatorOptions:
             probe_image=self.probe_image,
             poll_seconds=self.poll_seconds,
             idle_seconds=self.idle_seconds,
+            gate_resources=self.gate_resources,
+            preflight_resources=self.preflight_resources,
         )
 
 
@@ -148,11 +179,15 @@ async def rollout(stopped: kopf.DaemonStopped, meta: kopf.Meta, memo: Any, **_: 
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-def watched(body: kopf.Body, memo: Any, **_: Any) -> None:
-    """Wake a policy's loop at once when its spec changes, instead of at its next requeue."""
+def watched(body: kopf.Body, event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    """Wake a policy's loop at once when its spec changes, instead of at its next requeue; once a policy is gone,
+    wake those that waited for its target."""
     if "reconciler" in memo:
         meta = body.get("metadata", {})
-        _reconciler(memo).notice(str(meta.get("uid")), meta.get("generation"), bool(meta.get("deletionTimestamp")))
+        reconciler = _reconciler(memo)
+        reconciler.notice(str(meta.get("uid")), meta.get("generation"), bool(meta.get("deletionTimestamp")))
+        if event.get("type") == "DELETED":
+            reconciler.released(str(meta.get("namespace")), str(meta.get("name")))
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)

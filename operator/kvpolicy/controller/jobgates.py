@@ -98,6 +98,16 @@ def _readable(report: GateReport, verdicts: tuple[GateVerdict, ...]) -> bool:
     return report.reason not in REPORT_PROBLEMS and report.verdict in verdicts
 
 
+def _no_verdict(view: JobView, report: GateReport) -> str:
+    """How a gate Job without a verdict ended, and the last its pod said (the report's problem quotes the tail of a
+    crashed tool's log): "exit code 1 (Error): the gate's output is no report: '...ConnectionError...'"."""
+    ended = [view.failure_reason] if view.failure_reason else []
+    if view.exit_code is not None:
+        reason = f" ({view.terminated_reason})" if view.terminated_reason else ""
+        ended.append(f"exit code {view.exit_code}{reason}")
+    return f"{', '.join(ended) or 'no verdict'}: {report.message}" if report.message else ", ".join(ended)
+
+
 def _tool_job(inputs: JobInputs, command: Callable[[KVPolicySpec, str, str], list[str]], timeout: int) -> b.GateJob:
     """A Job running one of the operator image's gate tools against the canary and baseline Services."""
     return b.GateJob(
@@ -106,8 +116,9 @@ def _tool_job(inputs: JobInputs, command: Callable[[KVPolicySpec, str, str], lis
         image=inputs.config.gate_image,
         command=command(inputs.spec, inputs.canary_url, inputs.baseline_url),
         timeout_seconds=timeout,
-        resources=b.GATE_RESOURCES,
+        resources=inputs.config.gate_resources,
         pod_placement={},
+        image_pull_secrets=b.image_pull_secrets(inputs.target),
     )
 
 
@@ -121,8 +132,10 @@ def _preflight_job(inputs: JobInputs) -> b.GateJob:
         image=inputs.spec.gates.gpu_preflight.image or inputs.config.probe_image,
         command=b.preflight_command(inputs.spec),
         timeout_seconds=inputs.spec.rollout.progress_deadline_seconds,
-        resources=b.PREFLIGHT_RESOURCES,
+        resources=b.with_one_gpu(inputs.config.preflight_resources),
         pod_placement=b.pod_placement(inputs.target),
+        image_pull_secrets=b.image_pull_secrets(inputs.target),
+        env=b.PREFLIGHT_ENV,
     )
 
 
@@ -132,11 +145,10 @@ def _preflight_record(spec: KVPolicySpec, view: JobView, report: GateReport) -> 
     if _readable(report, (GateVerdict.UNSAFE,)):
         text = report.message or f"the probe found FP8 accumulation losing accuracy by {spec.accuracy_length} tokens"
         return GateResult(verdict=GateVerdict.UNSAFE, reason=Reason.ACCUMULATION_UNSAFE, message=text)
-    detail = f"exit code {view.exit_code}" if view.exit_code is not None else (view.failure_reason or "no verdict")
     return GateResult(
         verdict=GateVerdict.INCONCLUSIVE,
         reason=Reason.PREFLIGHT_INCONCLUSIVE,
-        message=f"the probe could not run ({detail})",
+        message=f"the probe could not run ({_no_verdict(view, report)})",
     )
 
 
@@ -187,11 +199,10 @@ def _accuracy_job(inputs: JobInputs) -> b.GateJob:
 
 def _accuracy_record(spec: KVPolicySpec, view: JobView, report: GateReport) -> GateResult:
     if not _readable(report, _ACCURACY_VERDICTS):
-        detail = view.failure_reason or (f"exit code {view.exit_code}" if view.exit_code is not None else "unknown")
         return GateResult(
             verdict=GateVerdict.ERROR,
             reason=DecisionReason.ACCURACY_GATE_ERROR,
-            message=f"the accuracy gate Job {view.name} failed without a verdict ({detail})",
+            message=f"the accuracy gate Job {view.name} failed without a verdict ({_no_verdict(view, report)})",
         )
     return GateResult(
         verdict=report.verdict,
@@ -271,11 +282,12 @@ def _probe_job(inputs: JobInputs) -> b.GateJob:
 
 
 def _probe_record(spec: KVPolicySpec, view: JobView, report: GateReport) -> GateResult:
-    readable = _readable(report, _PROBE_VERDICTS)
+    if _readable(report, _PROBE_VERDICTS):
+        return GateResult(verdict=report.verdict, reason=report.reason, message=report.message)
     return GateResult(
-        verdict=report.verdict if readable else GateVerdict.ERROR,
+        verdict=GateVerdict.ERROR,
         reason=report.reason,
-        message=(report.message if readable else "") or f"latency probe Job {view.name} ended without a verdict",
+        message=f"latency probe Job {view.name} ended without a verdict ({_no_verdict(view, report)})",
     )
 
 

@@ -232,7 +232,7 @@ class KubernetesApi:
                         raise _api_error(int(event["object"].get("code") or 0), json.dumps(event["object"]))
                     yield str(event["type"]), event["object"]
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as error:
-            raise ApiError(0, "WatchFailed", f"watch {resource.plural}: {error or type(error).__name__}") from error
+            raise ApiError(0, "WatchFailed", f"watch {resource.plural}: {_describe(error)}") from error
 
     # --- calling the generated API ----------------------------------------------------------------------------
 
@@ -280,7 +280,7 @@ class KubernetesApi:
                     sent = response.request_info.headers.get("Authorization", "")
             except (aiohttp.ClientError, TimeoutError) as error:
                 what = f"{verb} {resource.plural}"
-                raise ApiError(0, "ConnectionError", f"{what}: {error or type(error).__name__}") from error
+                raise ApiError(0, "ConnectionError", f"{what}: {_describe(error)}") from error
             if status == 401 and attempt == 0:
                 await self._reload_credentials(sent.removeprefix("Bearer ") or None)
                 continue
@@ -297,6 +297,11 @@ class KubernetesApi:
             await self.login.refresh(rejected_token)
         except CredentialsError as error:  # e.g. an exec plugin whose identity provider is down: worth retrying
             raise ApiError(0, "CredentialsUnavailable", str(error)) from error
+
+
+def _describe(error: BaseException) -> str:
+    """An exception for a log line: a timeout's text is empty, so name its type too."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def _api_error(code: int, text: str) -> ApiError:

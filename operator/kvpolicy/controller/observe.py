@@ -18,7 +18,8 @@ from kvpolicy.analysis import (
 from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, KVPolicy, LatencyProvider, Phase
 from kvpolicy.controller import builders as b
 from kvpolicy.controller.jobgates import PHASE_GATES
-from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, NODES, PODS, SERVICES, KubeApi, label_selector
+from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, SERVICES, KubeApi, label_selector
+from kvpolicy.controller.ownership import governing_policy
 from kvpolicy.controller.rules import latency_check_due, latency_gate_config, rollout_hash
 from kvpolicy.controller.state import JobView, Observations, PodView
 from kvpolicy.gpu import PRESENT_LABEL, gpu_facts
@@ -28,6 +29,17 @@ GPU_PRESENT = {PRESENT_LABEL: "true"}
 JOB_NAME_LABEL = "job-name"
 # The scheduler's PodScheduled reason for a pod it cannot place (Kubernetes', not one of ours).
 POD_UNSCHEDULABLE = "Unschedulable"
+# The kubelet's waiting reasons of a container that will not start without someone's help.
+START_FAILURES = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
 # What each phase's step looks at beyond the target (fewer requests per pass: 1,000 policies poll one API server).
 PHASE_NEEDS: dict[Phase, frozenset[str]] = {
     Phase.CANARY_STARTING: frozenset({"canary", "pods", "services"}),
@@ -60,10 +72,25 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     )
 
 
+def not_starting(pod: Mapping[str, Any]) -> str | None:
+    """Why a pod cannot start, in the scheduler's or the kubelet's words; None when nothing stops it."""
+    name = pod["metadata"]["name"]
+    unschedulable = pod_view(pod).unschedulable
+    if unschedulable is not None:
+        return f"pod {name} is {POD_UNSCHEDULABLE}: {unschedulable}"
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in START_FAILURES:
+            return f"pod {name} is {waiting['reason']}: {waiting.get('message') or 'no message'}"
+    return None
+
+
 def job_view(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> JobView:
-    """A Job's outcome: its conditions, and the exit code and termination message of its latest finished pod."""
+    """A Job's outcome: its conditions, and how its latest finished pod ended (exit code, reason, termination
+    message); while it runs, why its pod cannot start, if it cannot."""
     complete, failed = _condition(job, "Complete"), _condition(job, "Failed")
     exit_code: int | None = None
+    reason: str | None = None
     message: str | None = None
     finished_at = ""
     for pod in pods:
@@ -72,14 +99,20 @@ def job_view(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> JobVi
             if terminated and str(terminated.get("finishedAt") or "") >= finished_at:
                 finished_at = str(terminated.get("finishedAt") or "")
                 exit_code = terminated.get("exitCode")
+                reason = terminated.get("reason")
                 message = terminated.get("message")
+    running = not _finished(job)
+    waiting = [pod for pod in pods if running and not pod["metadata"].get("deletionTimestamp")]
+    stuck = [why for pod in waiting if (why := not_starting(pod)) is not None]
     return JobView(
         name=job["metadata"]["name"],
         succeeded=bool(complete and complete.get("status") == "True"),
         failed=bool(failed and failed.get("status") == "True"),
         failure_reason=str(failed.get("reason")) if failed and failed.get("status") == "True" else None,
         exit_code=exit_code,
+        terminated_reason=reason,
         termination_message=message,
+        not_starting=stuck[0] if stuck else None,
     )
 
 
@@ -148,6 +181,10 @@ class Observer:
         status = policy.status
         namespace = str(policy.metadata.get("namespace", ""))
         name = str(policy.metadata.get("name", ""))
+        peers = await self.api.list_objects(KVPOLICIES, namespace)
+        governed_by = governing_policy(policy.metadata, policy.spec.target_ref.name, peers)
+        if governed_by is not None:  # nothing else matters until that policy is gone
+            return Observations(now=now, governed_by=governed_by)
         restarting = status.spec_hash != rollout_hash(policy.spec)
         phase = Phase.PLANNING if restarting or status.phase is None else status.phase
         if phase == Phase.ROLLED_BACK:
@@ -163,11 +200,13 @@ class Observer:
             return Observations(now=now, target=target)
 
         needs = PHASE_NEEDS.get(phase, frozenset())
-        by_policy = label_selector({b.POLICY_LABEL: name})
+        by_policy = label_selector(b.policy_labels(name))
         canary = None
         if "canary" in needs and status.canary is not None:
             canary = await self.api.get(DEPLOYMENTS, namespace, status.canary.deployment)
-        pods = live(await self.api.list_objects(PODS, namespace, by_policy)) if "pods" in needs else []
+        # The canary's pods, and the gate Jobs' (their termination messages, or why they cannot start).
+        all_pods = await self.api.list_objects(PODS, namespace, by_policy) if needs & {"pods", "jobs"} else []
+        pods = live(all_pods) if "pods" in needs else []
         canary_pods = tuple(pod_view(pod) for pod in pods if b.CANARY_LABEL in (pod["metadata"].get("labels") or {}))
         services: frozenset[str] = frozenset()
         if "services" in needs:
@@ -176,9 +215,7 @@ class Observer:
         jobs = {}
         for job in await self.api.list_objects(JOBS, namespace, by_policy) if "jobs" in needs else []:
             job_name = job["metadata"]["name"]
-            job_pods: list[Obj] = []
-            if _finished(job):  # only a finished Job's pod has a termination message worth reading
-                job_pods = await self.api.list_objects(PODS, namespace, label_selector({JOB_NAME_LABEL: job_name}))
+            job_pods = [pod for pod in all_pods if pod["metadata"].get("labels", {}).get(JOB_NAME_LABEL) == job_name]
             jobs[job_name] = job_view(job, job_pods)
         verdict = None
         if self.analyser is not None and target is not None and latency_check_due(policy, now):

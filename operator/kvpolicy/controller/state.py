@@ -43,7 +43,9 @@ class JobView:
     failed: bool = False
     failure_reason: str | None = None  # the Job's Failed condition reason: DeadlineExceeded, BackoffLimitExceeded
     exit_code: int | None = None
+    terminated_reason: str | None = None  # the container's: Error, OOMKilled, ...
     termination_message: str | None = None
+    not_starting: str | None = None  # while it runs: why its pod cannot start (image pull, config, no node)
 
     @property
     def finished(self) -> bool:
@@ -55,6 +57,7 @@ class Observations:
     """The cluster as observed for one step. What a phase does not need is left empty (observe.py decides)."""
 
     now: datetime
+    governed_by: str | None = None  # the other KVPolicy that governs the target (ownership.py); None: this one
     target: Obj | None = None
     gpu: GpuFacts | None = None
     canary: Obj | None = None
@@ -133,6 +136,11 @@ class StepResult:
     notices: tuple[Notice, ...] = ()
 
 
+def default_gate_resources() -> Obj:
+    """The accuracy and latency gate Jobs' resources unless the operator is told otherwise (chart: gateJobs)."""
+    return {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+
+
 @dataclass(frozen=True)
 class StepConfig:
     """Operator-wide settings the step needs."""
@@ -141,6 +149,8 @@ class StepConfig:
     probe_image: str
     poll_seconds: float = 5.0  # how soon to look again while something is starting or running
     idle_seconds: float = 300.0  # how soon to look again in a decided phase
+    gate_resources: Obj = field(default_factory=default_gate_resources)  # of the accuracy and latency gate Jobs
+    preflight_resources: Obj = field(default_factory=dict)  # of the GPU preflight Job, besides its one GPU
 
 
 def timestamp(moment: datetime) -> str:

@@ -411,6 +411,19 @@ _PHASES: dict[Phase, Callable[[Tick], None]] = {
 }
 
 
+def _governed_elsewhere(t: Tick, spec_hash: str, owner: str) -> None:
+    """Another policy governs the target: write nothing to it. A rollout of this policy's own stops (its children are
+    removed, the phase is Planning again) and waits for that policy to be deleted."""
+    target = t.spec.target_ref.name
+    message = f"Deployment {target} is governed by KVPolicy {owner} (created first); waiting until it is deleted"
+    if t.phase in CANARY_PHASES | {Phase.PROMOTING, Phase.ROLLING_BACK}:
+        restart(t, spec_hash, message)
+    if t.condition(ConditionType.READY, ConditionStatus.FALSE, Reason.CONFLICT, message):
+        t.event("Warning", Reason.CONFLICT, message)
+    t.status.message = message
+    t.requeue = t.config.idle_seconds
+
+
 def step(policy: KVPolicy, obs: Observations, config: StepConfig) -> StepResult:
     """Advance one KVPolicy by one step: the new status, the API writes and events, and when to look again."""
     t = Tick(policy, obs, config)
@@ -435,6 +448,9 @@ def step(policy: KVPolicy, obs: Observations, config: StepConfig) -> StepResult:
     ):
         restart(t, spec_hash, "spec.rollout.abort was cleared: starting the rollout again")
         t.requeue = 0
+        return t.result()
+    if obs.governed_by is not None:
+        _governed_elsewhere(t, spec_hash, obs.governed_by)
         return t.result()
     retry = t.spec.rollout.retry_rollout
     if t.phase == Phase.ROLLED_BACK and retry is not None and retry == t.status.rollout_id:

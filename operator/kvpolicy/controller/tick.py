@@ -13,7 +13,6 @@ from kvpolicy.api.v1alpha1 import (
     ApplyMode,
     Approval,
     CanaryRef,
-    Condition,
     ConditionStatus,
     ConditionType,
     Decision,
@@ -29,12 +28,14 @@ from kvpolicy.api.v1alpha1 import (
     Plan,
 )
 from kvpolicy.controller import builders as b
+from kvpolicy.controller.conditions import set_condition
 from kvpolicy.controller.jobgates import JOB_GATES, PHASE_GATES, JobGate, JobInputs
 from kvpolicy.controller.state import (
     Action,
     Create,
     Delete,
     Event,
+    JobView,
     Kind,
     Notice,
     Obj,
@@ -96,30 +97,10 @@ class Tick:
 
     def condition(self, type_: ConditionType, status: ConditionStatus, reason: str, message: str = "") -> bool:
         """Set a condition; True when its status changed (a transition worth an event)."""
-        conditions = self.status.conditions
-        for index, existing in enumerate(conditions):
-            if existing.type == type_:
-                changed = existing.status != status
-                conditions[index] = Condition(
-                    type=type_,
-                    status=status,
-                    reason=reason,
-                    message=message,
-                    last_transition_time=timestamp(self.now) if changed else existing.last_transition_time,
-                    observed_generation=self.generation,
-                )
-                return changed
-        conditions.append(
-            Condition(
-                type=type_,
-                status=status,
-                reason=reason,
-                message=message,
-                last_transition_time=timestamp(self.now),
-                observed_generation=self.generation,
-            )
+        previous = set_condition(
+            self.status.conditions, type_, status, reason, message, timestamp(self.now), self.generation
         )
-        return True
+        return previous is None or previous.status != status
 
     def condition_is(self, type_: ConditionType, status: ConditionStatus) -> bool:
         return any(c.type == type_ and c.status == status for c in self.status.conditions)
@@ -391,24 +372,25 @@ def start_promotion(t: Tick) -> None:
     t.requeue = 0
 
 
-def watch_capacity(t: Tick) -> bool:
-    """Report pods the scheduler cannot place; True while some are unschedulable."""
+def watch_capacity(t: Tick) -> str | None:
+    """Report pods the scheduler cannot place; the scheduler's message while some are unschedulable."""
     unschedulable = [pod for pod in t.obs.canary_pods if pod.unschedulable]
     if unschedulable:
         message = f"canary pod {unschedulable[0].name} cannot be scheduled: {unschedulable[0].unschedulable}"
         if t.condition(ConditionType.CAPACITY_AVAILABLE, ConditionStatus.FALSE, Reason.UNSCHEDULABLE, message):
             t.event("Warning", Reason.CANARY_UNSCHEDULABLE, message)
-        return True
-    return False
+        return unschedulable[0].unschedulable
+    return None
 
 
-def deadline_rollback(t: Tick, unschedulable: bool, waiting_for: str) -> bool:
+def deadline_rollback(t: Tick, unschedulable: str | None, waiting_for: str) -> bool:
+    """Roll back once the phase has waited `progressDeadlineSeconds`; `unschedulable` is the scheduler's message."""
     deadline = t.spec.rollout.progress_deadline_seconds
     if t.phase_age() <= deadline:
         return False
-    if unschedulable:
+    if unschedulable is not None:
         reason = DecisionReason.CAPACITY_UNAVAILABLE
-        message = f"{waiting_for} not ready within {deadline} s: no GPU capacity for its pods"
+        message = f"{waiting_for} not ready within {deadline} s: no capacity for its pods ({unschedulable})"
     else:
         reason = DecisionReason.PROGRESS_DEADLINE_EXCEEDED
         message = f"{waiting_for} not ready within {deadline} s"
@@ -418,18 +400,35 @@ def deadline_rollback(t: Tick, unschedulable: bool, waiting_for: str) -> bool:
 
 
 def run_job(t: Tick, gate: JobGate) -> GateResult | None:
-    """A Job gate's record once its Job has finished or timed out; None while it runs. Creates the Job if missing."""
+    """A Job gate's record once its Job has finished or timed out; None while it runs. Creates the Job if missing.
+
+    A Job whose pod cannot start (an image it cannot pull, a missing Secret, no node for it) says so in the gate's
+    condition at once, and fails past `progressDeadlineSeconds`, well before the gate's own timeout."""
     job = gate.build(t.job_inputs(gate))
     view = t.obs.jobs.get(job.name)
     if view is None:
         t.add(Create(Kind.JOB, b.gate_job(t.ref, job)))
+    if view is not None and not view.finished and view.not_starting is not None:
+        message = f"gate Job {job.name} cannot start: {view.not_starting}"
+        if t.condition(gate.condition, ConditionStatus.UNKNOWN, Reason.GATE_POD_NOT_STARTING, message):
+            t.event("Warning", Reason.GATE_POD_NOT_STARTING, message)
+        deadline = t.spec.rollout.progress_deadline_seconds
+        if t.phase_age() > deadline:
+            t.add(Delete(Kind.JOB, job.name))
+            never_started = JobView(job.name, failed=True, failure_reason=f"not started in {deadline} s: {message}")
+            return _recorded(t, gate, never_started, job.name)
     if view is None or not view.finished:
         if t.phase_age() <= gate.deadline_seconds(t.spec):
             return None
         t.add(Delete(Kind.JOB, job.name))
         result = gate.timed_out(t.spec)
-    else:
-        result = gate.record(t.spec, view, read_report(view.termination_message))
-        result.finished_at = timestamp(t.now)
-    result.job = job.name
+        result.job = job.name
+        return result
+    return _recorded(t, gate, view, job.name)
+
+
+def _recorded(t: Tick, gate: JobGate, view: JobView, job: str) -> GateResult:
+    result = gate.record(t.spec, view, read_report(view.termination_message))
+    result.finished_at = timestamp(t.now)
+    result.job = job
     return result

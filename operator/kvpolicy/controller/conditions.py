@@ -1,0 +1,45 @@
+"""Setting a `metav1.Condition` in a status's list, as the step and the reconciler both do."""
+
+from __future__ import annotations
+
+from kvpolicy.api.v1alpha1 import Condition, ConditionStatus, ConditionType
+
+
+def set_condition(
+    conditions: list[Condition],
+    type_: ConditionType,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    now: str,
+    generation: int,
+) -> Condition | None:
+    """Set one condition in place; its lastTransitionTime moves only when its status does. Returns the condition it
+    replaced (None: there was none)."""
+    for index, existing in enumerate(conditions):
+        if existing.type == type_:
+            moved = existing.status != status
+            conditions[index] = Condition(
+                type=type_,
+                status=status,
+                reason=reason,
+                message=message,
+                last_transition_time=now if moved else existing.last_transition_time,
+                observed_generation=generation,
+            )
+            return existing
+    conditions.append(
+        Condition(
+            type=type_,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time=now,
+            observed_generation=generation,
+        )
+    )
+    return None
+
+
+def find_condition(conditions: list[Condition], type_: ConditionType) -> Condition | None:
+    return next((condition for condition in conditions if condition.type == type_), None)
