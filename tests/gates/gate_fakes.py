@@ -21,8 +21,8 @@ MAX_MODEL_LEN = 135168
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def correct_answer(prompt: str) -> str:
-    needles, asked = niah.parse_prompt(prompt)
+def correct_answer(prompt: str | list[int]) -> str:
+    needles, asked = niah.parse_prompt(prompt if isinstance(prompt, str) else tokenizer.decode(prompt))
     return " " + ", ".join(needles[key] for key in asked) + "."
 
 

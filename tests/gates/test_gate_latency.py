@@ -101,7 +101,7 @@ def test_fewer_than_three_lengths_is_a_usage_error() -> None:
         capture_output=True,
         text=True,
     )
-    assert completed.returncode == 2
+    assert completed.returncode == 64
     assert "--lengths needs at least 3 distinct lengths" in completed.stderr
 
 
