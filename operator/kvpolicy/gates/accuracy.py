@@ -14,7 +14,7 @@ import asyncio
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kvpolicy.api.v1alpha1 import AccuracyGate, parse_decimal
 from kvpolicy.credentials import CredentialsError, CredentialsSource
@@ -73,7 +73,15 @@ def split_special_tokens(with_special: list[int], without: list[int]) -> tuple[n
     raise ValueError("the tokens with special tokens do not contain the tokens without them")
 
 
-async def shared_pieces(client: VllmClient) -> SharedPieces:
+class Tokenizing(Protocol):
+    """What building prompts needs of an endpoint (a VllmClient; in tests, a local tokenizer)."""
+
+    base_url: str
+
+    async def tokenize(self, prompt: str, add_special_tokens: bool) -> list[int]: ...
+
+
+async def shared_pieces(client: Tokenizing) -> SharedPieces:
     sentences = niah.filler_sentences()
     with_special, header, *filler = await asyncio.gather(
         client.tokenize(niah.HEADER, add_special_tokens=True),
@@ -92,15 +100,15 @@ async def shared_pieces(client: VllmClient) -> SharedPieces:
     return SharedPieces(prefix, suffix, tuple(header), tuple(tuple(ids) for ids in filler))
 
 
-async def sized_prompt(client: VllmClient, shared: SharedPieces, sample: niah.NiahSample, length: int) -> list[int]:
-    """`sample` as exactly `length` token ids for `client`'s tokenizer, needles whole (see niah.assemble)."""
+async def sample_pieces(client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample) -> niah.PromptPieces:
+    """`sample`'s prompt pieces: the shared ones, and its needles and question as `client` tokenizes them."""
     *needles, question = await asyncio.gather(
         *(client.tokenize(niah.needle_text(needle), add_special_tokens=False) for needle in sample.needles),
         client.tokenize(niah.question_text(sample), add_special_tokens=False),
     )
     if not all(needles):
         raise GateError("MalformedResponse", f"{client.base_url} tokenized a needle to no tokens")
-    pieces = niah.PromptPieces(
+    return niah.PromptPieces(
         prefix=shared.prefix,
         suffix=shared.suffix,
         header=shared.header,
@@ -108,6 +116,11 @@ async def sized_prompt(client: VllmClient, shared: SharedPieces, sample: niah.Ni
         needles=tuple(tuple(ids) for ids in needles),
         question=tuple(question),
     )
+
+
+async def sized_prompt(client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample, length: int) -> list[int]:
+    """`sample` as exactly `length` token ids for `client`'s tokenizer, needles whole (see niah.assemble)."""
+    pieces = await sample_pieces(client, shared, sample)
     if pieces.fixed_tokens > length:
         raise GateError(
             "LengthTooShort",

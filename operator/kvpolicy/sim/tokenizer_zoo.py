@@ -1,13 +1,14 @@
-"""Tokenizers of the families real models use, trained here with `tokenizers`, and model directories vLLM can serve.
+"""Tokenizers of the families real models use, built here with `tokenizers`, and model directories vLLM can serve.
 
-No tokenizer can be downloaded on the machines this project is tested on, so each family is trained on the spot
-(deterministically, in well under a second) on a small corpus of the NIAH prompts' own words:
+No tokenizer can be downloaded on the machines this project is tested on, so each family is built on the spot
+(deterministically, in well under a second) from a small corpus of the NIAH prompts' own words:
 
 - byte-level BPE with a tiny vocabulary, Llama-3 style (regex split, bytes, `<|begin_of_text|>`): the filler's words
   are several tokens each;
 - byte-level BPE with a larger vocabulary, GPT-2 style (no BOS): every filler word is one token;
 - SentencePiece-style BPE (`▁` for spaces, no split on them, byte fallback, `<s>`): merges run across spaces;
-- WordPiece, BERT style (lower-cased, `##` continuations, `[CLS] ... [SEP]` around every text);
+- WordPiece, BERT style (lower-cased, `##` continuations, `[CLS] ... [SEP]` around every text; decoding puts spaces
+  around punctuation);
 - Unigram, T5 style (`▁`, `</s>` appended to every text).
 
 `write_model_dir` saves one as a Hugging Face model directory (a tiny Llama config.json and the tokenizer files saved
@@ -18,8 +19,10 @@ with `--tokenizer DIR`.
 from __future__ import annotations
 
 import json
+import math
 import random
 import string
+from collections import Counter
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -123,15 +126,35 @@ def _sentencepiece_bpe(corpus: list[str]) -> Tokenizer:
     return tokenizer
 
 
+def _word_counts(corpus: list[str], tokenizer: Tokenizer) -> Counter[str]:
+    """How often each pre-tokenized word (after the tokenizer's normalizer) occurs in the corpus."""
+    counts: Counter[str] = Counter()
+    for line in corpus:
+        text = tokenizer.normalizer.normalize_str(line) if tokenizer.normalizer else line
+        counts.update(word for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text))
+    return counts
+
+
+# WordPiece and Unigram vocabularies are derived from counts here, not by their trainers, whose tie-breaking follows
+# a randomly seeded hash map: a trained vocabulary would differ from one process to the next.
+
+
 def _wordpiece(corpus: list[str]) -> Tokenizer:
+    """The template's words whole; key words spelt out in `##` characters; numbers in two-digit pieces."""
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece(prefix="##")
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=700, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"], show_progress=False
+    template = [niah.HEADER, niah.FILLER, niah.NEEDLE.format(key="", value=""), niah.QUESTION.format(keys="")]
+    characters = sorted({char for word in _word_counts(corpus, tokenizer) for char in word})
+    pairs = [f"{first}{second}" for first in string.digits for second in string.digits]
+    pieces = [
+        "[PAD]", "[UNK]", "[CLS]", "[SEP]", *characters, *(f"##{char}" for char in characters),
+        *sorted(set(_word_counts(template, tokenizer)) - set(characters)), *pairs, *(f"##{pair}" for pair in pairs),
+    ]  # fmt: skip
+    tokenizer.model = models.WordPiece(
+        vocab={piece: index for index, piece in enumerate(dict.fromkeys(pieces))}, unk_token="[UNK]"
     )
-    tokenizer.train_from_iterator(corpus, trainer)
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
@@ -139,14 +162,23 @@ def _wordpiece(corpus: list[str]) -> Tokenizer:
     return tokenizer
 
 
-def _unigram(corpus: list[str]) -> Tokenizer:
+def _unigram(corpus: list[str], vocab_size: int = 600) -> Tokenizer:
+    """The most frequent substrings of the corpus's `▁`-words, scored by their log frequency, and every character."""
     tokenizer = Tokenizer(models.Unigram())
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    trainer = trainers.UnigramTrainer(
-        vocab_size=600, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>", show_progress=False
-    )
-    tokenizer.train_from_iterator(corpus, trainer)
+    substrings: Counter[str] = Counter()
+    for word, count in _word_counts(corpus, tokenizer).items():
+        for start in range(len(word)):
+            for end in range(start + 1, min(len(word), start + 8) + 1):
+                substrings[word[start:end]] += count
+    ranked = sorted(substrings.items(), key=lambda item: (-item[1], item[0]))
+    kept = dict(ranked[:vocab_size]) | {piece: count for piece, count in ranked if len(piece) == 1}
+    total = sum(kept.values())
+    scored = [(piece, math.log(count / total)) for piece, count in sorted(kept.items())]
+    specials = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    tokenizer.model = models.Unigram(vocab=specials + scored, unk_id=2)
+    tokenizer.add_special_tokens(["<pad>", "</s>", "<unk>"])
     tokenizer.post_processor = processors.TemplateProcessing(
         single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", tokenizer.token_to_id("</s>"))]
     )
@@ -154,7 +186,7 @@ def _unigram(corpus: list[str]) -> Tokenizer:
 
 
 def build(family: Family) -> Tokenizer:
-    """Train `family`'s tokenizer on the NIAH corpus; the same family always gives the same vocabulary."""
+    """`family`'s tokenizer, built from the NIAH corpus; the same family always gives the same vocabulary."""
     corpus = training_corpus()
     special = SPECIAL_TOKENS[family]
     if family is Family.BYTE_LEVEL_BPE:
