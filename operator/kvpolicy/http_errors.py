@@ -42,6 +42,10 @@ def connection_problem(error: aiohttp.ClientError) -> str:
         return f"TLS failed ({getattr(error.os_error, 'reason', None) or type(error).__name__})"
     if isinstance(error, aiohttp.ClientConnectorError):
         return error.os_error.strerror or type(error.os_error).__name__
+    if isinstance(error, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection without an answer"
+    if isinstance(error, aiohttp.ClientOSError) and error.strerror:
+        return error.strerror  # the local socket or TLS library's words (e.g. a TLS alert: certificate required)
     return type(error).__name__
 
 
