@@ -11,6 +11,7 @@ request headers; errors name the file or variable, never what is in it.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import ssl
 from pathlib import Path
@@ -175,6 +176,23 @@ class Credentials:
             pair = f"{self.source.username.read('username')}:{self.source.password.read('password')}"
             headers["Authorization"] = f"Basic {base64.b64encode(pair.encode()).decode()}"
         return headers
+
+    def redact(self, text: str) -> str:
+        """`text` with every secret value (and its basic-auth encoding) replaced by `***`: for logging what a server
+        answered, which may quote the credentials it was sent."""
+        for value in self._secret_values():
+            text = text.replace(value, "***")
+        return text
+
+    def _secret_values(self) -> list[str]:
+        values = []
+        for secret in (self.source.bearer_token, self.source.password):
+            if secret is not None:
+                with contextlib.suppress(CredentialsError):
+                    values.append(secret.read("secret"))
+        with contextlib.suppress(CredentialsError):
+            values.append(self.headers().get("Authorization", "").partition(" ")[2])  # basic auth's base64
+        return [value for value in values if value]
 
     def __repr__(self) -> str:
         return f"Credentials({self.source!r})"

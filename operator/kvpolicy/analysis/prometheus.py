@@ -194,7 +194,9 @@ class PrometheusProvider(HttpClient):
         if status >= 400 or payload.get("status") != "success":
             error_type = payload.get("errorType")
             known = f", {error_type}" if error_type in PROMETHEUS_ERROR_TYPES else ""
-            log.warning("Prometheus at %s rejected %r: %s", self.shown_url, promql, str(payload.get("error"))[:300])
+            said = str(payload.get("error"))[:300]
+            said = self.credentials.redact(said) if self.credentials is not None else said
+            log.warning("Prometheus at %s rejected %r: %s", self.shown_url, promql, said)
             raise ProviderUnavailableError(
                 "QueryRejected", f"Prometheus at {self.shown_url} rejected {promql!r} ({status_text(status)}{known})"
             )

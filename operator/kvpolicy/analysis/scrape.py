@@ -158,7 +158,9 @@ class ScrapeProvider(HttpClient):
         try:
             return parse_scrape(text, self._clock())
         except (ValueError, KeyError) as exc:
-            log.warning("%s is not a Prometheus text exposition: %s", shown, str(exc)[:300])
+            said = str(exc)[:300]
+            said = self.credentials.redact(said) if self.credentials is not None else said
+            log.warning("%s is not a Prometheus text exposition: %s", shown, said)
             raise ProviderUnavailableError(
                 "ScrapeUnparseable", f"{shown} is not a Prometheus text exposition"
             ) from None

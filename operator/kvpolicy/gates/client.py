@@ -155,12 +155,19 @@ class VllmClient:
 
     def _refused(self, path: str, status: int, body: str) -> Exception:
         """The exception for an error answer: retried if 5xx; the server's words go to the log only."""
-        log.warning("%s%s answered HTTP %d: %s", self.base_url, path, status, _server_says(body))
+        said = _server_says(body)
+        log.warning(
+            "%s%s answered HTTP %d: %s",
+            self.base_url,
+            path,
+            status,
+            self._credentials.redact(said) if self._credentials else said,
+        )
         if status >= 500:
             return _Transient(status_text(status))
         message = f"{path} at {self.base_url}: {status_text(status)}"
         if status in (401, 403):
-            if self._credentials is None:
+            if self._credentials is None or self._credentials.source.bearer_token is None:
                 return Unauthorized(f"{message}: it wants an API key (give one with --api-key-file or --api-key-env)")
             return Unauthorized(f"{message}: it refused the API key given")
         return RequestRejected(message)
