@@ -281,10 +281,14 @@ class VllmClient:
                         done = True
                         break
                     try:
-                        text = json.loads(payload)["choices"][0]["text"]
+                        choices = json.loads(payload)["choices"]
+                        if choices and not isinstance(choices[0]["text"], str):
+                            raise TypeError("text is not a string")
                     except (json.JSONDecodeError, KeyError, IndexError, TypeError) as error:
                         raise _Transient("malformed stream chunk") from error
-                    if text:
+                    # vLLM sends a chunk per generated token, with empty text while a token ends inside a character
+                    # (byte-level BPE); a chunk without choices carries only the usage.
+                    if choices:
                         arrivals.append(time.perf_counter() - start)
             if not done or len(arrivals) < 2:
                 raise _Transient("the stream ended without [DONE] or with fewer than two tokens")

@@ -129,25 +129,38 @@ async def _prepare(client: VllmClient, options: LatencyOptions) -> list[int]:
     return await _filler_ids(client)
 
 
+LEAD_TOKENS = 3
+
+
+def probe_prompt(filler: list[int], length: int, serial: int) -> list[int]:
+    """`length` tokens of repeated filler behind a lead of LEAD_TOKENS ids that differs for each `serial` (the
+    filler's distinct ids counted in base N): prompts share no first cache block, so none reuses another's prefill."""
+    digits = sorted(set(filler))
+    lead = []
+    for _ in range(LEAD_TOKENS):
+        serial, digit = divmod(serial, len(digits))
+        lead.append(digits[digit])
+    repeats = -(-length // len(filler))
+    return (lead + filler * repeats)[:length]
+
+
 async def _measure(
     clients: list[VllmClient], options: LatencyOptions, on_progress: Callable[[LatencyProgress], None]
 ) -> list[list[Measurement]]:
     """One request at a time, alternating between the endpoints so both see the same conditions (and neither
-    client's work delays the other's token timestamps). Each prompt starts at a different filler offset so no
-    prefix cache can help."""
+    client's work delays the other's token timestamps). Every prompt starts differently (`probe_prompt`), so no
+    prefix cache can help: not the previous length's prompt, nor the other side's when both share a server."""
     fillers = await asyncio.gather(*(_prepare(client, options) for client in clients))
     measurements: list[list[Measurement]] = [[] for _ in clients]
     scale = 1000 / options.time_scale
     total = len(options.lengths) * options.requests_per_length * len(clients)
+    done = 0
     for length in options.lengths:
-        for request in range(options.requests_per_length):
+        for _ in range(options.requests_per_length):
             for side, client, filler, runs in zip(SIDES, clients, fillers, measurements, strict=True):
-                offset = request % len(filler)
-                repeats = -(-(length + offset) // len(filler))
-                prompt = (filler * repeats)[offset : offset + length]
-                timing = await client.stream_timing(prompt, options.output_tokens)
+                timing = await client.stream_timing(probe_prompt(filler, length, done), options.output_tokens)
                 runs.append(Measurement(length, timing.ttft_s * scale, timing.itl_s * scale))
-                done = sum(len(side_runs) for side_runs in measurements)
+                done += 1
                 on_progress(LatencyProgress(side, runs[-1], done, total))
     return measurements
 
