@@ -126,7 +126,7 @@ async def test_malformed_or_truncated_answers_are_inconclusive(behaviour: object
 
 async def test_a_hanging_server_times_out_and_is_inconclusive() -> None:
     async with fake_vllm(hang) as stuck, fake_vllm(answer_correctly) as good:
-        result = await run_accuracy_gate(options(stuck, good, 2048, timeout_s=0.3))
+        result = await run_accuracy_gate(options(stuck, good, 2048, request_timeout_seconds=0.3))
     assert (result["verdict"], result["reason"]) == ("Inconclusive", "EndpointUnavailable")
     assert "TimeoutError" in result["message"]
 

@@ -38,7 +38,7 @@ class AccuracyOptions:
     max_samples: int = CRD_DEFAULTS.max_samples
     min_samples: int = 3
     seed: int = 0
-    timeout_s: float = 600.0
+    request_timeout_seconds: float = 600.0
     needles: int = 8
     asked: int = 4
     retry_delays_s: tuple[float, ...] = (0.2, 0.5, 1.0)
@@ -261,8 +261,8 @@ def validate(options: AccuracyOptions) -> None:
         raise ValueError(f"--confidence must be between 0 and 1, got {options.confidence}")
     if options.max_samples < 1 or options.min_samples < 1:
         raise ValueError("--max-samples and --min-samples must be at least 1")
-    if options.timeout_s <= 0:
-        raise ValueError(f"--request-timeout-seconds must be positive, got {options.timeout_s}")
+    if options.request_timeout_seconds <= 0:
+        raise ValueError(f"--request-timeout-seconds must be positive, got {options.request_timeout_seconds}")
 
 
 async def run_accuracy_gate(
@@ -278,7 +278,9 @@ async def run_accuracy_gate(
     async with open_session(opened) as session:
 
         def client(url: str) -> VllmClient:
-            return VllmClient(session, url, options.model, options.timeout_s, options.retry_delays_s, opened)
+            return VllmClient(
+                session, url, options.model, options.request_timeout_seconds, options.retry_delays_s, opened
+            )
 
         try:
             return await _evaluate(options, client(options.canary), client(options.baseline), on_progress)

@@ -36,77 +36,44 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def _defaults(options: type[Any]) -> dict[str, Any]:
-    return {field.name: field.default for field in fields(options)}
+def _with_defaults(parser: argparse.ArgumentParser, options: type[Any]) -> Callable[[str, type, str], None]:
+    """Adds `--flag-name` options whose defaults are the options dataclass's `flag_name` field (the CRD's)."""
+    defaults = {field.name: field.default for field in fields(options)}
+
+    def option(flag: str, kind: type, help_text: str) -> None:
+        default = defaults[flag[2:].replace("-", "_")]
+        parser.add_argument(flag, type=kind, default=default, help=f"{help_text} (default: %(default)s)")
+
+    return option
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvpolicy gate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     gates = parser.add_subparsers(dest="gate", required=True, metavar="{accuracy,latency}")
-    defaults = argparse.ArgumentDefaultsHelpFormatter
-
-    accuracy_defaults = _defaults(AccuracyOptions)
-    accuracy = gates.add_parser(
-        "accuracy", help="long-context needle retrieval: canary vs baseline", formatter_class=defaults
-    )
+    accuracy = gates.add_parser("accuracy", help="long-context needle retrieval: canary vs baseline")
     _endpoints(accuracy)
     accuracy.add_argument("--length", type=int, required=True, help="prompt length in tokens")
-    accuracy.add_argument(
-        "--min-recovery",
-        type=float,
-        default=accuracy_defaults["min_recovery"],
-        help="canary/baseline score needed to pass",
-    )
-    accuracy.add_argument(
-        "--confidence",
-        type=float,
-        default=accuracy_defaults["confidence"],
-        help="credible level of the recovery interval",
-    )
-    accuracy.add_argument(
-        "--max-samples", type=int, default=accuracy_defaults["max_samples"], help="hard cap on prompts"
-    )
-    accuracy.add_argument(
-        "--min-samples",
-        type=int,
-        default=accuracy_defaults["min_samples"],
-        help="prompts before the gate may stop early",
-    )
-    accuracy.add_argument("--seed", type=int, default=accuracy_defaults["seed"], help="selects the prompts")
-    _common(accuracy, accuracy_defaults)
-    accuracy.set_defaults(gate_parser=accuracy)
+    option = _with_defaults(accuracy, AccuracyOptions)
+    option("--min-recovery", float, "canary/baseline score needed to pass")
+    option("--confidence", float, "credible level of the recovery interval")
+    option("--max-samples", int, "hard cap on prompts")
+    option("--min-samples", int, "prompts before the gate may stop early")
+    option("--seed", int, "selects the prompts")
+    _common(accuracy, _with_defaults(accuracy, AccuracyOptions))
 
-    latency_defaults = _defaults(LatencyOptions)
-    latency = gates.add_parser(
-        "latency", help="TTFT and ITL fits at concurrency 1: canary vs baseline", formatter_class=defaults
-    )
+    latency = gates.add_parser("latency", help="TTFT and ITL fits at concurrency 1: canary vs baseline")
     _endpoints(latency)
     latency.add_argument("--lengths", type=int, nargs="+", required=True, help="input lengths to probe (>= 3)")
-    latency.add_argument("--requests-per-length", type=int, default=latency_defaults["requests_per_length"])
-    latency.add_argument("--output-tokens", type=int, default=latency_defaults["output_tokens"])
     latency.add_argument(
         "--workload-lengths", type=int, nargs="+", default=[], help="lengths to compare at (default: --lengths)"
     )
-    latency.add_argument(
-        "--ttft-max-ratio",
-        type=float,
-        default=latency_defaults["ttft_max_ratio"],
-        help="largest canary/baseline TTFT allowed",
-    )
-    latency.add_argument(
-        "--itl-max-ratio",
-        type=float,
-        default=latency_defaults["itl_max_ratio"],
-        help="largest canary/baseline ITL allowed",
-    )
-    latency.add_argument(
-        "--time-scale",
-        type=float,
-        default=latency_defaults["time_scale"],
-        help="the servers' time scale: measured times are divided by it",
-    )
-    _common(latency, latency_defaults)
-    latency.set_defaults(gate_parser=latency)
+    option = _with_defaults(latency, LatencyOptions)
+    option("--requests-per-length", int, "requests per length and side")
+    option("--output-tokens", int, "tokens generated per request")
+    option("--ttft-max-ratio", float, "largest canary/baseline TTFT allowed")
+    option("--itl-max-ratio", float, "largest canary/baseline ITL allowed")
+    option("--time-scale", float, "the servers' time scale: measured times are divided by it")
+    _common(latency, option)
     return parser
 
 
@@ -116,10 +83,9 @@ def _endpoints(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="served model name on both endpoints")
 
 
-def _common(parser: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
-    parser.add_argument(
-        "--request-timeout-seconds", type=float, default=defaults["timeout_s"], help="timeout of each request"
-    )
+def _common(parser: argparse.ArgumentParser, option: Callable[[str, type, str], None]) -> None:
+    parser.set_defaults(gate_parser=parser)
+    option("--request-timeout-seconds", float, "timeout of each request")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     auth = parser.add_argument_group("credentials (values are read from files or the environment, never flags)")
     key = auth.add_mutually_exclusive_group()
@@ -194,7 +160,7 @@ def main(argv: list[str]) -> int:
                 max_samples=args.max_samples,
                 min_samples=args.min_samples,
                 seed=args.seed,
-                timeout_s=args.request_timeout_seconds,
+                request_timeout_seconds=args.request_timeout_seconds,
             )
             validate_accuracy(accuracy)
             progress = _reporter(args.quiet, accuracy_progress)
@@ -210,7 +176,7 @@ def main(argv: list[str]) -> int:
             ttft_max_ratio=args.ttft_max_ratio,
             itl_max_ratio=args.itl_max_ratio,
             time_scale=args.time_scale,
-            timeout_s=args.request_timeout_seconds,
+            request_timeout_seconds=args.request_timeout_seconds,
         )
         validate_latency(latency)
         progress = _reporter(args.quiet, latency_progress)

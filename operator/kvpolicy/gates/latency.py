@@ -35,7 +35,7 @@ class LatencyOptions:
     ttft_max_ratio: float = parse_decimal(CRD_DEFAULTS.ttft_max_ratio)
     itl_max_ratio: float = parse_decimal(CRD_DEFAULTS.itl_max_ratio)
     time_scale: float = 1.0
-    timeout_s: float = 600.0
+    request_timeout_seconds: float = 600.0
     retry_delays_s: tuple[float, ...] = (0.2, 0.5, 1.0)
 
 
@@ -105,7 +105,7 @@ def validate(options: LatencyOptions) -> None:
         raise ValueError("--lengths and --workload-lengths must be positive")
     if options.requests_per_length < 1 or options.output_tokens < 2:
         raise ValueError("--requests-per-length must be >= 1 and --output-tokens >= 2 (ITL needs two tokens)")
-    if options.time_scale <= 0 or options.timeout_s <= 0:
+    if options.time_scale <= 0 or options.request_timeout_seconds <= 0:
         raise ValueError("--time-scale and --request-timeout-seconds must be positive")
 
 
@@ -222,7 +222,7 @@ async def run_latency_probe(
         return _inconclusive(options, "CredentialsUnreadable", str(error))
     async with open_session(opened) as session:
         clients = [
-            VllmClient(session, url, options.model, options.timeout_s, options.retry_delays_s, opened)
+            VllmClient(session, url, options.model, options.request_timeout_seconds, options.retry_delays_s, opened)
             for url in (options.canary, options.baseline)
         ]
         try:

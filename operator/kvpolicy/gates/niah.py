@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +37,8 @@ NEEDLE_PATTERN = re.compile(r"one of the special magic numbers for ([a-z]+)\s*-\
 QUESTION_PATTERN = re.compile(
     r"what are all the special magic numbers for (.+?) mentioned in the provided text\s*\?", re.I | re.S
 )
+
+T = TypeVar("T")
 
 _ADJECTIVES = (
     "amber", "brave", "calm", "dusty", "eager", "faint", "gentle", "hollow", "icy", "jolly", "keen", "lively",
@@ -102,32 +106,35 @@ def _sentence_ends(filler_pieces: int) -> npt.NDArray[np.int64]:
     return ends[ends <= filler_pieces]
 
 
+def _insert_nearest(haystack: Sequence[T], ends: Sequence[int], items: Iterable[tuple[float, Sequence[T]]]) -> list[T]:
+    """`haystack` with each item inserted whole at the offset in `ends` nearest its target (the earlier one on a
+    tie); items at one offset keep their order."""
+    offsets = np.asarray(ends)
+    inserts: dict[int, list[T]] = {}
+    for target, item in items:
+        nearest = int(offsets[np.argmin(np.abs(offsets - target))])
+        inserts.setdefault(nearest, []).extend(item)
+    joined: list[T] = []
+    previous = 0
+    for offset in sorted(inserts):
+        joined += haystack[previous:offset]
+        joined += inserts[offset]
+        previous = offset
+    joined += haystack[previous:]
+    return joined
+
+
 def render(sample: NiahSample, filler_pieces: int) -> str:
     """The prompt text with `filler_pieces` pieces of haystack and the needles inserted at their depths.
 
     Needles go in at the sentence end nearest their depth, so the filler stays grammatical around them.
     """
-    haystack = _haystack(filler_pieces)
-    ends = _sentence_ends(filler_pieces)
-    if not len(ends):
-        ends = np.array([filler_pieces])
-    inserts: dict[int, list[str]] = {}
-    for needle, depth in zip(sample.needles, sample.depths, strict=True):
-        target = depth * filler_pieces
-        right = min(int(np.searchsorted(ends, target)), len(ends) - 1)
-        left = max(right - 1, 0)
-        position = int(ends[left] if abs(ends[left] - target) <= abs(ends[right] - target) else ends[right])
-        inserts.setdefault(position, []).append(" " + NEEDLE.format(key=needle.key, value=needle.value))
-    parts: list[str] = [HEADER]
-    previous = 0
-    for position in sorted(inserts):
-        parts += haystack[previous:position]
-        parts += inserts[position]
-        previous = position
-    parts += haystack[previous:]
-    keys = ", ".join(needle.key for needle in sample.asked)
-    parts.append(QUESTION.format(keys=keys))
-    return "".join(parts)
+    ends: list[int] = _sentence_ends(filler_pieces).tolist() or [filler_pieces]
+    needles = [
+        (depth * filler_pieces, [needle_text(needle)])
+        for needle, depth in zip(sample.needles, sample.depths, strict=True)
+    ]
+    return "".join([HEADER, *_insert_nearest(_haystack(filler_pieces), ends, needles), question_text(sample)])
 
 
 def string_match_all(output: str, expected: tuple[str, ...]) -> float:
@@ -225,17 +232,7 @@ def assemble(pieces: PromptPieces, depths: tuple[float, ...], length: int) -> li
     if budget < 0:
         raise ValueError(f"the prompt's header, needles and question alone take {pieces.fixed_tokens} tokens")
     haystack, ends = _token_haystack(pieces.sentences, budget)
-    positions = np.asarray(ends)
-    inserts: dict[int, list[int]] = {}
-    for needle, depth in zip(pieces.needles, depths, strict=True):
-        nearest = int(positions[np.argmin(np.abs(positions - depth * budget))])
-        inserts.setdefault(nearest, []).extend(needle)
-    tokens = [*pieces.prefix, *pieces.header]
-    previous = 0
-    for position in sorted(inserts):
-        tokens += haystack[previous:position]
-        tokens += inserts[position]
-        previous = position
-    tokens += haystack[previous:]
+    needles = [(depth * budget, needle) for needle, depth in zip(pieces.needles, depths, strict=True)]
+    tokens = [*pieces.prefix, *pieces.header, *_insert_nearest(haystack, ends, needles)]
     tokens += [*pieces.question, *pieces.suffix]
     return tokens
