@@ -105,8 +105,10 @@ class HuggingFaceTokenizer:
     """A `tokenizer.json` (the file transformers' fast tokenizers save) loaded with the `tokenizers` library."""
 
     def __init__(self, path: Path) -> None:
-        from tokenizers import Tokenizer as _Tokenizer
-
+        try:
+            from tokenizers import Tokenizer as _Tokenizer
+        except ImportError:
+            raise ValueError("--tokenizer needs the `tokenizers` package (pip install tokenizers)") from None
         file = path / "tokenizer.json" if path.is_dir() else path
         if not file.is_file():
             raise ValueError(f"--tokenizer {path}: no tokenizer.json there (give a model directory or the file)")
