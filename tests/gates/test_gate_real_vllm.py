@@ -139,7 +139,7 @@ def test_the_accuracy_gate_sizes_exactly_and_reaches_its_verdict_with_the_key(re
 def test_the_latency_gate_passes_with_the_key_from_a_variable(real_vllm: RealVllm) -> None:
     code, result, stderr = gate(
         *("latency", "--canary", real_vllm.url, "--baseline", real_vllm.url + "/v1", "--model", SERVED),
-        *("--lengths", "256", "1024", "2048", "--requests-per-length", "3", "--output-tokens", "8"),
+        *("--lengths", "128", "256", "512", "--requests-per-length", "3", "--output-tokens", "6"),
         # Both sides are one server on a shared two-core machine: generous limits, so only an error could fail it.
         *("--ttft-max-ratio", "4", "--itl-max-ratio", "4", "--api-key-env", "THE_KEY"),
         env={"THE_KEY": API_KEY},
