@@ -174,7 +174,7 @@ async def test_a_pod_without_vllm_metrics_has_no_series(serve_pod: Callable[[VLL
 @pytest.mark.parametrize(
     ("failure", "reason", "message"),
     [
-        (web.Response(status=503, text="draining"), "ScrapeFailed", "answered HTTP 503"),
+        (web.Response(status=503, text="draining"), "ScrapeFailed", "answered HTTP 503 Service Unavailable"),
         (web.Response(text="vllm:time_to_first_token_seconds_bucket{le=oops} 1\n"), "ScrapeUnparseable", "exposition"),
     ],
 )
@@ -187,6 +187,8 @@ async def test_scrape_failures(
         with pytest.raises(ProviderUnavailableError, match=message) as raised:
             await provider.latency_snapshot(side("canary", pod), 60, QUANTILES)
     assert raised.value.reason == reason
+    # What the pod sent never reaches the message (it ends up in status and events).
+    assert "draining" not in raised.value.message and "oops" not in raised.value.message
 
 
 async def test_unreachable_pod_makes_the_check_provider_unavailable(

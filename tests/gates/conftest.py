@@ -2,10 +2,12 @@
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from gate_fakes import MAX_MODEL_LEN, MODEL
 from kvpolicy_dev.sim import start_simulator_subprocess
+from kvpolicy_dev.sim.tokenizer_zoo import Family, write_model_dir
 
 FAST = ["--time-scale", "0.001", "--max-model-len", str(MAX_MODEL_LEN)]
 
@@ -23,3 +25,10 @@ def simulators() -> Iterator[dict[str, str]]:
             name: stack.enter_context(start_simulator_subprocess([MODEL, *FAST, *flags]))
             for name, flags in configurations.items()
         }
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[Family, Path]:
+    """A Hugging Face model directory per tokenizer family (tiny Llama config.json + tokenizer files)."""
+    root = tmp_path_factory.mktemp("models")
+    return {family: write_model_dir(family, root / family.value, MAX_MODEL_LEN) for family in Family}

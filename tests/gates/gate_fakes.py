@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,10 +20,12 @@ MAX_MODEL_LEN = 135168
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# A bare environment for gate processes, but with this checkout's sources first (PYTHONPATH), not an installed copy.
+CHILD_ENV = {"PATH": "", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
 
 
-def correct_answer(prompt: str) -> str:
-    needles, asked = niah.parse_prompt(prompt)
+def correct_answer(prompt: str | list[int]) -> str:
+    needles, asked = niah.parse_prompt(prompt if isinstance(prompt, str) else tokenizer.decode(prompt))
     return " " + ", ".join(needles[key] for key in asked) + "."
 
 
@@ -100,7 +103,7 @@ def run_gate(gate: str, canary: str, baseline: str, tmp_path: Path, *extra: str)
         [sys.executable, "-m", "kvpolicy", "gate", gate, "--canary", canary, "--baseline", baseline, *extra],
         capture_output=True,
         text=True,
-        env={"KVPOLICY_TERMINATION_LOG": str(log), "PATH": ""},
+        env={**CHILD_ENV, "KVPOLICY_TERMINATION_LOG": str(log)},
         timeout=300,
     )
     result: dict = json.loads(completed.stdout)

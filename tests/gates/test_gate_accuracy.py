@@ -18,7 +18,7 @@ from gate_fakes import (
     truncated,
 )
 from kvpolicy.gates import niah
-from kvpolicy.gates.accuracy import AccuracyOptions, run_accuracy_gate, sized_prompt
+from kvpolicy.gates.accuracy import AccuracyOptions, run_accuracy_gate, shared_pieces, sized_prompt
 from kvpolicy.gates.client import VllmClient
 from kvpolicy_dev.sim import free_port
 
@@ -89,8 +89,17 @@ def test_unreachable_endpoint_is_inconclusive_never_a_pass(simulators: dict[str,
     assert dead in result["message"]
 
 
-@pytest.mark.parametrize("argv", [["--length", "0"], ["--length", "4096", "--confidence", "1.5"]])
-def test_bad_arguments_exit_2_with_a_message(argv: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--length", "0"], "--length must be positive, got 0"),
+        (["--length", "4096", "--confidence", "1.5"], "--confidence must be between 0 and 1, got 1.5"),
+        (["--length", "many"], "argument --length: invalid int value: 'many'"),
+        (["--length", "4096", "--api-key-file", "/nonexistent/key"], "cannot read the bearer token from file"),
+        (["--length", "4096", "--api-key-env", "KVPOLICY_TEST_UNSET"], "environment variable KVPOLICY_TEST_UNSET"),
+    ],
+)
+def test_bad_arguments_exit_64_with_a_message(argv: list[str], fragment: str) -> None:
     completed = subprocess.run(
         [
             *(sys.executable, "-m", "kvpolicy", "gate", "accuracy", "--canary", "http://x", "--baseline", "http://y"),
@@ -99,8 +108,10 @@ def test_bad_arguments_exit_2_with_a_message(argv: list[str]) -> None:
         capture_output=True,
         text=True,
     )
-    assert completed.returncode == 2
-    assert "--length must be positive" in completed.stderr or "--confidence must be between" in completed.stderr
+    assert completed.returncode == 64
+    assert fragment in completed.stderr
+    assert "usage: kvpolicy gate accuracy" in completed.stderr and "Traceback" not in completed.stderr
+    assert completed.stdout == ""
 
 
 @pytest.mark.parametrize(
@@ -115,7 +126,7 @@ async def test_malformed_or_truncated_answers_are_inconclusive(behaviour: object
 
 async def test_a_hanging_server_times_out_and_is_inconclusive() -> None:
     async with fake_vllm(hang) as stuck, fake_vllm(answer_correctly) as good:
-        result = await run_accuracy_gate(options(stuck, good, 2048, timeout_s=0.3))
+        result = await run_accuracy_gate(options(stuck, good, 2048, request_timeout_seconds=0.3))
     assert (result["verdict"], result["reason"]) == ("Inconclusive", "EndpointUnavailable")
     assert "TimeoutError" in result["message"]
 
@@ -133,14 +144,17 @@ async def test_a_model_the_server_does_not_serve_is_reported() -> None:
     assert "does not serve model 'other/model'" in result["message"]
 
 
-@pytest.mark.parametrize("length", [700, 5000, 65536])
-async def test_prompts_are_sized_to_exactly_the_requested_tokens(length: int) -> None:
+@pytest.mark.parametrize("length", [699, 5001, 65536])
+async def test_prompts_are_exactly_the_requested_tokens_with_every_needle_whole(length: int) -> None:
     sample = niah.draw_sample(seed=2, index=1)
     async with in_process_simulator() as url, aiohttp.ClientSession() as session:
         client = VllmClient(session, url, MODEL, timeout_s=30)
-        prompt = await sized_prompt(client, sample, length)
-        assert len(await client.tokenize(prompt)) == length
-    needles, asked = niah.parse_prompt(prompt)
+        prompt = await sized_prompt(client, await shared_pieces(client), sample, length)
+        completion = await client.complete(prompt, 8)
+        async with session.post(f"{url}/detokenize", json={"tokens": prompt}) as response:
+            text = (await response.json())["prompt"]
+    assert len(prompt) == length and completion.prompt_tokens == length
+    needles, asked = niah.parse_prompt(text)
     assert needles == {needle.key: needle.value for needle in sample.needles}
     assert asked == tuple(needle.key for needle in sample.asked)
 

@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 from gate_fakes import MODEL, run_gate
 from kvpolicy.gates.latency import (
+    LEAD_TOKENS,
     Fit,
     LatencyOptions,
     Measurement,
     break_even_tokens,
     fit_measurements,
+    probe_prompt,
     run_latency_probe,
 )
 from kvpolicy_dev.sim import SimConfig, free_port, start_simulator_subprocess
@@ -101,7 +103,7 @@ def test_fewer_than_three_lengths_is_a_usage_error() -> None:
         capture_output=True,
         text=True,
     )
-    assert completed.returncode == 2
+    assert completed.returncode == 64
     assert "--lengths needs at least 3 distinct lengths" in completed.stderr
 
 
@@ -117,3 +119,13 @@ def test_fit_and_break_even_from_exact_points() -> None:
     assert break_even_tokens(bf16, fp8) is None
     faster_everywhere = Fit(2e-5, 6.0, 4e-7, 0.03, 15)
     assert break_even_tokens(faster_everywhere, bf16) == 0
+
+
+def test_every_probe_prompt_starts_differently_and_has_the_length() -> None:
+    filler = [7, 8, 9, 8, 10, 11, 12, 13, 7, 14]
+    prompts = [probe_prompt(filler, 50, serial) for serial in range(200)]
+    assert all(len(prompt) == 50 for prompt in prompts)
+    # vLLM's prefix cache works in blocks from the first token: distinct leads share no block.
+    assert len({tuple(prompt[:LEAD_TOKENS]) for prompt in prompts}) == 200
+    assert prompts[5][LEAD_TOKENS:] == (filler * 5)[: 50 - LEAD_TOKENS]
+    assert probe_prompt(filler, 2, 0) == [7, 7]

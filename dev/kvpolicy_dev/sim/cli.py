@@ -6,10 +6,12 @@ import argparse
 import asyncio
 import logging
 import sys
+from pathlib import Path
 
 from kvpolicy_dev.sim.config import KV_CACHE_DTYPES, Gpu, SimConfig
 from kvpolicy_dev.sim.models import DEFAULT_PROFILE, find_profile
 from kvpolicy_dev.sim.server import serve
+from kvpolicy_dev.sim.tokenizer import load_tokenizer
 
 log = logging.getLogger("kvpolicy_dev.sim")
 
@@ -51,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     vllm.add_argument("--attention-backend", help="attention backend name (FLASH_ATTN, FLASHINFER, CUSTOM, ...)")
     vllm.add_argument("--max-model-len", type=int, default=SimConfig.max_model_len)
+    vllm.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="a Hugging Face model directory or tokenizer.json to tokenize with (default: a built-in word tokenizer)",
+    )
     sim = parser.add_argument_group("simulator flags")
     sim.add_argument("--gpu", choices=[gpu.value for gpu in Gpu], default=Gpu.H100.value)
     sim.add_argument("--two-level-fix", action="store_true", help="the image carries two-level FP8 accumulation")
@@ -76,6 +83,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     """The configuration the flags describe; shape flags not given come from the model's catalogue profile."""
     served_model_name = args.served_model_name or args.model or SimConfig.served_model_name
     profile = find_profile(args.model, served_model_name) or DEFAULT_PROFILE
+    load_tokenizer(args.tokenizer)  # refuse a missing or malformed tokenizer before serving
     try:
         return SimConfig(
             served_model_name=served_model_name,
@@ -94,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             time_scale=args.time_scale,
             latency_multiplier=args.latency_multiplier,
             seed=args.seed,
+            tokenizer=args.tokenizer,
         )
     except ValueError as error:
         raise ValueError(f"{error} (shape flags not given come from model profile {profile.name})") from None

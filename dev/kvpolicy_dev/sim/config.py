@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvpolicy_dev.numerics import Accumulation
 from kvpolicy_dev.sim.hardware import Gpu
@@ -38,6 +39,9 @@ class SimConfig:
     time_scale: float = 1.0
     latency_multiplier: float = 1.0
     seed: int = 0
+    # `--tokenizer`: a Hugging Face model directory (or tokenizer.json) whose tokenizer the server uses instead of the
+    # built-in word tokenizer (kvpolicy_dev.sim.tokenizer).
+    tokenizer: Path | None = None
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

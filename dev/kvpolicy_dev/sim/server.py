@@ -17,10 +17,10 @@ from kvpolicy.gates.niah import FILLER, parse_prompt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from kvpolicy_dev.sim import tokenizer
 from kvpolicy_dev.sim.accuracy import NumericsModel, answer_needles
 from kvpolicy_dev.sim.config import Gpu, SimConfig
 from kvpolicy_dev.sim.latency import latency_fit, sample_latencies
+from kvpolicy_dev.sim.tokenizer import load_tokenizer
 
 # vLLM's default buckets (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = (
@@ -189,7 +189,8 @@ class Simulator:
         self._active_tokens = 0
         self._running = 0
         self._created = int(time.time())
-        self._filler_tokens = tokenizer.encode(" " + FILLER)
+        self.tokenizer = load_tokenizer(config.tokenizer)
+        self._filler_tokens = self.tokenizer.encode(" " + FILLER)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 2**20, middlewares=[_errors_middleware])
@@ -228,7 +229,10 @@ class Simulator:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise RequestError(400, "'prompt' must be a string", param="prompt")
-        tokens = tokenizer.encode(prompt)
+        add_special_tokens = body.get("add_special_tokens", True)
+        if not isinstance(add_special_tokens, bool):
+            raise RequestError(400, "'add_special_tokens' must be a boolean", param="add_special_tokens")
+        tokens = self.tokenizer.encode(prompt, add_special_tokens)
         return web.json_response({"count": len(tokens), "max_model_len": self.config.max_model_len, "tokens": tokens})
 
     async def detokenize(self, request: web.Request) -> web.Response:
@@ -238,7 +242,7 @@ class Simulator:
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise RequestError(400, "'tokens' must be a list of integers", param="tokens")
         try:
-            return web.json_response({"prompt": tokenizer.decode(tokens)})
+            return web.json_response({"prompt": self.tokenizer.decode(tokens)})
         except ValueError as error:
             raise RequestError(400, str(error), param="tokens") from error
 
@@ -251,10 +255,10 @@ class Simulator:
         self._check_model(body)
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            text, count = prompt, tokenizer.count(prompt)
+            text, count = prompt, len(self.tokenizer.encode(prompt, add_special_tokens=True))
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             try:
-                text, count = tokenizer.decode(prompt), len(prompt)
+                text, count = self.tokenizer.decode(prompt), len(prompt)
             except ValueError as error:
                 raise RequestError(400, str(error), param="prompt") from error
         else:
@@ -294,7 +298,7 @@ class Simulator:
         if asked:
             capability_p, survival_p = await self.numerics.retrieval_probability(request.prompt_tokens)
             answer = answer_needles(needles, asked, request.prompt_tokens, capability_p, survival_p, self.config.seed)
-        tokens = tokenizer.encode(answer) if answer is not None else []
+        tokens = self.tokenizer.encode(answer) if answer is not None else []
         if len(tokens) >= request.max_tokens:
             return Generation(tokens[: request.max_tokens], "length")
         if answer is not None and not request.ignore_eos:
@@ -361,7 +365,7 @@ class Simulator:
                 await self._sleep_until(first_sent, float(offset_ms))
             choice = {
                 "index": 0,
-                "text": tokenizer.decode([token]),
+                "text": self.tokenizer.decode([token]),
                 "logprobs": None,
                 "finish_reason": generation.finish_reason if index == last else None,
                 "stop_reason": None,
@@ -387,7 +391,7 @@ class Simulator:
     def _completion_body(self, completion: CompletionRequest, generation: Generation) -> dict[str, Any]:
         choice = {
             "index": 0,
-            "text": tokenizer.decode(generation.tokens),
+            "text": self.tokenizer.decode(generation.tokens),
             "logprobs": None,
             "finish_reason": generation.finish_reason,
             "stop_reason": None,

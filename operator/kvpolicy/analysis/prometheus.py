@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import re
 from collections.abc import Sequence
@@ -16,6 +17,10 @@ import aiohttp
 from kvpolicy.analysis import names
 from kvpolicy.analysis.http import HttpClient
 from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
+from kvpolicy.credentials import Credentials
+from kvpolicy.http_errors import auth_hint, connection_problem, redact_url, status_text
+
+log = logging.getLogger(__name__)
 
 # Matches any relabeling that keeps the `namespace` and `pod` target labels (the kubernetes_sd defaults in most setups).
 DEFAULT_SELECTOR_TEMPLATE = 'namespace="$namespace", pod=~"$pod_regex"'
@@ -115,17 +120,30 @@ class _HistogramReading:
         return self.mean is None and all(value is None for value in self.quantiles.values())
 
 
+# Prometheus' own error types (api/v1 `errorType`): a fixed vocabulary, safe to repeat; its `error` text is not.
+PROMETHEUS_ERROR_TYPES = frozenset(
+    {"timeout", "canceled", "execution", "bad_data", "internal", "unavailable", "not_found", "not_acceptable"}
+)
+
+
 class PrometheusProvider(HttpClient):
-    """Reads both sides' latency over the window from Prometheus. Errors raise ProviderUnavailableError."""
+    """Reads both sides' latency over the window from Prometheus. Errors raise ProviderUnavailableError.
+
+    Messages carry a status code and a fixed reason, never the response body: they reach status and events, and
+    prometheusURL may point anywhere the operator can reach. The body of a rejected query is logged instead.
+    """
 
     def __init__(
         self,
         base_url: str,
         timeout_seconds: float = 10.0,
         selector_template: str = DEFAULT_SELECTOR_TEMPLATE,
+        credentials: Credentials | None = None,
     ) -> None:
         if not re.match(r"^https?://[^/]+", base_url):
-            raise ValueError(f"Prometheus URL {base_url!r} must start with http:// or https:// and name a host")
+            raise ValueError(
+                f"Prometheus URL {redact_url(base_url)!r} must start with http:// or https:// and name a host"
+            )
         template = Template(selector_template)
         unknown = set(template.get_identifiers()) - TEMPLATE_FIELDS
         if unknown or not template.is_valid():
@@ -133,8 +151,9 @@ class PrometheusProvider(HttpClient):
                 f"selector template {selector_template!r}: use only ${', $'.join(sorted(TEMPLATE_FIELDS))} "
                 f"(unknown: {sorted(unknown)})"
             )
-        super().__init__(timeout_seconds, "Prometheus")
+        super().__init__(timeout_seconds, "Prometheus", credentials)
         self.base_url = base_url.rstrip("/")
+        self.shown_url = redact_url(self.base_url)
         self.selector_template = selector_template
 
     async def query(self, promql: str) -> list[float]:
@@ -146,32 +165,45 @@ class PrometheusProvider(HttpClient):
         url = f"{self.base_url}/api/v1/query"
         form = {"query": promql, "timeout": _duration(self.timeout_seconds)}
         try:
-            async with self._client().post(url, data=form) as response:
+            async with self._client().post(url, data=form, headers=self._headers()) as response:
                 body = await response.text()
                 status = response.status
         except TimeoutError:
             raise ProviderUnavailableError(
-                "PrometheusTimeout", f"Prometheus at {self.base_url} did not answer within {self.timeout_seconds} s"
+                "PrometheusTimeout", f"Prometheus at {self.shown_url} did not answer within {self.timeout_seconds} s"
             ) from None
         except aiohttp.ClientError as exc:
+            tls = isinstance(exc, aiohttp.ClientSSLError)
             raise ProviderUnavailableError(
-                "PrometheusUnreachable", f"cannot reach Prometheus at {self.base_url}: {exc}"
+                "PrometheusTLSError" if tls else "PrometheusUnreachable",
+                f"cannot reach Prometheus at {self.shown_url}: {connection_problem(exc)}",
             ) from None
+        if status in (401, 403):
+            raise ProviderUnavailableError(
+                "PrometheusUnauthorized",
+                f"Prometheus at {self.shown_url} answered {status_text(status)}{auth_hint(status, self.credentials)}",
+            )
         if status >= 500:
             raise ProviderUnavailableError(
-                "PrometheusServerError", f"Prometheus at {self.base_url} answered HTTP {status}: {body[:300]}"
+                "PrometheusServerError", f"Prometheus at {self.shown_url} answered {status_text(status)}"
             )
         try:
             payload: dict[str, Any] = json.loads(body)
         except json.JSONDecodeError:
             payload = {}
         if status >= 400 or payload.get("status") != "success":
-            error = payload.get("error", body[:300])
-            raise ProviderUnavailableError("QueryRejected", f"Prometheus rejected {promql!r} (HTTP {status}): {error}")
+            error_type = payload.get("errorType")
+            known = f", {error_type}" if error_type in PROMETHEUS_ERROR_TYPES else ""
+            said = str(payload.get("error"))[:300]
+            said = self.credentials.redact(said) if self.credentials is not None else said
+            log.warning("Prometheus at %s rejected %r: %s", self.shown_url, promql, said)
+            raise ProviderUnavailableError(
+                "QueryRejected", f"Prometheus at {self.shown_url} rejected {promql!r} ({status_text(status)}{known})"
+            )
         data = payload.get("data", {})
         if data.get("resultType") != "vector":
             raise ProviderUnavailableError(
-                "QueryRejected", f"Prometheus answered {promql!r} with a {data.get('resultType')!r}, not a vector"
+                "QueryRejected", f"Prometheus at {self.shown_url} answered {promql!r} with something else than a vector"
             )
         return [(sample.get("metric", {}), float(sample["value"][1])) for sample in data.get("result", [])]
 

@@ -8,6 +8,7 @@ reports no requests (NoData), which the analysis treats as inconclusive.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -20,6 +21,10 @@ from kvpolicy.analysis import names
 from kvpolicy.analysis.histogram import CumulativeHistogram
 from kvpolicy.analysis.http import HttpClient
 from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
+from kvpolicy.credentials import Credentials
+from kvpolicy.http_errors import auth_hint, connection_problem, redact_url, status_text
+
+log = logging.getLogger(__name__)
 
 _HISTOGRAMS = (names.TTFT, names.ITL, names.ITL_DEPRECATED)
 
@@ -124,30 +129,41 @@ class ScrapeProvider(HttpClient):
         timeout_seconds: float = 5.0,
         forget_after_seconds: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
+        credentials: Credentials | None = None,
     ) -> None:
-        super().__init__(timeout_seconds, "scrape")
+        super().__init__(timeout_seconds, "scrape", credentials)
         self.forget_after_seconds = forget_after_seconds
         self._clock = clock
         self._history: dict[str, deque[PodScrape]] = {}
 
     async def _scrape(self, endpoint: str) -> PodScrape:
+        """One pod's scrape. Messages hold a status code and a fixed reason, never what the pod sent."""
         url = f"{endpoint.rstrip('/')}/metrics"
+        shown = redact_url(url)
         try:
-            async with self._client().get(url) as response:
+            async with self._client().get(url, headers=self._headers()) as response:
                 text = await response.text()
                 if response.status != 200:
-                    raise ProviderUnavailableError("ScrapeFailed", f"{url} answered HTTP {response.status}")
+                    hint = auth_hint(response.status, self.credentials)
+                    message = f"{shown} answered {status_text(response.status)}{hint}"
+                    raise ProviderUnavailableError("ScrapeFailed", message)
         except TimeoutError:
             raise ProviderUnavailableError(
-                "ScrapeFailed", f"{url} did not answer within {self.timeout_seconds} s"
+                "ScrapeFailed", f"{shown} did not answer within {self.timeout_seconds} s"
             ) from None
         except aiohttp.ClientError as exc:
-            raise ProviderUnavailableError("ScrapeFailed", f"cannot scrape {url}: {exc}") from None
+            raise ProviderUnavailableError(
+                "ScrapeFailed", f"cannot scrape {shown}: {connection_problem(exc)}"
+            ) from None
         try:
             return parse_scrape(text, self._clock())
         except (ValueError, KeyError) as exc:
-            message = f"{url} is not a Prometheus text exposition: {exc}"
-            raise ProviderUnavailableError("ScrapeUnparseable", message) from None
+            said = str(exc)[:300]
+            said = self.credentials.redact(said) if self.credentials is not None else said
+            log.warning("%s is not a Prometheus text exposition: %s", shown, said)
+            raise ProviderUnavailableError(
+                "ScrapeUnparseable", f"{shown} is not a Prometheus text exposition"
+            ) from None
 
     def _remember(self, endpoint: str, scrape: PodScrape, window_seconds: float) -> PodScrape | None:
         """Store a scrape; return the one to subtract: the newest made at least a window ago, else the oldest."""

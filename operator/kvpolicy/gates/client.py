@@ -1,36 +1,85 @@
-"""A small client for vLLM's OpenAI-compatible API with retries for transient failures.
+"""A small client for vLLM's OpenAI-compatible API, with an API key and retries for transient failures.
 
 Connection errors, timeouts, 5xx answers and malformed or truncated bodies are retried with backoff; after the last
-attempt they raise `EndpointUnavailable`. A 4xx answer is the server refusing the request: `RequestRejected`, not
-retried.
+attempt they raise `EndpointUnavailable`. A 4xx answer is the server refusing the request: `RequestRejected`
+(`Unauthorized` for 401/403), not retried. Messages go into the gate's result, which reaches the policy's status:
+they hold status codes and fixed reasons, never what the server sent (that is logged on stderr).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import numpy as np
 
+from kvpolicy.credentials import Credentials, CredentialsError
+from kvpolicy.http_errors import connection_problem, status_text
+
 T = TypeVar("T")
 RETRY_DELAYS_S = (0.2, 0.5, 1.0)
+log = logging.getLogger(__name__)
 
 
-class EndpointUnavailable(Exception):
+class GateError(Exception):
+    """Ends the gate as Inconclusive with a reason code."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class EndpointUnavailable(GateError):
     """The endpoint kept failing (down, hanging, 5xx, or answering garbage)."""
 
+    def __init__(self, message: str) -> None:
+        super().__init__("EndpointUnavailable", message)
 
-class RequestRejected(Exception):
-    """The endpoint answered 4xx; the message is the server's."""
+
+class RequestRejected(GateError):
+    """The endpoint answered 4xx."""
+
+    def __init__(self, message: str, reason: str = "RequestRejected") -> None:
+        super().__init__(reason, message)
+
+
+class Unauthorized(RequestRejected):
+    """The endpoint answered 401 or 403: no API key, or the wrong one."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "Unauthorized")
 
 
 class _Transient(Exception):
     pass
+
+
+def base_url(text: str, flag: str) -> str:
+    """A server's base URL from what a person types, `http(s)://host[:port][/prefix][/v1]` (the OpenAI SDK's `/v1`
+    is dropped: vLLM serves /tokenize and /health beside it); ValueError names `flag` and says what to write."""
+    parts = urlsplit(text.strip())
+    if parts.scheme not in ("http", "https") or "://" not in text:
+        example = text.split("://")[-1] or "HOST:PORT"
+        raise ValueError(f"{flag} {text!r} is not an http(s) URL: write it as http://{example}")
+    try:
+        parts.port  # noqa: B018  (parsing the port is the check)
+    except ValueError:
+        raise ValueError(f"{flag} {text!r} has an invalid port: use a number from 1 to 65535") from None
+    if not parts.hostname:
+        raise ValueError(f"{flag} {text!r} names no host: write it as http://HOST:PORT")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"{flag} must not carry credentials in the URL: give the API key with --api-key-file")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{flag} {text!r} has a query or fragment: give only http(s)://host[:port][/path]")
+    path = parts.path.rstrip("/").removesuffix("/v1")
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
 @dataclass(frozen=True)
@@ -53,15 +102,29 @@ class StreamTiming:
         return float(np.median((times[second] - times[first]) / (second - first)))
 
 
-def _error_message(body: str) -> str:
+def open_session(credentials: Credentials | None) -> aiohttp.ClientSession:
+    """A session trusting the credentials' CA bundle (the system's without credentials)."""
+    connector = aiohttp.TCPConnector(ssl=credentials.ssl_context) if credentials is not None else None
+    return aiohttp.ClientSession(connector=connector)
+
+
+def _server_says(body: str) -> str:
+    """The server's own error message, for the log only."""
     try:
         parsed = json.loads(body)
     except json.JSONDecodeError:
         return body[:300]
     error = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
     if isinstance(error, dict) and "message" in error:
-        return str(error["message"])
+        return str(error["message"])[:300]
     return body[:300]
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    # What the server counted (usage.prompt_tokens); None when it does not say.
+    prompt_tokens: int | None
 
 
 class VllmClient:
@@ -72,19 +135,51 @@ class VllmClient:
         model: str,
         timeout_s: float,
         retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
+        credentials: Credentials | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._retry_delays_s = retry_delays_s
+        self._credentials = credentials
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self._credentials is not None:
+            try:
+                headers |= self._credentials.headers()
+            except CredentialsError as error:
+                raise GateError("CredentialsUnreadable", str(error)) from None
+        return headers
+
+    def _refused(self, path: str, status: int, body: str) -> Exception:
+        """The exception for an error answer: retried if 5xx; the server's words go to the log only."""
+        said = _server_says(body)
+        log.warning(
+            "%s%s answered HTTP %d: %s",
+            self.base_url,
+            path,
+            status,
+            self._credentials.redact(said) if self._credentials else said,
+        )
+        if status >= 500:
+            return _Transient(status_text(status))
+        message = f"{path} at {self.base_url}: {status_text(status)}"
+        if status in (401, 403):
+            if self._credentials is None or self._credentials.source.bearer_token is None:
+                return Unauthorized(f"{message}: it wants an API key (give one with --api-key-file or --api-key-env)")
+            return Unauthorized(f"{message}: it refused the API key given")
+        return RequestRejected(message)
 
     async def _with_retries(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
         last_problem = ""
         for delay in (*self._retry_delays_s, None):
             try:
                 return await attempt()
-            except (aiohttp.ClientError, TimeoutError, _Transient) as error:
+            except aiohttp.ClientError as error:
+                last_problem = f"{type(error).__name__}: {connection_problem(error)}"
+            except (TimeoutError, _Transient) as error:
                 last_problem = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
             if delay is not None:
                 await asyncio.sleep(delay)
@@ -92,15 +187,15 @@ class VllmClient:
         raise EndpointUnavailable(f"{what} at {self.base_url} failed {attempts} times; last: {last_problem}")
 
     async def _request_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        payload = None if body is None else json.dumps(body).encode()
+
         async def attempt() -> dict[str, Any]:
             async with self._session.request(
-                method, self.base_url + path, json=body, timeout=self._timeout
+                method, self.base_url + path, data=payload, headers=self._headers(), timeout=self._timeout
             ) as response:
                 text = await response.text()
-                if response.status >= 500:
-                    raise _Transient(f"HTTP {response.status}: {_error_message(text)}")
                 if response.status >= 400:
-                    raise RequestRejected(f"{path} at {self.base_url}: HTTP {response.status}: {_error_message(text)}")
+                    raise self._refused(path, response.status, text)
                 try:
                     parsed = json.loads(text)
                 except json.JSONDecodeError as error:
@@ -124,27 +219,32 @@ class VllmClient:
                     raise EndpointUnavailable(f"/v1/models at {self.base_url} gives no max_model_len for {self.model}")
                 return limit
         served = ", ".join(str(card.get("id")) for card in cards if isinstance(card, dict))
-        raise RequestRejected(f"{self.base_url} does not serve model {self.model!r} (it serves: {served or 'none'})")
+        log.warning("%s serves %s", self.base_url, served or "no model")
+        raise RequestRejected(f"{self.base_url} does not serve model {self.model!r} (the log lists what it serves)")
 
-    async def tokenize(self, prompt: str) -> list[int]:
-        body = await self._request_json("POST", "/tokenize", {"model": self.model, "prompt": prompt})
+    async def tokenize(self, prompt: str, add_special_tokens: bool) -> list[int]:
+        """The server's token ids for `prompt`, with or without the special tokens it adds to a text prompt."""
+        request = {"model": self.model, "prompt": prompt, "add_special_tokens": add_special_tokens}
+        body = await self._request_json("POST", "/tokenize", request)
         tokens = body.get("tokens")
-        if not isinstance(tokens, list):
-            raise EndpointUnavailable(f"/tokenize at {self.base_url} returned no token list")
+        if not isinstance(tokens, list) or not all(isinstance(token, int) for token in tokens):
+            raise EndpointUnavailable(f"/tokenize at {self.base_url} returned no list of token ids")
         return tokens
 
-    async def complete(self, prompt: str | list[int], max_tokens: int) -> str:
+    async def complete(self, prompt: str | list[int], max_tokens: int) -> Completion:
         request = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
 
-        async def attempt() -> str:
+        async def attempt() -> Completion:
             body = await self._request_json("POST", "/v1/completions", request)
             try:
                 text = body["choices"][0]["text"]
             except (KeyError, IndexError, TypeError) as error:
-                raise _Transient(f"completion without choices[0].text: {str(body)[:200]}") from error
+                raise _Transient("completion without choices[0].text") from error
             if not isinstance(text, str):
                 raise _Transient("completion text is not a string")
-            return text
+            usage = body.get("usage")
+            counted = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+            return Completion(text, counted if isinstance(counted, int) else None)
 
         return await self._with_retries("POST /v1/completions", attempt)
 
@@ -161,20 +261,17 @@ class VllmClient:
 
         # Serialised once, outside the timed span: a long prompt's JSON would otherwise count as prefill.
         payload_bytes = json.dumps(request).encode()
-        headers = {"Content-Type": "application/json"}
 
         async def attempt() -> StreamTiming:
             arrivals: list[float] = []
             done = False
+            headers = self._headers()
             start = time.perf_counter()
             async with self._session.post(
                 self.base_url + "/v1/completions", data=payload_bytes, headers=headers, timeout=self._timeout
             ) as response:
                 if response.status >= 400:
-                    message = _error_message(await response.text())
-                    if response.status >= 500:
-                        raise _Transient(f"HTTP {response.status}: {message}")
-                    raise RequestRejected(f"/v1/completions at {self.base_url}: HTTP {response.status}: {message}")
+                    raise self._refused("/v1/completions", response.status, await response.text())
                 async for raw in response.content:
                     line = raw.strip()
                     if not line.startswith(b"data:"):
@@ -184,10 +281,14 @@ class VllmClient:
                         done = True
                         break
                     try:
-                        text = json.loads(payload)["choices"][0]["text"]
+                        choices = json.loads(payload)["choices"]
+                        if choices and not isinstance(choices[0]["text"], str):
+                            raise TypeError("text is not a string")
                     except (json.JSONDecodeError, KeyError, IndexError, TypeError) as error:
-                        raise _Transient(f"malformed stream chunk: {payload[:200]!r}") from error
-                    if text:
+                        raise _Transient("malformed stream chunk") from error
+                    # vLLM sends a chunk per generated token, with empty text while a token ends inside a character
+                    # (byte-level BPE); a chunk without choices carries only the usage.
+                    if choices:
                         arrivals.append(time.perf_counter() - start)
             if not done or len(arrivals) < 2:
                 raise _Transient("the stream ended without [DONE] or with fewer than two tokens")

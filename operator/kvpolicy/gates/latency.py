@@ -8,15 +8,19 @@ at any workload length is a Breach.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import numpy as np
 
-from kvpolicy.gates.client import EndpointUnavailable, RequestRejected, VllmClient
+from kvpolicy.api.v1alpha1 import LatencyGate, parse_decimal
+from kvpolicy.credentials import CredentialsError, CredentialsSource
+from kvpolicy.gates.client import GateError, VllmClient, open_session
 from kvpolicy.gates.niah import FILLER
-from kvpolicy.gates.report import GateError
+
+# The CRD's ratio limits are the probe's defaults: one source.
+CRD_DEFAULTS = LatencyGate()
 
 
 @dataclass(frozen=True)
@@ -28,11 +32,21 @@ class LatencyOptions:
     requests_per_length: int = 3
     output_tokens: int = 128
     workload_lengths: tuple[int, ...] = ()
-    ttft_max_ratio: float = 1.25
-    itl_max_ratio: float = 1.05
+    ttft_max_ratio: float = parse_decimal(CRD_DEFAULTS.ttft_max_ratio)
+    itl_max_ratio: float = parse_decimal(CRD_DEFAULTS.itl_max_ratio)
     time_scale: float = 1.0
-    timeout_s: float = 600.0
+    request_timeout_seconds: float = 600.0
     retry_delays_s: tuple[float, ...] = (0.2, 0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class LatencyProgress:
+    """One measured request (for a person watching `kvpolicy gate`)."""
+
+    side: str
+    measurement: Measurement
+    done: int
+    total: int
 
 
 @dataclass(frozen=True)
@@ -91,12 +105,12 @@ def validate(options: LatencyOptions) -> None:
         raise ValueError("--lengths and --workload-lengths must be positive")
     if options.requests_per_length < 1 or options.output_tokens < 2:
         raise ValueError("--requests-per-length must be >= 1 and --output-tokens >= 2 (ITL needs two tokens)")
-    if options.time_scale <= 0 or options.timeout_s <= 0:
-        raise ValueError("--time-scale and --timeout-seconds must be positive")
+    if options.time_scale <= 0 or options.request_timeout_seconds <= 0:
+        raise ValueError("--time-scale and --request-timeout-seconds must be positive")
 
 
 async def _filler_ids(client: VllmClient) -> list[int]:
-    ids = await client.tokenize(" " + FILLER)
+    ids = await client.tokenize(" " + FILLER, add_special_tokens=False)
     if not ids:
         raise GateError("MalformedResponse", f"{client.base_url} tokenized the filler to nothing")
     return ids
@@ -115,21 +129,39 @@ async def _prepare(client: VllmClient, options: LatencyOptions) -> list[int]:
     return await _filler_ids(client)
 
 
-async def _measure(clients: list[VllmClient], options: LatencyOptions) -> list[list[Measurement]]:
+LEAD_TOKENS = 3
+
+
+def probe_prompt(filler: list[int], length: int, serial: int) -> list[int]:
+    """`length` tokens of repeated filler behind a lead of LEAD_TOKENS ids that differs for each `serial` (the
+    filler's distinct ids counted in base N): prompts share no first cache block, so none reuses another's prefill."""
+    digits = sorted(set(filler))
+    lead = []
+    for _ in range(LEAD_TOKENS):
+        serial, digit = divmod(serial, len(digits))
+        lead.append(digits[digit])
+    repeats = -(-length // len(filler))
+    return (lead + filler * repeats)[:length]
+
+
+async def _measure(
+    clients: list[VllmClient], options: LatencyOptions, on_progress: Callable[[LatencyProgress], None]
+) -> list[list[Measurement]]:
     """One request at a time, alternating between the endpoints so both see the same conditions (and neither
-    client's work delays the other's token timestamps). Each prompt starts at a different filler offset so no
-    prefix cache can help."""
+    client's work delays the other's token timestamps). Every prompt starts differently (`probe_prompt`), so no
+    prefix cache can help: not the previous length's prompt, nor the other side's when both share a server."""
     fillers = await asyncio.gather(*(_prepare(client, options) for client in clients))
     measurements: list[list[Measurement]] = [[] for _ in clients]
     scale = 1000 / options.time_scale
+    total = len(options.lengths) * options.requests_per_length * len(clients)
+    done = 0
     for length in options.lengths:
-        for request in range(options.requests_per_length):
-            for client, filler, runs in zip(clients, fillers, measurements, strict=True):
-                offset = request % len(filler)
-                repeats = -(-(length + offset) // len(filler))
-                prompt = (filler * repeats)[offset : offset + length]
-                timing = await client.stream_timing(prompt, options.output_tokens)
+        for _ in range(options.requests_per_length):
+            for side, client, filler, runs in zip(SIDES, clients, fillers, measurements, strict=True):
+                timing = await client.stream_timing(probe_prompt(filler, length, done), options.output_tokens)
                 runs.append(Measurement(length, timing.ttft_s * scale, timing.itl_s * scale))
+                done += 1
+                on_progress(LatencyProgress(side, runs[-1], done, total))
     return measurements
 
 
@@ -175,19 +207,26 @@ def _inconclusive(options: LatencyOptions, reason: str, message: str) -> dict[st
     }
 
 
-async def run_latency_probe(options: LatencyOptions) -> dict[str, Any]:
-    """Probe both sides at concurrency 1; endpoint trouble gives Inconclusive."""
-    async with aiohttp.ClientSession() as session:
+SIDES = ("canary", "baseline")
+
+
+async def run_latency_probe(
+    options: LatencyOptions,
+    credentials: CredentialsSource | None = None,
+    on_progress: Callable[[LatencyProgress], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Probe both sides at concurrency 1; endpoint or credential trouble gives Inconclusive."""
+    try:
+        opened = credentials.open() if credentials is not None else None
+    except CredentialsError as error:
+        return _inconclusive(options, "CredentialsUnreadable", str(error))
+    async with open_session(opened) as session:
         clients = [
-            VllmClient(session, url, options.model, options.timeout_s, options.retry_delays_s)
+            VllmClient(session, url, options.model, options.request_timeout_seconds, options.retry_delays_s, opened)
             for url in (options.canary, options.baseline)
         ]
         try:
-            canary_runs, baseline_runs = await _measure(clients, options)
+            canary_runs, baseline_runs = await _measure(clients, options, on_progress)
         except GateError as error:
             return _inconclusive(options, error.reason, str(error))
-        except EndpointUnavailable as error:
-            return _inconclusive(options, "EndpointUnavailable", str(error))
-        except RequestRejected as error:
-            return _inconclusive(options, "RequestRejected", str(error))
     return _evaluate(options, fit_measurements(canary_runs), fit_measurements(baseline_runs))

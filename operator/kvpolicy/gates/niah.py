@@ -3,14 +3,20 @@
 The haystack is RULER's "noise" filler; needles follow RULER's niah template ("One of the special magic numbers for
 KEY is: VALUE."). Several distinct keys are hidden (niah_multikey) and the question asks for a few of them at once
 (as niah_multiquery does), so one long prompt yields several scored needles; scoring is RULER's string_match_all.
+
+The gate builds prompts in token space (`PromptPieces`, `assemble`): each piece is tokenized once by the server, the
+haystack is made of whole filler sentences and cut to fit, and the token ids are sent as the prompt. The length is
+exact by construction, for any tokenizer, and no needle is ever cut. `render` gives the same prompt as text.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -25,8 +31,14 @@ QUESTION = (
     "\nWhat are all the special magic numbers for {keys} mentioned in the provided text? "
     "The special magic numbers for {keys} mentioned in the provided text are"
 )
-NEEDLE_PATTERN = re.compile(r"One of the special magic numbers for ([a-z]+-[a-z]+) is: (\d+)\.")
-QUESTION_PATTERN = re.compile(r"What are all the special magic numbers for (.+?) mentioned in the provided text\?")
+# Decoded token ids may differ from the text in case and in spaces around punctuation (WordPiece gives "rustic -
+# glacier is : 42"): the patterns allow both.
+NEEDLE_PATTERN = re.compile(r"one of the special magic numbers for ([a-z]+)\s*-\s*([a-z]+)\s+is\s*:\s*(\d+)", re.I)
+QUESTION_PATTERN = re.compile(
+    r"what are all the special magic numbers for (.+?) mentioned in the provided text\s*\?", re.I | re.S
+)
+
+T = TypeVar("T")
 
 _ADJECTIVES = (
     "amber", "brave", "calm", "dusty", "eager", "faint", "gentle", "hollow", "icy", "jolly", "keen", "lively",
@@ -94,32 +106,35 @@ def _sentence_ends(filler_pieces: int) -> npt.NDArray[np.int64]:
     return ends[ends <= filler_pieces]
 
 
+def _insert_nearest(haystack: Sequence[T], ends: Sequence[int], items: Iterable[tuple[float, Sequence[T]]]) -> list[T]:
+    """`haystack` with each item inserted whole at the offset in `ends` nearest its target (the earlier one on a
+    tie); items at one offset keep their order."""
+    offsets = np.asarray(ends)
+    inserts: dict[int, list[T]] = {}
+    for target, item in items:
+        nearest = int(offsets[np.argmin(np.abs(offsets - target))])
+        inserts.setdefault(nearest, []).extend(item)
+    joined: list[T] = []
+    previous = 0
+    for offset in sorted(inserts):
+        joined += haystack[previous:offset]
+        joined += inserts[offset]
+        previous = offset
+    joined += haystack[previous:]
+    return joined
+
+
 def render(sample: NiahSample, filler_pieces: int) -> str:
     """The prompt text with `filler_pieces` pieces of haystack and the needles inserted at their depths.
 
     Needles go in at the sentence end nearest their depth, so the filler stays grammatical around them.
     """
-    haystack = _haystack(filler_pieces)
-    ends = _sentence_ends(filler_pieces)
-    if not len(ends):
-        ends = np.array([filler_pieces])
-    inserts: dict[int, list[str]] = {}
-    for needle, depth in zip(sample.needles, sample.depths, strict=True):
-        target = depth * filler_pieces
-        right = min(int(np.searchsorted(ends, target)), len(ends) - 1)
-        left = max(right - 1, 0)
-        position = int(ends[left] if abs(ends[left] - target) <= abs(ends[right] - target) else ends[right])
-        inserts.setdefault(position, []).append(" " + NEEDLE.format(key=needle.key, value=needle.value))
-    parts: list[str] = [HEADER]
-    previous = 0
-    for position in sorted(inserts):
-        parts += haystack[previous:position]
-        parts += inserts[position]
-        previous = position
-    parts += haystack[previous:]
-    keys = ", ".join(needle.key for needle in sample.asked)
-    parts.append(QUESTION.format(keys=keys))
-    return "".join(parts)
+    ends: list[int] = _sentence_ends(filler_pieces).tolist() or [filler_pieces]
+    needles = [
+        (depth * filler_pieces, [needle_text(needle)])
+        for needle, depth in zip(sample.needles, sample.depths, strict=True)
+    ]
+    return "".join([HEADER, *_insert_nearest(_haystack(filler_pieces), ends, needles), question_text(sample)])
 
 
 def string_match_all(output: str, expected: tuple[str, ...]) -> float:
@@ -137,7 +152,87 @@ def matches_per_needle(output: str, expected: tuple[str, ...]) -> tuple[bool, ..
 
 def parse_prompt(prompt: str) -> tuple[dict[str, str], tuple[str, ...]]:
     """Needles present in a prompt (key -> value) and the keys its question asks for (empty if it asks none)."""
-    needles = dict(NEEDLE_PATTERN.findall(prompt))
+    needles = {f"{first}-{second}".lower(): value for first, second, value in NEEDLE_PATTERN.findall(prompt)}
     question = QUESTION_PATTERN.search(prompt)
-    asked = tuple(key.strip() for key in question.group(1).split(",")) if question else ()
+    keys = question.group(1).split(",") if question else []
+    asked = tuple(re.sub(r"\s*-\s*", "-", key.strip()).lower() for key in keys)
     return needles, asked
+
+
+def needle_text(needle: Needle) -> str:
+    """A needle as it stands in the haystack: after a sentence, with its leading space."""
+    return " " + NEEDLE.format(key=needle.key, value=needle.value)
+
+
+def question_text(sample: NiahSample) -> str:
+    return QUESTION.format(keys=", ".join(needle.key for needle in sample.asked))
+
+
+def filler_sentences() -> tuple[str, ...]:
+    """The filler's sentences, each with its leading space (the haystack repeats them in order)."""
+    return tuple(re.findall(r" [^.]+\.", " " + FILLER))
+
+
+TokenIds = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PromptPieces:
+    """The token ids of one sample's prompt pieces, each tokenized on its own by the server's tokenizer.
+
+    `prefix` and `suffix` are the special tokens the server puts around a text prompt (a BOS; BERT's [CLS] and [SEP];
+    T5's </s>), so a prompt sent as ids reads as the same prompt sent as text would.
+    """
+
+    prefix: TokenIds
+    suffix: TokenIds
+    header: TokenIds
+    sentences: tuple[TokenIds, ...]
+    needles: tuple[TokenIds, ...]
+    question: TokenIds
+
+    def __post_init__(self) -> None:
+        if not self.sentences or not all(self.sentences):
+            raise ValueError("every filler sentence must tokenize to at least one token")
+        if not all(self.needles):
+            raise ValueError("every needle must tokenize to at least one token")
+
+    @property
+    def fixed_tokens(self) -> int:
+        """Tokens of everything but the haystack: the shortest prompt these pieces can make."""
+        pieces = (self.prefix, self.suffix, self.header, self.question, *self.needles)
+        return sum(len(piece) for piece in pieces)
+
+
+def _token_haystack(sentences: tuple[TokenIds, ...], budget: int) -> tuple[list[int], list[int]]:
+    """`budget` tokens of the repeated sentences (the last one cut to fit), and the offsets after each whole one.
+
+    Every pass of the loop adds a whole non-empty sentence or ends it, so it runs at most `budget` times."""
+    haystack: list[int] = []
+    ends = [0]
+    index = 0
+    while len(haystack) < budget:
+        sentence = sentences[index % len(sentences)]
+        room = budget - len(haystack)
+        haystack += sentence[:room]
+        if len(sentence) <= room:
+            ends.append(len(haystack))
+        index += 1
+    if ends[-1] != budget:
+        ends.append(budget)
+    return haystack, ends
+
+
+def assemble(pieces: PromptPieces, depths: tuple[float, ...], length: int) -> list[int]:
+    """A prompt of exactly `length` tokens: prefix, header, haystack with each needle whole at the sentence end
+    nearest its depth, question, suffix. ValueError when the fixed pieces alone take `length` tokens or more."""
+    if len(depths) != len(pieces.needles):
+        raise ValueError(f"{len(depths)} depths for {len(pieces.needles)} needles")
+    budget = length - pieces.fixed_tokens
+    if budget < 0:
+        raise ValueError(f"the prompt's header, needles and question alone take {pieces.fixed_tokens} tokens")
+    haystack, ends = _token_haystack(pieces.sentences, budget)
+    needles = [(depth * budget, needle) for needle, depth in zip(pieces.needles, depths, strict=True)]
+    tokens = [*pieces.prefix, *pieces.header, *_insert_nearest(haystack, ends, needles)]
+    tokens += [*pieces.question, *pieces.suffix]
+    return tokens

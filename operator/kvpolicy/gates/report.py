@@ -58,14 +58,6 @@ class GateReport(BaseModel):
         return cls(verdict=GateVerdict.INCONCLUSIVE, reason=reason, message=message)
 
 
-class GateError(Exception):
-    """Ends a gate as Inconclusive with a reason code."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
 def render(report: GateReport) -> str:
     """Compact JSON within the termination-log limit: shorten the message if needed."""
     document = report.model_dump(mode="json", by_alias=True, exclude_unset=True)
