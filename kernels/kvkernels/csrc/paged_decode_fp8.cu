@@ -5,8 +5,8 @@
 // every lane loads 16-byte vectors straight into the registers of its own mma fragments, so no layout conversion and
 // no barrier is needed:
 //   * Q·K^T: the contraction runs over head_dim, whose order is free as long as q and k use the same one. Lane
-//     (row r, quad position j) takes bytes [KB*j, KB*j + KB) of its token's key row (KB = HEAD_DIM/4) and uses bytes
-//     4s..4s+3 of them as its k-elements of mma step s; q is read with the same permutation.
+//     (row r, quad position j) takes the 16-byte pieces at 64h + 16j (h < HEAD_DIM/64) of its token's key row and
+//     uses their 4-byte word s as its k-elements of mma step s; q is read with the same permutation.
 //   * P·V: P comes straight from the Q·K^T accumulators (the usual register reuse). The output columns are the mma
 //     n dimension, whose order is free too: lane (r, j) owns head_dim bytes [VB*r, VB*r + VB) (VB = HEAD_DIM/8) of
 //     the four tokens its B fragments need, and one byte permute pairs two tokens for the e4m3x2 -> f16x2 convert.
@@ -131,26 +131,35 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_decode_fp8_mma(
                 break;
             }
             const bool ok = row < group;
-            const u32* src = (const u32*)(q + seq * s_qs + (long long)(kv_head * group + row) * s_qh + KB * j);
+            const u8* src = q + seq * s_qs + (long long)(kv_head * group + row) * s_qh + 16 * j;
 #pragma unroll
             for (int s = 0; s < K_STEPS; ++s) {
-                const u32 word = ok ? src[s] : 0u;
+                const u32 word = ok ? *(const u32*)(src + 64 * (s / 4) + 4 * (s % 4)) : 0u;
                 qa[s][half] = e4m3x2_lo_to_f16x2(word);
                 qa[s][half + 2] = e4m3x2_hi_to_f16x2(word);
             }
         }
     }
 
-    // Issues the copies of one tile into its stage; each lane copies only what it will read.
-    auto issue = [&](int tile) {
+    // The pages of a tile's 16-token chunks, read one loop iteration before the copies that need them.
+    auto load_pages = [&](int tile, int (&pages)[K_CHUNKS]) {
+#pragma unroll
+        for (int c = 0; c < K_CHUNKS; ++c) {
+            const int index = (start + tile * TILE + 16 * c) / PAGE_SIZE;
+            pages[c] = table[index < last_page ? index : last_page];
+        }
+    };
+    // Issues the copies of one tile into its stage; each lane copies only what it will read. A key row's 16-byte
+    // pieces go to lanes j = 0..3 of a quad at offsets 64h + 16j, so each copy instruction reads whole sectors.
+    auto issue = [&](int tile, const int (&pages)[K_CHUNKS]) {
         const int tile_start = start + tile * TILE;
         const u32 base = smem_warp + (u32)((tile % STAGES) * UNITS * 512);
 #pragma unroll
         for (int c = 0; c < K_CHUNKS; ++c) {
             const int chunk = tile_start + 16 * c;
-            const long long page = table[chunk / PAGE_SIZE < last_page ? chunk / PAGE_SIZE : last_page];
+            const long long page = pages[c];
             const long long slot0 = chunk % PAGE_SIZE;
-            const u8* k_page = k_head + page * s_kb + slot0 * s_kt + KB * j;
+            const u8* k_page = k_head + page * s_kb + slot0 * s_kt + 16 * j;
             const u8* v_page = v_head + page * s_vb + slot0 * s_vt + VB * r;
 #pragma unroll
             for (int half = 0; half < 2; ++half) {  // key n-blocks 2c, 2c + 1: token 8 * half + r of the chunk
@@ -158,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_decode_fp8_mma(
 #pragma unroll
                 for (int h = 0; h < KB / 16; ++h) {
                     const int unit = (2 * c + half) * (KB / 16) + h;
-                    copy16(base + unit * 512, k_page + tok * s_kt + 16 * h, chunk + tok < end);
+                    copy16(base + unit * 512, k_page + tok * s_kt + 64 * h, chunk + tok < end);
                 }
             }
 #pragma unroll
@@ -178,14 +187,20 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_decode_fp8_mma(
     for (int b = 0; b < VB; ++b) out[b][0] = out[b][1] = out[b][2] = out[b][3] = 0.f;
     float m_run[2] = {-NEG_INF, -NEG_INF}, l_run[2] = {0.f, 0.f};  // per lane: rows r, r + 8
 
+    int pages[K_CHUNKS];
 #pragma unroll
     for (int p = 0; p < STAGES - 1; ++p) {
-        if (p < num_tiles) issue(p);
+        if (p < num_tiles) {
+            load_pages(p, pages);
+            issue(p, pages);
+        }
         commit();
     }
+    load_pages(STAGES - 1, pages);
     for (int tile = 0; tile < num_tiles; ++tile) {
-        if (tile + STAGES - 1 < num_tiles) issue(tile + STAGES - 1);
+        if (tile + STAGES - 1 < num_tiles) issue(tile + STAGES - 1, pages);
         commit();
+        load_pages(tile + STAGES, pages);
         wait_groups<STAGES - 1>();
         const u32 base = smem_warp + (u32)((tile % STAGES) * UNITS * 512);
         const int tile_start = start + tile * TILE;

@@ -1,0 +1,191 @@
+"""Diagnostics for the CUDA decode kernel on a GPU: its per-warp partials against float64, and where its time goes.
+
+    PYTHONPATH=kernels python kernels/bench/decode_mma_probe.py
+
+1. Partials: for small cases, every warp's (running max, running sum, unnormalised output) is compared with the same
+   quantities computed in float64 from the definition, so a wrong index shows up as the first mismatching part/row.
+2. Time split: the kernel at 131,072 tokens as built, and two variants of its source with stages left out (copies
+   only; copies and Q·K^T without P·V), timed the same way: the differences say where the time goes.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from functools import partial
+
+import torch
+import triton
+from kvkernels import _decode_mma
+from kvkernels._cuda_runtime import compile_cubin, load_kernel
+from kvkernels.decode import MmaDecodeConfig, PagedKVCache, _mma_partials, paged_decode
+from kvkernels.modes import AccumulationMode
+from kvkernels.prefill import LOG2_E
+from kvkernels.quant import FP8_DTYPE
+
+PAGE, D = 16, 128
+
+
+def _cache(seqs: int, hk: int, length: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    pages = -(-length // PAGE)
+    shape = (seqs * pages, PAGE, hk, D)
+    kc = torch.randn(shape, device="cuda", generator=gen).to(FP8_DTYPE)
+    vc = (torch.randn(shape, device="cuda", generator=gen) + 1.0).to(FP8_DTYPE)
+    table = torch.randperm(seqs * pages, device="cuda", generator=gen).to(torch.int32).view(seqs, pages)
+    return kc, vc, table
+
+
+def expected_partials(q, kc, vc, table, lens, group, parts_per_seq, tokens_per_part, qk_scale):  # type: ignore[no-untyped-def]
+    seqs, heads, _ = q.shape
+    hk = kc.shape[2]
+    acc = torch.zeros(seqs, heads, parts_per_seq, D, dtype=torch.float64, device="cuda")
+    m = torch.full((seqs, heads, parts_per_seq), -math.inf, dtype=torch.float64, device="cuda")
+    s_sum = torch.zeros_like(m)
+    for seq in range(seqs):
+        n = int(lens[seq])
+        pages = table[seq, : -(-n // PAGE)].long()
+        k = kc[pages].reshape(-1, hk, D)[:n].double()
+        v = vc[pages].reshape(-1, hk, D)[:n].double()
+        for part in range(parts_per_seq):
+            lo, hi = part * tokens_per_part, min(n, (part + 1) * tokens_per_part)
+            if hi <= lo:
+                continue
+            for head in range(heads):
+                kv = head // group
+                s = (k[lo:hi, kv] @ q[seq, head].double()) * qk_scale
+                m[seq, head, part] = s.max()
+                p = torch.exp2(s - s.max())
+                s_sum[seq, head, part] = p.sum()
+                acc[seq, head, part] = p @ v[lo:hi, kv]
+    return acc, m, s_sum
+
+
+def check_partials(
+    label: str, seqs: int, hk: int, group: int, lengths: list[int], cfg: MmaDecodeConfig, splits: int
+) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(len(label))
+    kc, vc, table = _cache(seqs, hk, max(lengths), gen)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q = torch.randn(seqs, hk * group, D, device="cuda", generator=gen).to(FP8_DTYPE)
+    qk_scale = LOG2_E / math.sqrt(D)
+    cache = PagedKVCache(kc, vc, table, lens)
+    acc, m, l_sum = _mma_partials(q, cache, max(lengths), AccumulationMode.TWO_LEVEL, qk_scale, splits, cfg)
+    torch.cuda.synchronize()
+    step = cfg.tile * cfg.warps
+    tokens_per_split = -(-max(lengths) // (splits * step)) * step
+    e_acc, e_m, e_l = expected_partials(
+        q, kc, vc, table, lens, group, splits * cfg.warps, tokens_per_split // cfg.warps, qk_scale
+    )
+    nan = int(torch.isnan(acc).sum() + torch.isnan(m).sum() + torch.isnan(l_sum).sum())
+    dm = (m.double() - e_m).nan_to_num(0.0, 0.0, 0.0).abs().max().item()
+    finite = torch.isfinite(e_m)
+    dl = ((l_sum.double() - e_l).abs() / e_l.clamp_min(1e-30))[finite].max().item() if finite.any() else 0.0
+    da = ((acc.double() - e_acc).norm(dim=-1) / e_acc.norm(dim=-1).clamp_min(1e-30))[finite].max().item()
+    print(f"{label}: NaN {nan}; max |dm| {dm:.2e}; max rel dl {dl:.2e}; max rel dacc {da:.2e}", flush=True)
+    if nan or dm > 1e-3 or dl > 1e-2 or da > 1e-2:
+        bad = (~torch.isclose(m.double(), e_m, atol=1e-3)).nonzero()[:6].tolist()
+        print(f"  first bad (seq, head, part) by m: {bad}")
+        s, h, p = bad[0] if bad else (0, 0, 0)
+        print(f"  m {m[s, h].tolist()} expected {e_m[s, h].tolist()}")
+        print(f"  l {l_sum[s, h].tolist()} expected {e_l[s, h].tolist()}")
+        print(f"  acc[:8] {acc[s, h, p, :8].tolist()}\n  expected {e_acc[s, h, p, :8].tolist()}")
+
+
+ECHO_SOURCE = r"""
+extern "C" __global__ void paged_decode_fp8_mma(
+    const unsigned char* q, const unsigned char* k_cache, const unsigned char* v_cache, const int* block_table,
+    const int* seq_lens, float* part_acc, float* part_max, float* part_sum, float qk_scale, int group,
+    int tokens_per_split, long long s_qs, long long s_qh, long long s_kb, long long s_kt, long long s_kh,
+    long long s_vb, long long s_vt, long long s_vh, long long s_bt, long long s_as, long long s_ah, long long s_ap,
+    long long s_ms, long long s_mh) {
+    if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
+        const long long ints[16] = {group, tokens_per_split, s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt,
+                                    s_as, s_ah, s_ap, s_ms, s_mh};
+        for (int i = 0; i < 16; ++i) part_acc[i] = (float)ints[i];
+        part_acc[16] = qk_scale;
+        part_acc[17] = (float)seq_lens[0];
+        part_acc[18] = (float)block_table[0];
+        part_acc[19] = (float)q[0];
+        part_acc[20] = (float)k_cache[0];
+        part_acc[21] = (float)v_cache[0];
+        part_max[0] = 1.f;
+        part_sum[0] = 2.f;
+    }
+}
+"""
+
+
+def check_arguments() -> None:
+    """A kernel with the same signature echoes what it receives: the ctypes launch path, checked alone."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    kc, vc, table = _cache(2, 2, 64, gen)
+    lens = torch.tensor([64, 33], dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 8, D, device="cuda", generator=gen).to(FP8_DTYPE)
+    cubin = compile_cubin(ECHO_SOURCE, "echo.cu", 90, {})
+    kernel = load_kernel(cubin, _decode_mma.FUNCTION_NAME, q.device, _decode_mma.SIGNATURE, 0)
+    acc = torch.zeros(2, 8, 4, D, device="cuda")
+    m = torch.zeros(2, 8, 4, device="cuda")
+    l_sum = torch.zeros_like(m)
+    args = [q, kc, vc, table, lens, acc, m, l_sum, 0.125, 4, 96, *q.stride()[:2], *kc.stride()[:3], *vc.stride()[:3],
+            table.stride(0), *acc.stride()[:3], *m.stride()[:2]]  # fmt: skip
+    kernel.launch((1, 1, 1), 32, torch.cuda.current_stream().cuda_stream, args)
+    torch.cuda.synchronize()
+    got = acc.flatten()[:22].tolist()
+    want = [4, 96, *q.stride()[:2], *kc.stride()[:3], *vc.stride()[:3], table.stride(0), *acc.stride()[:3],
+            *m.stride()[:2], 0.125, 64, int(table[0, 0]), float(q.view(torch.uint8)[0, 0, 0]),
+            float(kc.view(torch.uint8).flatten()[0]), float(vc.view(torch.uint8).flatten()[0])]  # fmt: skip
+    print(f"arguments echoed: {'ok' if got == [float(w) for w in want] else 'MISMATCH'}\n  got  {got}\n  want {want}")
+    print(f"  part_max[0] {m.flatten()[0].item()} part_sum[0] {l_sum.flatten()[0].item()}", flush=True)
+
+
+def _variant(source: str, cut: str) -> str:
+    """The kernel source with one stage replaced by nothing (markers are comments already in the source)."""
+    if cut == "copies-only":
+        start = source.index("        // S = Q·K^T for TILE tokens")
+        end = source.index("    wait_groups<0>();")
+        return source[:start] + "        l_run[0] += 1.f;\n    }\n" + source[end:]
+    if cut == "no-pv":
+        start = source.index("        // P·V, two-level")
+        end = source.index("    wait_groups<0>();")
+        return source[:start] + "        out[0][0] += pa[0][0];\n    }\n" + source[end:]
+    return source
+
+
+def time_split(length: int = 131072, seqs: int = 16, hk: int = 8, group: int = 4) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    kc, vc, table = _cache(seqs, hk, length, gen)
+    lens = torch.full((seqs,), length, dtype=torch.int32, device="cuda")
+    q = torch.randn(seqs, hk * group, D, device="cuda", generator=gen).to(FP8_DTYPE)
+    cache = PagedKVCache(kc, vc, table, lens)
+    kv_bytes = 2 * seqs * length * hk * D
+    for cfg in (MmaDecodeConfig(), MmaDecodeConfig(tile=32, stages=4, warps=2, blocks_per_multiprocessor=8)):
+        key_consts = _decode_mma.defines(cfg, D, PAGE, group)
+        for cut in ("as-built", "copies-only", "no-pv"):
+            cubin = compile_cubin(_variant(_decode_mma.source(), cut), "v.cu", 90, key_consts)
+            kernel = load_kernel(cubin, _decode_mma.FUNCTION_NAME, q.device, _decode_mma.SIGNATURE, cfg.shared_bytes(D))
+            index = torch.cuda.current_device()
+            _decode_mma._kernels[(index, tuple(sorted(key_consts.items())), cfg)] = kernel
+            ms = triton.testing.do_bench(
+                partial(paged_decode, q, cache, max_seq_len=length, config=cfg),
+                warmup=25,
+                rep=200,
+                return_mode="median",
+            )
+            print(f"{cfg} {cut}: {ms * 1e3:.0f} us, {kv_bytes / ms / 1e6:.0f} GB/s", flush=True)
+        _decode_mma._kernels.clear()
+
+
+def main() -> None:
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    check_arguments()
+    check_partials("1 seq, 1 tile, 1 warp", 1, 1, 4, [32], MmaDecodeConfig(tile=32, stages=2, warps=1), 1)
+    check_partials("1 seq, 3 tiles, 1 warp", 1, 1, 4, [96], MmaDecodeConfig(tile=32, stages=2, warps=1), 1)
+    check_partials("masked tail", 1, 1, 4, [77], MmaDecodeConfig(tile=32, stages=3, warps=1), 1)
+    check_partials("2 seqs, 2 kv heads, 4 warps, 2 splits", 2, 2, 4, [1000, 517], MmaDecodeConfig(), 2)
+    check_partials("group 12", 2, 2, 12, [300, 64], MmaDecodeConfig(), 1)
+    if "--no-time" not in sys.argv:
+        time_split()
+
+
+if __name__ == "__main__":
+    main()
