@@ -68,12 +68,12 @@ DECODE_CONFIGS = [
 # FP8 caches: products in FP8 (mma.sync on converted operands), or keys and/or values converted to bf16 first.
 UPCASTS = ((False, False), (False, True), (True, True))
 DECODE_SPLIT_TARGETS = (4, 8, 16)  # programs per multiprocessor
-# The CUDA kernel: (tokens per step, copy stages, warps per block, blocks aimed for per multiprocessor).
+# The CUDA kernel: (tokens per step, copy stages, KV heads per block, warps per KV head, blocks aimed for per SM).
 MMA_CONFIGS = [
     MmaDecodeConfig(*shape)
-    for shape in ((32, 3, 4, 2), (32, 3, 4, 4), (32, 3, 4, 8), (32, 4, 4, 4), (32, 2, 4, 4), (16, 4, 4, 4),
-                  (16, 6, 4, 4), (64, 2, 4, 4), (64, 3, 4, 4), (32, 3, 2, 8), (32, 4, 2, 8), (32, 3, 8, 2),
-                  (16, 4, 8, 2), (32, 3, 1, 16), (32, 4, 1, 16), (64, 2, 2, 8))
+    for shape in ((32, 3, 8, 1, 1), (32, 3, 8, 1, 2), (16, 4, 8, 1, 2), (16, 6, 8, 1, 1), (32, 2, 8, 1, 2),
+                  (16, 3, 8, 1, 4), (16, 2, 8, 1, 4), (32, 3, 4, 1, 4), (16, 4, 4, 2, 2), (32, 3, 2, 2, 8),
+                  (16, 5, 8, 1, 2), (32, 3, 1, 4, 4), (32, 4, 1, 2, 8), (32, 4, 8, 1, 1))
 ]  # fmt: skip
 SHARED_LIMIT = 227 * 1024
 
@@ -293,7 +293,7 @@ def _sweep_mma(q: torch.Tensor, cache: PagedKVCache, length: int) -> dict[str, f
     """µs of each CUDA-kernel launch shape at one length ({} entries for shapes that do not fit or fail)."""
     timings: dict[str, float] = {}
     for cfg in MMA_CONFIGS:
-        if cfg.shared_bytes(DECODE_D) > SHARED_LIMIT:
+        if cfg.shared_bytes(DECODE_D, DECODE_HK) > SHARED_LIMIT:
             continue
         try:
             ms = bench_ms(partial(paged_decode, q, cache, max_seq_len=length, config=cfg), rep=100)

@@ -71,10 +71,10 @@ def check_partials(
     cache = PagedKVCache(kc, vc, table, lens)
     acc, m, l_sum = _mma_partials(q, cache, max(lengths), AccumulationMode.TWO_LEVEL, qk_scale, splits, cfg)
     torch.cuda.synchronize()
-    step = cfg.tile * cfg.warps
+    step = cfg.tile * cfg.warps_per_head
     tokens_per_split = -(-max(lengths) // (splits * step)) * step
     e_acc, e_m, e_l = expected_partials(
-        q, kc, vc, table, lens, group, splits * cfg.warps, tokens_per_split // cfg.warps, qk_scale
+        q, kc, vc, table, lens, group, splits * cfg.warps_per_head, tokens_per_split // cfg.warps_per_head, qk_scale
     )
     nan = int(torch.isnan(acc).sum() + torch.isnan(m).sum() + torch.isnan(l_sum).sum())
     dm = (m.double() - e_m).nan_to_num(0.0, 0.0, 0.0).abs().max().item()
@@ -158,13 +158,19 @@ def time_split(length: int = 131072, seqs: int = 16, hk: int = 8, group: int = 4
     q = torch.randn(seqs, hk * group, D, device="cuda", generator=gen).to(FP8_DTYPE)
     cache = PagedKVCache(kc, vc, table, lens)
     kv_bytes = 2 * seqs * length * hk * D
-    for cfg in (MmaDecodeConfig(), MmaDecodeConfig(tile=32, stages=4, warps=2, blocks_per_multiprocessor=8)):
-        key_consts = _decode_mma.defines(cfg, D, PAGE, group)
+    configs = (
+        MmaDecodeConfig(),
+        MmaDecodeConfig(tile=16, stages=4, heads_per_block=8, blocks_per_multiprocessor=2),
+        MmaDecodeConfig(tile=32, stages=4, heads_per_block=1, warps_per_head=2, blocks_per_multiprocessor=8),
+    )
+    for cfg in configs:
+        key_consts = _decode_mma.defines(cfg, D, PAGE, hk, group)
         for cut in ("as-built", "copies-only", "no-pv"):
             cubin = compile_cubin(_variant(_decode_mma.source(), cut), "v.cu", 90, key_consts)
-            kernel = load_kernel(cubin, _decode_mma.FUNCTION_NAME, q.device, _decode_mma.SIGNATURE, cfg.shared_bytes(D))
+            shared = cfg.shared_bytes(D, hk)
+            kernel = load_kernel(cubin, _decode_mma.FUNCTION_NAME, q.device, _decode_mma.SIGNATURE, shared)
             index = torch.cuda.current_device()
-            _decode_mma._kernels[(index, tuple(sorted(key_consts.items())), cfg)] = kernel
+            _decode_mma._kernels[(index, tuple(sorted(key_consts.items())))] = kernel
             ms = triton.testing.do_bench(
                 partial(paged_decode, q, cache, max_seq_len=length, config=cfg),
                 warmup=25,
@@ -178,11 +184,11 @@ def time_split(length: int = 131072, seqs: int = 16, hk: int = 8, group: int = 4
 def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     check_arguments()
-    check_partials("1 seq, 1 tile, 1 warp", 1, 1, 4, [32], MmaDecodeConfig(tile=32, stages=2, warps=1), 1)
-    check_partials("1 seq, 3 tiles, 1 warp", 1, 1, 4, [96], MmaDecodeConfig(tile=32, stages=2, warps=1), 1)
-    check_partials("masked tail", 1, 1, 4, [77], MmaDecodeConfig(tile=32, stages=3, warps=1), 1)
-    check_partials("2 seqs, 2 kv heads, 4 warps, 2 splits", 2, 2, 4, [1000, 517], MmaDecodeConfig(), 2)
-    check_partials("group 12", 2, 2, 12, [300, 64], MmaDecodeConfig(), 1)
+    check_partials("1 seq, 1 tile, 1 warp", 1, 1, 4, [32], MmaDecodeConfig(tile=32, stages=2), 1)
+    check_partials("1 seq, 3 tiles, 1 warp", 1, 1, 4, [96], MmaDecodeConfig(tile=32, stages=2), 1)
+    check_partials("masked tail", 1, 1, 4, [77], MmaDecodeConfig(tile=32, stages=3), 1)
+    check_partials("2 seqs, 2 kv heads, 2 slices, 2 splits", 2, 2, 4, [1000, 517], MmaDecodeConfig(warps_per_head=2), 2)
+    check_partials("8 kv heads, group 12", 2, 8, 12, [300, 64], MmaDecodeConfig(), 1)
     if "--no-time" not in sys.argv:
         time_split()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from dataclasses import dataclass
 from importlib import resources
@@ -26,34 +27,51 @@ SIGNATURE = (_P,) * 8 + (_F32, _I32, _I32) + (_I64,) * 14
 
 @dataclass(frozen=True)
 class MmaDecodeConfig:
-    """Launch shape of the CUDA decode kernel: tokens per pipeline step, copy stages in flight, warps per block, and
-    blocks to aim for per multiprocessor (splits follow from it). Defaults: the fastest on an H200 (BENCHMARKS.md)."""
+    """Launch shape of the CUDA decode kernel: tokens per pipeline step, copy stages in flight, KV heads per block
+    (the block's warps read the same tokens of that many heads, so a page's bytes are fetched together; the effective
+    number is the largest divisor of the model's KV heads up to this), warps per KV head (token slices), and blocks to
+    aim for per multiprocessor (splits follow from it). Defaults: the fastest on an H200 (BENCHMARKS.md)."""
 
     tile: int = 32
     stages: int = 3
-    warps: int = 4
-    blocks_per_multiprocessor: int = 4
+    heads_per_block: int = 8
+    warps_per_head: int = 1
+    blocks_per_multiprocessor: int = 2
 
-    def shared_bytes(self, head_dim: int) -> int:
+    def heads_in_block(self, kv_heads: int) -> int:
+        return math.gcd(kv_heads, self.heads_per_block)
+
+    def shared_bytes(self, head_dim: int, kv_heads: int) -> int:
         units = self.tile * head_dim // 256  # 16-byte slots per lane per stage (keys and values)
-        return self.warps * self.stages * units * BYTES_PER_UNIT_ROW
+        warps = self.heads_in_block(kv_heads) * self.warps_per_head
+        return warps * self.stages * units * BYTES_PER_UNIT_ROW
 
     def validate(self) -> None:
-        if self.tile % 16 or self.tile < 16 or self.stages < 2 or self.warps < 1 or self.blocks_per_multiprocessor < 1:
-            raise ValueError(f"invalid MmaDecodeConfig {self}: tile a multiple of 16, stages >= 2, warps >= 1")
+        if (
+            self.tile % 16
+            or self.tile < 16
+            or self.stages < 2
+            or self.heads_per_block < 1
+            or self.warps_per_head < 1
+            or self.blocks_per_multiprocessor < 1
+        ):
+            raise ValueError(
+                f"invalid MmaDecodeConfig {self}: tile a multiple of 16, stages >= 2, heads and warps >= 1"
+            )
 
 
 def source() -> str:
     return resources.files("kvkernels").joinpath("csrc", SOURCE_NAME).read_text()
 
 
-def defines(config: MmaDecodeConfig, head_dim: int, page_size: int, group: int) -> dict[str, int]:
+def defines(config: MmaDecodeConfig, head_dim: int, page_size: int, kv_heads: int, group: int) -> dict[str, int]:
     return {
         "HEAD_DIM": head_dim,
         "PAGE_SIZE": page_size,
         "TILE": config.tile,
         "STAGES": config.stages,
-        "WARPS": config.warps,
+        "HEADS_PER_BLOCK": config.heads_in_block(kv_heads),
+        "SLICES": config.warps_per_head,
         "ROWS16": int(group > MAX_GROUP // 2),
     }
 
@@ -97,21 +115,23 @@ def layout_unsupported_reason(
     return None
 
 
-_kernels: dict[tuple[int, tuple[tuple[str, int], ...], MmaDecodeConfig], CudaKernel] = {}
+_kernels: dict[tuple[int, tuple[tuple[str, int], ...]], CudaKernel] = {}
 _kernels_lock = threading.Lock()
 
 
-def kernel_for(device: torch.device, config: MmaDecodeConfig, head_dim: int, page_size: int, group: int) -> CudaKernel:
+def kernel_for(
+    device: torch.device, config: MmaDecodeConfig, head_dim: int, page_size: int, kv_heads: int, group: int
+) -> CudaKernel:
     """The compiled and loaded kernel for this shape (cached per device)."""
     config.validate()
     index = device.index if device.index is not None else torch.cuda.current_device()
-    consts = defines(config, head_dim, page_size, group)
-    key = (index, tuple(sorted(consts.items())), config)
+    consts = defines(config, head_dim, page_size, kv_heads, group)
+    key = (index, tuple(sorted(consts.items())))
     with _kernels_lock:
         if key not in _kernels:
             major, minor = torch.cuda.get_device_capability(index)
             cubin = compile_cubin(source(), SOURCE_NAME, major * 10 + minor, consts)
             _kernels[key] = load_kernel(
-                cubin, FUNCTION_NAME, torch.device("cuda", index), SIGNATURE, config.shared_bytes(head_dim)
+                cubin, FUNCTION_NAME, torch.device("cuda", index), SIGNATURE, config.shared_bytes(head_dim, kv_heads)
             )
         return _kernels[key]

@@ -160,9 +160,9 @@ def default_decode_config(
     if _decode_mma.unsupported_reason(q, cache.key_cache, cache.value_cache) is not None:
         return DecodeConfig()
     config = MmaDecodeConfig()
-    group = q.shape[1] // cache.key_cache.shape[2]
+    kv_heads = cache.key_cache.shape[2]
     try:
-        _decode_mma.kernel_for(q.device, config, q.shape[2], cache.key_cache.shape[1], group)
+        _decode_mma.kernel_for(q.device, config, q.shape[2], cache.key_cache.shape[1], kv_heads, q.shape[1] // kv_heads)
     except CudaBuildUnavailable as error:
         if not _mma_fallback_warned:
             warnings.warn(f"kvkernels: FP8 decode runs the slower Triton kernel: {error}", stacklevel=3)
@@ -198,16 +198,17 @@ def _mma_partials(
     seqs, heads, head_dim = q.shape
     page_size, kv_heads = kc.shape[1], kc.shape[2]
     group = heads // kv_heads
-    kernel = _decode_mma.kernel_for(q.device, cfg, head_dim, page_size, group)
-    tokens_per_step = cfg.tile * cfg.warps
+    kernel = _decode_mma.kernel_for(q.device, cfg, head_dim, page_size, kv_heads, group)
+    heads_in_block = cfg.heads_in_block(kv_heads)
+    tokens_per_step = cfg.tile * cfg.warps_per_head
     if num_splits is None:
         target = cfg.blocks_per_multiprocessor * _multiprocessors(q.device)
-        num_splits = choose_num_splits(seqs, kv_heads, max_seq_len, tokens_per_step, target)
+        num_splits = choose_num_splits(seqs, kv_heads // heads_in_block, max_seq_len, tokens_per_step, target)
     tokens_per_split = -(-max_seq_len // (num_splits * tokens_per_step)) * tokens_per_step
-    part_acc, part_max, part_sum = _part_buffers(q, num_splits * cfg.warps)
+    part_acc, part_max, part_sum = _part_buffers(q, num_splits * cfg.warps_per_head)
     kernel.launch(
-        (num_splits, kv_heads, seqs),
-        32 * cfg.warps,
+        (num_splits, kv_heads // heads_in_block, seqs),
+        32 * heads_in_block * cfg.warps_per_head,
         torch.cuda.current_stream(q.device).cuda_stream,
         [
             q, kc, vc, cache.block_table, cache.seq_lens, part_acc, part_max, part_sum,

@@ -57,13 +57,18 @@ def test_cpu_calls_default_to_the_triton_kernel() -> None:
 
 
 def test_launch_shape_sizes_and_validation() -> None:
-    assert MmaDecodeConfig().shared_bytes(128) == 4 * 3 * 16 * 512  # 96 KiB: two blocks fit a Hopper SM
-    assert MmaDecodeConfig(tile=16, stages=2, warps=1).shared_bytes(256) == 2 * 16 * 512
-    for bad in (MmaDecodeConfig(tile=24), MmaDecodeConfig(stages=1), MmaDecodeConfig(warps=0)):
+    # 8 KV heads, 3 stages of 32 tokens: 8 warps x 3 x 8 KiB = 192 KiB, one block per Hopper SM.
+    assert MmaDecodeConfig(tile=32, stages=3, heads_per_block=8).shared_bytes(128, kv_heads=8) == 8 * 3 * 16 * 512
+    # A model with 2 KV heads gets blocks of 2 heads; 12 KV heads, blocks of 4 (the largest divisor up to 8).
+    assert MmaDecodeConfig(heads_per_block=8).heads_in_block(2) == 2
+    assert MmaDecodeConfig(heads_per_block=8).heads_in_block(12) == 4
+    assert MmaDecodeConfig(tile=16, stages=2, heads_per_block=1).shared_bytes(256, kv_heads=8) == 2 * 16 * 512
+    for bad in (MmaDecodeConfig(tile=24), MmaDecodeConfig(stages=1), MmaDecodeConfig(warps_per_head=0)):
         with pytest.raises(ValueError, match="invalid MmaDecodeConfig"):
             bad.validate()
-    assert defines(MmaDecodeConfig(), 128, 16, 4)["ROWS16"] == 0
-    assert defines(MmaDecodeConfig(), 128, 16, 9)["ROWS16"] == 1
+    assert defines(MmaDecodeConfig(), 128, 16, 8, 4)["ROWS16"] == 0
+    assert defines(MmaDecodeConfig(), 128, 16, 8, 9)["ROWS16"] == 1
+    assert defines(MmaDecodeConfig(heads_per_block=8), 128, 16, 2, 4)["HEADS_PER_BLOCK"] == 2
 
 
 @pytest.mark.parametrize(
@@ -71,14 +76,14 @@ def test_launch_shape_sizes_and_validation() -> None:
     [
         (128, 4, MmaDecodeConfig()),
         (128, 12, MmaDecodeConfig()),
-        (128, 4, MmaDecodeConfig(tile=64, stages=2, warps=2)),
+        (128, 4, MmaDecodeConfig(tile=64, stages=2, heads_per_block=1, warps_per_head=2)),
         (256, 4, MmaDecodeConfig(tile=16)),
         (256, 16, MmaDecodeConfig(tile=16, stages=2)),
     ],
 )
 def test_nvrtc_builds_it_for_hopper(head_dim: int, group: int, config: MmaDecodeConfig) -> None:
     _nvrtc_or_skip()
-    cubin = compile_cubin(source(), "paged_decode_fp8.cu", 90, defines(config, head_dim, 16, group))
+    cubin = compile_cubin(source(), "paged_decode_fp8.cu", 90, defines(config, head_dim, 16, 8, group))
     assert cubin[:4] == b"\x7fELF"
     cuobjdump = shutil.which("cuobjdump") or str(Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump")
     if config == MmaDecodeConfig() and Path(cuobjdump).exists():

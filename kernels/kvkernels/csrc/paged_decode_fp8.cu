@@ -13,11 +13,14 @@
 // Each lane copies exactly the bytes it reads into its own slots of shared memory (cp.async, STAGES deep), so a warp
 // never waits for another. Warps are independent flash-decoding workers; each writes its own partial (unnormalised
 // output, running max in log2 units, running sum), merged by the reduce kernel.
+// The warps of a block are HEADS_PER_BLOCK KV heads x SLICES token slices: with all KV heads of a page read by one
+// block at about the same time, DRAM sees the page's contiguous bytes together instead of 128-byte rows of one head
+// spread over time (a block per KV head copied at ~2.9 TB/s on an H200, like FA3).
 // Accumulation is two-level: each tile's P·V partial starts from zero and is added to the fp32 output on the CUDA
 // cores (out = out * alpha + partial), as FA3 does for FP8.
 //
 // Compile-time constants (-D): HEAD_DIM (128 or 256), PAGE_SIZE (multiple of 16), TILE (tokens per step, multiple of
-// 16), STAGES (>= 2), WARPS, ROWS16 (1 when the GQA group has more than 8 query heads per KV head).
+// 16), STAGES (>= 2), HEADS_PER_BLOCK, SLICES, ROWS16 (1 when the GQA group has more than 8 query heads per KV head).
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -29,7 +32,7 @@ struct __align__(16) Words4 {
 struct __align__(16) Floats4 {
     float x, y, z, w;
 };
-#define NEG_INF __int_as_float(0xff800000)
+#define NEG_INF (-__int_as_float(0x7f800000))
 
 #define KB (HEAD_DIM / 4)                       // key bytes per lane per token
 #define VB (HEAD_DIM / 8)                       // value bytes per lane per token
@@ -96,7 +99,7 @@ __device__ __forceinline__ Words4 load_shared16(u32 smem) {
     return v;
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_decode_fp8_mma(
+extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) paged_decode_fp8_mma(
     const u8* __restrict__ q, const u8* __restrict__ k_cache, const u8* __restrict__ v_cache,
     const int* __restrict__ block_table, const int* __restrict__ seq_lens, float* __restrict__ part_acc,
     float* __restrict__ part_max, float* __restrict__ part_sum, float qk_scale, int group, int tokens_per_split,
@@ -105,13 +108,14 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_decode_fp8_mma(
     extern __shared__ __align__(16) u8 shared[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r = lane >> 2, j = lane & 3;
-    const int split = blockIdx.x, kv_head = blockIdx.y, seq = blockIdx.z;
+    const int slice = warp / HEADS_PER_BLOCK;
+    const int split = blockIdx.x, kv_head = blockIdx.y * HEADS_PER_BLOCK + warp % HEADS_PER_BLOCK, seq = blockIdx.z;
     const int seq_len = seq_lens[seq];
-    const int per_warp = tokens_per_split / WARPS;
-    const int start = split * tokens_per_split + warp * per_warp;
+    const int per_warp = tokens_per_split / SLICES;
+    const int start = split * tokens_per_split + slice * per_warp;
     const int end = (seq_len < start + per_warp ? seq_len : start + per_warp);
     const int num_tiles = end > start ? (end - start + TILE - 1) / TILE : 0;
-    const int part = split * WARPS + warp;
+    const int part = split * SLICES + slice;
     const int* table = block_table + seq * s_bt;
     const int last_page = seq_len > 0 ? (seq_len - 1) / PAGE_SIZE : 0;
     const u8* k_head = k_cache + kv_head * s_kh;
@@ -185,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_decode_fp8_mma(
     float out[VB][4];
 #pragma unroll
     for (int b = 0; b < VB; ++b) out[b][0] = out[b][1] = out[b][2] = out[b][3] = 0.f;
-    float m_run[2] = {-NEG_INF, -NEG_INF}, l_run[2] = {0.f, 0.f};  // per lane: rows r, r + 8
+    float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.f, 0.f};  // per lane: rows r, r + 8
 
     int pages[K_CHUNKS];
 #pragma unroll
@@ -227,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_decode_fp8_mma(
             for (int nb = 0; nb < N_BLOCKS; ++nb) {
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
-                    if (tile_start + 8 * nb + 2 * j + (c & 1) >= end) s_acc[nb][c] = -NEG_INF;
+                    if (tile_start + 8 * nb + 2 * j + (c & 1) >= end) s_acc[nb][c] = NEG_INF;
                 }
             }
         }
@@ -235,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_decode_fp8_mma(
         float alpha[2];
 #pragma unroll
         for (int half = 0; half < (ROWS16 ? 2 : 1); ++half) {
-            float mx = -NEG_INF;
+            float mx = NEG_INF;
 #pragma unroll
             for (int nb = 0; nb < N_BLOCKS; ++nb) mx = fmaxf(mx, fmaxf(s_acc[nb][2 * half], s_acc[nb][2 * half + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
