@@ -68,12 +68,14 @@ DECODE_CONFIGS = [
 # FP8 caches: products in FP8 (mma.sync on converted operands), or keys and/or values converted to bf16 first.
 UPCASTS = ((False, False), (False, True), (True, True))
 DECODE_SPLIT_TARGETS = (4, 8, 16)  # programs per multiprocessor
-# The CUDA kernel: (tokens per step, copy stages, KV heads per block, warps per KV head, blocks aimed for per SM).
+# The CUDA kernel: (tokens per step, copy stages, KV heads per block, warps per KV head, blocks aimed for per SM,
+# tiles of L2 bulk prefetch ahead, 256-byte L2 fetches).
 MMA_CONFIGS = [
     MmaDecodeConfig(*shape)
-    for shape in ((32, 3, 8, 1, 1), (32, 3, 8, 1, 2), (16, 4, 8, 1, 2), (16, 6, 8, 1, 1), (32, 2, 8, 1, 2),
-                  (16, 3, 8, 1, 4), (16, 2, 8, 1, 4), (32, 3, 4, 1, 4), (16, 4, 4, 2, 2), (32, 3, 2, 2, 8),
-                  (16, 5, 8, 1, 2), (32, 3, 1, 4, 4), (32, 4, 1, 2, 8), (32, 4, 8, 1, 1))
+    for shape in ((32, 3, 4, 1, 4), (32, 3, 2, 2, 8), (16, 2, 8, 1, 4), (16, 4, 4, 2, 2), (32, 3, 4, 1, 4, 2),
+                  (32, 3, 4, 1, 4, 4), (32, 3, 8, 1, 2, 2), (32, 3, 8, 1, 2, 4), (32, 3, 8, 1, 2, 8),
+                  (16, 2, 8, 1, 4, 4), (32, 3, 4, 1, 4, 0, True), (32, 3, 8, 1, 2, 0, True),
+                  (32, 3, 8, 1, 2, 4, True), (32, 3, 1, 4, 4), (32, 3, 4, 1, 3), (32, 3, 4, 1, 6))
 ]  # fmt: skip
 SHARED_LIMIT = 227 * 1024
 

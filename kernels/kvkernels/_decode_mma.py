@@ -30,13 +30,16 @@ class MmaDecodeConfig:
     """Launch shape of the CUDA decode kernel: tokens per pipeline step, copy stages in flight, KV heads per block
     (the block's warps read the same tokens of that many heads, so a page's bytes are fetched together; the effective
     number is the largest divisor of the model's KV heads up to this), warps per KV head (token slices), and blocks to
-    aim for per multiprocessor (splits follow from it). Defaults: the fastest on an H200 (BENCHMARKS.md)."""
+    aim for per multiprocessor (splits follow from it); optionally, tiles ahead to prefetch whole page rows into L2
+    (sm_90 bulk prefetch) and 256-byte L2 fetches for the copies. Defaults: the fastest on an H200 (BENCHMARKS.md)."""
 
     tile: int = 32
     stages: int = 3
-    heads_per_block: int = 8
+    heads_per_block: int = 4
     warps_per_head: int = 1
-    blocks_per_multiprocessor: int = 2
+    blocks_per_multiprocessor: int = 4
+    l2_prefetch_tiles: int = 0
+    l2_256b: bool = False
 
     def heads_in_block(self, kv_heads: int) -> int:
         return math.gcd(kv_heads, self.heads_per_block)
@@ -54,6 +57,7 @@ class MmaDecodeConfig:
             or self.heads_per_block < 1
             or self.warps_per_head < 1
             or self.blocks_per_multiprocessor < 1
+            or self.l2_prefetch_tiles < 0
         ):
             raise ValueError(
                 f"invalid MmaDecodeConfig {self}: tile a multiple of 16, stages >= 2, heads and warps >= 1"
@@ -64,7 +68,9 @@ def source() -> str:
     return resources.files("kvkernels").joinpath("csrc", SOURCE_NAME).read_text()
 
 
-def defines(config: MmaDecodeConfig, head_dim: int, page_size: int, kv_heads: int, group: int) -> dict[str, int]:
+def defines(
+    config: MmaDecodeConfig, head_dim: int, page_size: int, kv_heads: int, group: int, arch: int = 90
+) -> dict[str, int]:
     return {
         "HEAD_DIM": head_dim,
         "PAGE_SIZE": page_size,
@@ -73,6 +79,8 @@ def defines(config: MmaDecodeConfig, head_dim: int, page_size: int, kv_heads: in
         "HEADS_PER_BLOCK": config.heads_in_block(kv_heads),
         "SLICES": config.warps_per_head,
         "ROWS16": int(group > MAX_GROUP // 2),
+        "L2_PREFETCH": config.l2_prefetch_tiles if arch >= 90 else 0,  # bulk prefetch is sm_90's
+        "L2_256B": int(config.l2_256b),
     }
 
 
@@ -125,11 +133,11 @@ def kernel_for(
     """The compiled and loaded kernel for this shape (cached per device)."""
     config.validate()
     index = device.index if device.index is not None else torch.cuda.current_device()
-    consts = defines(config, head_dim, page_size, kv_heads, group)
+    major, minor = torch.cuda.get_device_capability(index)
+    consts = defines(config, head_dim, page_size, kv_heads, group, major * 10 + minor)
     key = (index, tuple(sorted(consts.items())))
     with _kernels_lock:
         if key not in _kernels:
-            major, minor = torch.cuda.get_device_capability(index)
             cubin = compile_cubin(source(), SOURCE_NAME, major * 10 + minor, consts)
             _kernels[key] = load_kernel(
                 cubin, FUNCTION_NAME, torch.device("cuda", index), SIGNATURE, config.shared_bytes(head_dim, kv_heads)

@@ -20,7 +20,9 @@
 // cores (out = out * alpha + partial), as FA3 does for FP8.
 //
 // Compile-time constants (-D): HEAD_DIM (128 or 256), PAGE_SIZE (multiple of 16), TILE (tokens per step, multiple of
-// 16), STAGES (>= 2), HEADS_PER_BLOCK, SLICES, ROWS16 (1 when the GQA group has more than 8 query heads per KV head).
+// 16), STAGES (>= 2), HEADS_PER_BLOCK, SLICES, ROWS16 (1 when the GQA group has more than 8 query heads per KV head),
+// L2_PREFETCH (tiles ahead to prefetch whole page rows into L2 with bulk requests, sm_90; 0: none), L2_256B (1: the
+// copies ask L2 for 256-byte fetches).
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -77,8 +79,18 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], u32 a0, u32 a1, u32 a2, u
 
 __device__ __forceinline__ void copy16(u32 smem, const u8* src, bool valid) {
     // src-size 0 fills the slot with zeros and reads nothing: tokens past the end never bring NaN garbage in.
+#if L2_256B
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(smem), "l"(src), "r"(valid ? 16 : 0));
+#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(src), "r"(valid ? 16 : 0));
+#endif
 }
+
+#if L2_PREFETCH
+__device__ __forceinline__ void prefetch_l2(const u8* src, u32 bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes));
+}
+#endif
 
 __device__ __forceinline__ u32 shared_address(const void* ptr) {
     u32 address;
@@ -201,10 +213,33 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
         commit();
     }
     load_pages(STAGES - 1, pages);
+#if L2_PREFETCH
+    // L2_PREFETCH tiles ahead of the copies, whole 16-token rows of the page (every KV head) are prefetched into L2
+    // with one bulk request per chunk, by lanes of the block's first warp of each slice.
+    const bool prefetcher = warp % HEADS_PER_BLOCK == 0 && lane < 2 * K_CHUNKS;
+    const int pf_chunk = lane % K_CHUNKS;
+    const bool pf_values = lane >= K_CHUNKS;
+    auto pf_index = [&](int tile) {
+        const int index = (start + tile * TILE + 16 * pf_chunk) / PAGE_SIZE;
+        return index < last_page ? index : last_page;
+    };
+    long long pf_page = prefetcher ? table[pf_index(STAGES - 1 + L2_PREFETCH)] : 0;
+#endif
     for (int tile = 0; tile < num_tiles; ++tile) {
         if (tile + STAGES - 1 < num_tiles) issue(tile + STAGES - 1, pages);
         commit();
         load_pages(tile + STAGES, pages);
+#if L2_PREFETCH
+        if (prefetcher) {
+            const int ahead = tile + STAGES - 1 + L2_PREFETCH;
+            if (ahead < num_tiles) {
+                const long long slot0 = (start + ahead * TILE + 16 * pf_chunk) % PAGE_SIZE;
+                const u8* rows = pf_values ? v_cache + pf_page * s_vb + slot0 * s_vt : k_cache + pf_page * s_kb + slot0 * s_kt;
+                prefetch_l2(rows, (u32)(16 * (pf_values ? s_vt : s_kt)));
+            }
+            pf_page = table[pf_index(ahead + 1)];
+        }
+#endif
         wait_groups<STAGES - 1>();
         const u32 base = smem_warp + (u32)((tile % STAGES) * UNITS * 512);
         const int tile_start = start + tile * TILE;
