@@ -32,7 +32,7 @@ import triton
 from kvkernels.decode import DecodeConfig, MmaDecodeConfig, PagedKVCache, build_paged_cache, paged_decode
 from kvkernels.modes import AccumulationMode
 from kvkernels.prefill import TileConfig, attention_prefill, tokens_contiguous
-from kvkernels.probe import _vllm_fa3_backend, measure_length, probe_lengths
+from kvkernels.probe import measure_length, probe_lengths, vllm_fa3_attention
 from kvkernels.quant import FP8_DTYPE, quantize_fp8
 from kvkernels.reference import paged_decode_reference, row_errors
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -425,7 +425,7 @@ def bench_decode(results: Results, failures: dict[str, str], copy_gbs: float, wi
 
 def bench_accuracy(results: Results, max_len: int, with_fa3: bool) -> None:
     rows, data = [], {}
-    fa3 = _vllm_fa3_backend() if with_fa3 else None
+    fa3 = vllm_fa3_attention() if with_fa3 else None
     for head_dim in (64, 128, 256):
         lengths = probe_lengths(4096, max_len) if head_dim == 128 else [131072, max_len]
         for length in lengths:

@@ -88,7 +88,9 @@ def unpack(packed: Path, site: Path) -> None:
     manifest = json.loads((packed / MANIFEST).read_text())
     package = site / "vllm" / "vllm_flash_attn"
     package.mkdir(parents=True, exist_ok=True)
-    (site / "vllm" / "__init__.py").write_text(f'"""Stand-in: only vllm.vllm_flash_attn {manifest["vllm"]}."""\n')
+    (site / "vllm" / "__init__.py").write_text(
+        f'"""Stand-in: only vllm.vllm_flash_attn of vLLM {manifest["vllm"]}."""\n\n__version__ = "{manifest["vllm"]}"\n'
+    )
     (site / "vllm" / "platforms").mkdir(exist_ok=True)
     (site / "vllm" / "platforms" / "__init__.py").write_text(PLATFORM_STAND_IN)
     for name in FA3_FILES:
