@@ -1,11 +1,12 @@
 """Diagnostics for the CUDA decode kernel on a GPU: its per-warp partials against float64, and where its time goes.
 
-    PYTHONPATH=kernels python kernels/bench/decode_mma_probe.py
+    PYTHONPATH=kernels python kernels/bench/decode_mma_probe.py [--no-time] [--pages]
 
 1. Partials: for small cases, every warp's (running max, running sum, unnormalised output) is compared with the same
    quantities computed in float64 from the definition, so a wrong index shows up as the first mismatching part/row.
 2. Time split: the kernel at 131,072 tokens as built, and two variants of its source with stages left out (copies
    only; copies and Q·K^T without P·V), timed the same way: the differences say where the time goes.
+3. --pages (alone): the same step over shuffled pages and over pages in order, ours and FA3's.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from kvkernels.quant import FP8_DTYPE
 PAGE, D = 16, 128
 
 
-def _cache(seqs: int, hk: int, length: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+def _cache(seqs: int, hk: int, length: int, gen: torch.Generator, shuffled: bool = True) -> tuple[torch.Tensor, ...]:
     pages = -(-length // PAGE)
     shape = (seqs * pages, PAGE, hk, D)
     kc = torch.randn(shape, device="cuda", generator=gen).to(FP8_DTYPE)
     vc = (torch.randn(shape, device="cuda", generator=gen) + 1.0).to(FP8_DTYPE)
-    table = torch.randperm(seqs * pages, device="cuda", generator=gen).to(torch.int32).view(seqs, pages)
+    order = torch.randperm(seqs * pages, device="cuda", generator=gen) if shuffled else torch.arange(seqs * pages)
+    table = order.to(device="cuda", dtype=torch.int32).view(seqs, pages)
     return kc, vc, table
 
 
@@ -160,7 +162,7 @@ def time_split(length: int = 131072, seqs: int = 16, hk: int = 8, group: int = 4
     kv_bytes = 2 * seqs * length * hk * D
     configs = (
         MmaDecodeConfig(),
-        MmaDecodeConfig(tile=16, stages=4, heads_per_block=8, blocks_per_multiprocessor=2),
+        MmaDecodeConfig(tile=32, stages=3, heads_per_block=8, blocks_per_multiprocessor=2),
         MmaDecodeConfig(tile=32, stages=4, heads_per_block=1, warps_per_head=2, blocks_per_multiprocessor=8),
     )
     for cfg in configs:
@@ -181,8 +183,35 @@ def time_split(length: int = 131072, seqs: int = 16, hk: int = 8, group: int = 4
         _decode_mma._kernels.clear()
 
 
+def page_order(length: int = 131072, seqs: int = 16, hk: int = 8, group: int = 4) -> None:
+    """The same decode step over shuffled pages (as the benchmarks) and over pages in order: how much of the FP8
+    kernels' gap to the copy bandwidth is the scattered 128-byte rows of a paged cache. FA3 too, when importable."""
+    import fa3_peer
+
+    kv_bytes = 2 * seqs * length * hk * D
+    for shuffled in (True, False):
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        kc, vc, table = _cache(seqs, hk, length, gen, shuffled)
+        lens = torch.full((seqs,), length, dtype=torch.int32, device="cuda")
+        q = torch.randn(seqs, hk * group, D, device="cuda", generator=gen).to(FP8_DTYPE)
+        cache = PagedKVCache(kc, vc, table, lens)
+        fns = {"CUDA (mma)": partial(paged_decode, q, cache, max_seq_len=length, config=MmaDecodeConfig())}
+        if fa3_peer.available()[0]:
+            fns["FA3 FP8"] = fa3_peer.decode_fns(q, cache, length)["fa3-scheduled"]
+        for name, fn in fns.items():
+            ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+            order = "shuffled" if shuffled else "in order"
+            print(f"pages {order}: {name} {ms * 1e3:.0f} us, {kv_bytes / ms / 1e6:.0f} GB/s", flush=True)
+        del kc, vc, cache
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    if "--pages" in sys.argv:
+        page_order()
+        time_split()
+        return
     check_arguments()
     check_partials("1 seq, 1 tile, 1 warp", 1, 1, 4, [32], MmaDecodeConfig(tile=32, stages=2), 1)
     check_partials("1 seq, 3 tiles, 1 warp", 1, 1, 4, [96], MmaDecodeConfig(tile=32, stages=2), 1)
