@@ -7,10 +7,12 @@
 2. Time split: the kernel at 131,072 tokens as built, and two variants of its source with stages left out (copies
    only; copies and Q·K^T without P·V), timed the same way: the differences say where the time goes.
 3. --pages (alone): the same step over shuffled pages and over pages in order, ours and FA3's.
+4. --rows (alone): the cache read with the kernel's copy machinery in rows of 128, 256, 512 or 1024 bytes a copy.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import sys
 from functools import partial
@@ -206,8 +208,87 @@ def page_order(length: int = 131072, seqs: int = 16, hk: int = 8, group: int = 4
         torch.cuda.empty_cache()
 
 
+STREAM_SOURCE = r"""
+// Reads a paged cache's K and V rows the way the decode kernel does (cp.async, 16 bytes a lane, STAGES deep into
+// shared memory), but HPW adjacent KV heads per warp: each copy instruction covers HPW * 128 contiguous bytes of a
+// token row. Only the bytes' XOR survives, so nothing but the reading is timed.
+typedef unsigned int u32;
+extern "C" __global__ void __launch_bounds__(128) stream_rows(
+    const unsigned char* k_cache, const unsigned char* v_cache, const int* table, int tokens_per_warp,
+    int pages_per_seq, long long s_kb, long long s_kt, long long s_kh, u32* sink) {
+    extern __shared__ __align__(16) unsigned char shared[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int seq = blockIdx.z, head0 = blockIdx.y * HPW;
+    const int start = (blockIdx.x * 4 + warp) * tokens_per_warp;
+    const int tiles = tokens_per_warp / TOKENS;
+    const int span = HPW * 128;                          // contiguous bytes of one token row
+    const int units = 2 * TOKENS * span / 16 / 32;      // 16-byte copies per lane per tile (keys and values)
+    u32 smem;
+    asm("{.reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t;}" : "=r"(smem) : "l"(shared));
+    smem += warp * STAGES * units * 512 + lane * 16;
+    auto issue = [&](int tile) {
+        for (int u = 0; u < units; ++u) {
+            const int linear = (u * 32 + lane) * 16;         // byte of the tile: [keys|values][token][span]
+            const int half = linear / (TOKENS * span), rest = linear % (TOKENS * span);
+            const int tok = start + tile * TOKENS + rest / span;
+            const long long page = table[seq * pages_per_seq + tok / 16];
+            const unsigned char* src =
+                (half ? v_cache : k_cache) + page * s_kb + (tok % 16) * s_kt + head0 * s_kh + rest % span;
+            const u32 dst = smem + ((tile % STAGES) * units + u) * 512;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+        }
+    };
+    u32 acc = 0;
+    for (int p = 0; p < STAGES - 1; ++p) { if (p < tiles) issue(p); asm volatile("cp.async.commit_group;"); }
+    for (int tile = 0; tile < tiles; ++tile) {
+        if (tile + STAGES - 1 < tiles) issue(tile + STAGES - 1);
+        asm volatile("cp.async.commit_group;");
+        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1));
+        for (int u = 0; u < units; ++u) {
+            u32 a, b, c, d;
+            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+                         : "r"(smem + ((tile % STAGES) * units + u) * 512));
+            acc ^= a ^ b ^ c ^ d;
+        }
+    }
+    if (acc == 0x12345678u) sink[0] = acc;
+}
+"""
+
+
+def row_streaming(length: int = 131072, seqs: int = 16, hk: int = 8) -> None:
+    """Bandwidth of reading the paged FP8 cache in rows of 128 (one KV head), 256 (two) or 1024 bytes (eight) per
+    copy instruction, with the decode kernel's copy machinery: isolates the row width from everything else."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    kc, vc, table = _cache(seqs, hk, length, gen)
+    sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+    kv_bytes = 2 * seqs * length * hk * D
+    p32, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+    signature = (p32, p32, p32, i32, i32, i64, i64, i64, p32)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for hpw in (1, 2, 4, 8):
+        tokens = 32 // hpw  # 8 KiB of keys and values per tile in every variant
+        stages = 3
+        shared = 4 * stages * 2 * tokens * hpw * 128
+        cubin = compile_cubin(STREAM_SOURCE, "stream.cu", 90, {"HPW": hpw, "TOKENS": tokens, "STAGES": stages})
+        kernel = load_kernel(cubin, "stream_rows", torch.device("cuda"), signature, shared)
+        head_groups = hk // hpw
+        splits = max(1, 4 * sms // (seqs * head_groups))
+        per_warp = length // (splits * 4)
+        per_warp -= per_warp % tokens
+        stream = torch.cuda.current_stream().cuda_stream
+        args = [kc, vc, table, per_warp, table.shape[1], kc.stride(0), kc.stride(1), kc.stride(2), sink]
+        fn = partial(kernel.launch, (splits, head_groups, seqs), 128, stream, args)
+        ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+        read = kv_bytes * (splits * 4 * per_warp) / length
+        print(f"rows of {hpw * 128} bytes per copy: {ms * 1e3:.0f} us, {read / ms / 1e6:.0f} GB/s", flush=True)
+
+
 def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    if "--rows" in sys.argv:
+        row_streaming()
+        return
     if "--pages" in sys.argv:
         page_order()
         time_split()
