@@ -68,14 +68,12 @@ DECODE_CONFIGS = [
 # FP8 caches: products in FP8 (mma.sync on converted operands), or keys and/or values converted to bf16 first.
 UPCASTS = ((False, False), (False, True), (True, True))
 DECODE_SPLIT_TARGETS = (4, 8, 16)  # programs per multiprocessor
-# The CUDA kernel: (tokens per step, copy stages, KV heads per block, warps per KV head, blocks aimed for per SM,
-# tiles of L2 bulk prefetch ahead, 256-byte L2 fetches).
+# The CUDA kernel: (tokens per step, copy stages, KV heads per block, warps per KV head, blocks aimed for per SM).
 MMA_CONFIGS = [
     MmaDecodeConfig(*shape)
-    for shape in ((32, 3, 4, 1, 4), (32, 3, 2, 2, 8), (16, 2, 8, 1, 4), (16, 4, 4, 2, 2), (32, 3, 4, 1, 4, 2),
-                  (32, 3, 4, 1, 4, 4), (32, 3, 8, 1, 2, 2), (32, 3, 8, 1, 2, 4), (32, 3, 8, 1, 2, 8),
-                  (16, 2, 8, 1, 4, 4), (32, 3, 4, 1, 4, 0, True), (32, 3, 8, 1, 2, 0, True),
-                  (32, 3, 8, 1, 2, 4, True), (32, 3, 1, 4, 4), (32, 3, 4, 1, 3), (32, 3, 4, 1, 6))
+    for shape in ((32, 3, 4, 1, 4), (32, 3, 2, 2, 8), (16, 2, 8, 1, 4), (16, 4, 4, 2, 2), (32, 3, 8, 1, 2),
+                  (32, 4, 4, 1, 3), (32, 2, 4, 1, 4), (16, 4, 4, 1, 4), (64, 2, 4, 1, 2), (32, 3, 1, 4, 4),
+                  (32, 3, 4, 1, 6), (32, 3, 2, 1, 8))
 ]  # fmt: skip
 SHARED_LIMIT = 227 * 1024
 

@@ -17,7 +17,6 @@ FUNCTION_NAME = "paged_decode_fp8_mma"
 MMA_HEAD_DIMS = (128, 256)
 MAX_GROUP = 16  # query heads per KV head: the 16 rows of one m16n8k16 product
 PAGE_MULTIPLE = 16  # a 16-token chunk must lie inside one page
-BYTES_PER_UNIT_ROW = 512  # one 16-byte slot for each of the 32 lanes
 
 _P, _I32, _I64, _F32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
 # q, k_cache, v_cache, block_table, seq_lens, part_acc, part_max, part_sum, qk_scale, group, tokens_per_split, then
@@ -30,24 +29,20 @@ class MmaDecodeConfig:
     """Launch shape of the CUDA decode kernel: tokens per pipeline step, copy stages in flight, KV heads per block
     (the block's warps read the same tokens of that many heads, so a page's bytes are fetched together; the effective
     number is the largest divisor of the model's KV heads up to this), warps per KV head (token slices), and blocks to
-    aim for per multiprocessor (splits follow from it); optionally, tiles ahead to prefetch whole page rows into L2
-    (sm_90 bulk prefetch) and 256-byte L2 fetches for the copies. Defaults: the fastest on an H200 (BENCHMARKS.md)."""
+    aim for per multiprocessor (splits follow from it). Defaults: the fastest on an H200 (BENCHMARKS.md)."""
 
     tile: int = 32
     stages: int = 3
     heads_per_block: int = 4
     warps_per_head: int = 1
     blocks_per_multiprocessor: int = 4
-    l2_prefetch_tiles: int = 0
-    l2_256b: bool = False
 
     def heads_in_block(self, kv_heads: int) -> int:
         return math.gcd(kv_heads, self.heads_per_block)
 
     def shared_bytes(self, head_dim: int, kv_heads: int) -> int:
-        units = self.tile * head_dim // 256  # 16-byte slots per lane per stage (keys and values)
         warps = self.heads_in_block(kv_heads) * self.warps_per_head
-        return warps * self.stages * units * BYTES_PER_UNIT_ROW
+        return warps * self.stages * 2 * self.tile * head_dim  # a stage: one tile of keys and values
 
     def validate(self) -> None:
         if (
@@ -57,7 +52,6 @@ class MmaDecodeConfig:
             or self.heads_per_block < 1
             or self.warps_per_head < 1
             or self.blocks_per_multiprocessor < 1
-            or self.l2_prefetch_tiles < 0
         ):
             raise ValueError(
                 f"invalid MmaDecodeConfig {self}: tile a multiple of 16, stages >= 2, heads and warps >= 1"
@@ -68,9 +62,7 @@ def source() -> str:
     return resources.files("kvkernels").joinpath("csrc", SOURCE_NAME).read_text()
 
 
-def defines(
-    config: MmaDecodeConfig, head_dim: int, page_size: int, kv_heads: int, group: int, arch: int = 90
-) -> dict[str, int]:
+def defines(config: MmaDecodeConfig, head_dim: int, page_size: int, kv_heads: int, group: int) -> dict[str, int]:
     return {
         "HEAD_DIM": head_dim,
         "PAGE_SIZE": page_size,
@@ -79,8 +71,6 @@ def defines(
         "HEADS_PER_BLOCK": config.heads_in_block(kv_heads),
         "SLICES": config.warps_per_head,
         "ROWS16": int(group > MAX_GROUP // 2),
-        "L2_PREFETCH": config.l2_prefetch_tiles if arch >= 90 else 0,  # bulk prefetch is sm_90's
-        "L2_256B": int(config.l2_256b),
     }
 
 
@@ -134,7 +124,7 @@ def kernel_for(
     config.validate()
     index = device.index if device.index is not None else torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(index)
-    consts = defines(config, head_dim, page_size, kv_heads, group, major * 10 + minor)
+    consts = defines(config, head_dim, page_size, kv_heads, group)
     key = (index, tuple(sorted(consts.items())))
     with _kernels_lock:
         if key not in _kernels:

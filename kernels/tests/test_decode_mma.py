@@ -79,7 +79,7 @@ def test_launch_shape_sizes_and_validation() -> None:
         (128, 4, MmaDecodeConfig(tile=64, stages=2, heads_per_block=1, warps_per_head=2)),
         (256, 4, MmaDecodeConfig(tile=16)),
         (256, 16, MmaDecodeConfig(tile=16, stages=2)),
-        (128, 4, MmaDecodeConfig(heads_per_block=8, l2_prefetch_tiles=4, l2_256b=True)),
+        (128, 4, MmaDecodeConfig(heads_per_block=8, stages=4, tile=16)),
     ],
 )
 def test_nvrtc_builds_it_for_hopper(head_dim: int, group: int, config: MmaDecodeConfig) -> None:

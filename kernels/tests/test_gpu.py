@@ -93,7 +93,7 @@ def _ragged_fp8_cache(
         (128, 4, 32, MmaDecodeConfig(tile=16, stages=4, heads_per_block=1, blocks_per_multiprocessor=8)),
         (128, 8, 16, MmaDecodeConfig(tile=64, stages=2, heads_per_block=1, warps_per_head=2)),
         (128, 4, 16, MmaDecodeConfig(tile=16, heads_per_block=2, warps_per_head=3)),
-        (128, 4, 16, MmaDecodeConfig(heads_per_block=8, l2_prefetch_tiles=2, l2_256b=True)),
+        (128, 4, 16, MmaDecodeConfig(heads_per_block=8, blocks_per_multiprocessor=2)),
         (128, 12, 16, MmaDecodeConfig()),  # more than 8 query heads per KV head: all 16 mma rows
         (128, 1, 16, MmaDecodeConfig(stages=4)),
         (256, 4, 16, MmaDecodeConfig(tile=16)),

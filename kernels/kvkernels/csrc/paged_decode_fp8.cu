@@ -10,9 +10,9 @@
 //   * P·V: P comes straight from the Q·K^T accumulators (the usual register reuse). The output columns are the mma
 //     n dimension, whose order is free too: lane (r, j) owns head_dim bytes [VB*r, VB*r + VB) (VB = HEAD_DIM/8) of
 //     the four tokens its B fragments need, and one byte permute pairs two tokens for the e4m3x2 -> f16x2 convert.
-// Each lane copies exactly the bytes it reads into its own slots of shared memory (cp.async, STAGES deep), so a warp
-// never waits for another. Warps are independent flash-decoding workers; each writes its own partial (unnormalised
-// output, running max in log2 units, running sum), merged by the reduce kernel.
+// A warp copies its tiles into shared memory in whole rows (cp.async, STAGES deep), then each lane reads the bytes of
+// its fragments from there; warps never wait for each other. Warps are independent flash-decoding workers; each writes
+// its own partial (unnormalised output, running max in log2 units, running sum), merged by the reduce kernel.
 // The warps of a block are HEADS_PER_BLOCK KV heads x SLICES token slices: with all KV heads of a page read by one
 // block at about the same time, DRAM sees the page's contiguous bytes together instead of 128-byte rows of one head
 // spread over time (a block per KV head copied at ~2.9 TB/s on an H200, like FA3).
@@ -21,8 +21,7 @@
 //
 // Compile-time constants (-D): HEAD_DIM (128 or 256), PAGE_SIZE (multiple of 16), TILE (tokens per step, multiple of
 // 16), STAGES (>= 2), HEADS_PER_BLOCK, SLICES, ROWS16 (1 when the GQA group has more than 8 query heads per KV head),
-// L2_PREFETCH (tiles ahead to prefetch whole page rows into L2 with bulk requests, sm_90; 0: none), L2_256B (1: the
-// copies ask L2 for 256-byte fetches).
+// (no L2 options: bulk L2 prefetch of page rows and 256-byte L2 fetches were measured slower, BENCHMARKS.md)
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -41,9 +40,9 @@ struct __align__(16) Floats4 {
 #define K_STEPS (HEAD_DIM / 16)                 // mma k-steps of Q·K^T
 #define N_BLOCKS (TILE / 8)                     // 8-token column blocks of S per tile
 #define K_CHUNKS (TILE / 16)                    // 16-token k-steps of P·V per tile
-#define K_UNITS (N_BLOCKS * KB / 16)            // 16-byte units of keys per lane per tile
-#define V_UNITS (K_CHUNKS * 4 * VB / 16)        // 16-byte units of values per lane per tile
-#define UNITS (K_UNITS + V_UNITS)
+#define ROW_CHUNKS (HEAD_DIM / 16)              // 16-byte chunks of a key or value row
+#define COPIES (2 * TILE * ROW_CHUNKS / 32)     // 16-byte copies per lane per tile (keys and values)
+#define STAGE_BYTES (2 * TILE * HEAD_DIM)
 
 __device__ __forceinline__ u32 e4m3x2_lo_to_f16x2(u32 word) {
     u32 out;
@@ -79,18 +78,17 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], u32 a0, u32 a1, u32 a2, u
 
 __device__ __forceinline__ void copy16(u32 smem, const u8* src, bool valid) {
     // src-size 0 fills the slot with zeros and reads nothing: tokens past the end never bring NaN garbage in.
-#if L2_256B
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(smem), "l"(src), "r"(valid ? 16 : 0));
-#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(src), "r"(valid ? 16 : 0));
-#endif
 }
 
-#if L2_PREFETCH
-__device__ __forceinline__ void prefetch_l2(const u8* src, u32 bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes));
+// A stage holds a warp's tile as keys [TILE][HEAD_DIM] then values [TILE][HEAD_DIM], with the 16-byte chunks of each
+// row XOR-swizzled so that both fragment reads are free of bank conflicts (at head_dim 128): a key read's 8 lanes of
+// a phase take 4 chunks of rows 2k and 2k+1 (the row's bit 0 flips chunk bit 2), a value read's take chunk 0 or 1
+// of rows 2j + t (bits 1-2 of the row move chunk bits 1-2).
+__device__ __forceinline__ u32 slot(int row, int chunk) {
+    const int swizzle = (((row >> 1) & 3) << 1) ^ ((row & 1) << 2);
+    return row * HEAD_DIM + ((chunk ^ swizzle) << 4);
 }
-#endif
 
 __device__ __forceinline__ u32 shared_address(const void* ptr) {
     u32 address;
@@ -132,7 +130,7 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
     const int last_page = seq_len > 0 ? (seq_len - 1) / PAGE_SIZE : 0;
     const u8* k_head = k_cache + kv_head * s_kh;
     const u8* v_head = v_cache + kv_head * s_vh;
-    const u32 smem_warp = shared_address(shared) + (u32)(warp * STAGES * UNITS * 512) + lane * 16;
+    const u32 smem_warp = shared_address(shared) + (u32)(warp * STAGES * STAGE_BYTES);
 
     // Query fragments (A operand of Q·K^T): rows r and r + 8 are query heads of this KV head (zero past the group).
     u32 qa[K_STEPS][4];
@@ -165,36 +163,22 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
             pages[c] = table[index < last_page ? index : last_page];
         }
     };
-    // Issues the copies of one tile into its stage; each lane copies only what it will read. A key row's 16-byte
-    // pieces go to lanes j = 0..3 of a quad at offsets 64h + 16j, so each copy instruction reads whole sectors.
+    // Issues the copies of one tile into its stage. Copy u of the warp moves 512 consecutive bytes of the tile's
+    // [keys|values][token][chunk] order, i.e. whole rows: copies that each took a lane's own fragment bytes (half
+    // rows over 8 tokens) read the cache at ~3.1 TB/s on an H200, whole rows at ~4.1 (decode_mma_probe.py --rows).
     auto issue = [&](int tile, const int (&pages)[K_CHUNKS]) {
         const int tile_start = start + tile * TILE;
-        const u32 base = smem_warp + (u32)((tile % STAGES) * UNITS * 512);
+        const u32 base = smem_warp + (u32)((tile % STAGES) * STAGE_BYTES);
 #pragma unroll
-        for (int c = 0; c < K_CHUNKS; ++c) {
-            const int chunk = tile_start + 16 * c;
-            const long long page = pages[c];
-            const long long slot0 = chunk % PAGE_SIZE;
-            const u8* k_page = k_head + page * s_kb + slot0 * s_kt + 16 * j;
-            const u8* v_page = v_head + page * s_vb + slot0 * s_vt + VB * r;
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {  // key n-blocks 2c, 2c + 1: token 8 * half + r of the chunk
-                const int tok = 8 * half + r;
-#pragma unroll
-                for (int h = 0; h < KB / 16; ++h) {
-                    const int unit = (2 * c + half) * (KB / 16) + h;
-                    copy16(base + unit * 512, k_page + tok * s_kt + 64 * h, chunk + tok < end);
-                }
-            }
-#pragma unroll
-            for (int t = 0; t < 4; ++t) {  // value tokens 2j, 2j + 1, 8 + 2j, 9 + 2j of the chunk
-                const int tok = 2 * j + (t & 1) + 8 * (t >> 1);
-#pragma unroll
-                for (int h = 0; h < VB / 16; ++h) {
-                    const int unit = K_UNITS + (c * 4 + t) * (VB / 16) + h;
-                    copy16(base + unit * 512, v_page + tok * s_vt + 16 * h, chunk + tok < end);
-                }
-            }
+        for (int u = 0; u < COPIES; ++u) {
+            const int linear = u * 32 + lane;
+            const int values = linear / (TILE * ROW_CHUNKS);
+            const int rest = linear % (TILE * ROW_CHUNKS);
+            const int tok = rest / ROW_CHUNKS, chunk = rest % ROW_CHUNKS;
+            const long long page = pages[tok / 16];
+            const long long row_in_page = (tile_start + tok) % PAGE_SIZE;
+            const u8* src = values ? v_head + page * s_vb + row_in_page * s_vt : k_head + page * s_kb + row_in_page * s_kt;
+            copy16(base + values * TILE * HEAD_DIM + slot(tok, chunk), src + 16 * chunk, tile_start + tok < end);
         }
     };
 
@@ -213,35 +197,13 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
         commit();
     }
     load_pages(STAGES - 1, pages);
-#if L2_PREFETCH
-    // L2_PREFETCH tiles ahead of the copies, whole 16-token rows of the page (every KV head) are prefetched into L2
-    // with one bulk request per chunk, by lanes of the block's first warp of each slice.
-    const bool prefetcher = warp % HEADS_PER_BLOCK == 0 && lane < 2 * K_CHUNKS;
-    const int pf_chunk = lane % K_CHUNKS;
-    const bool pf_values = lane >= K_CHUNKS;
-    auto pf_index = [&](int tile) {
-        const int index = (start + tile * TILE + 16 * pf_chunk) / PAGE_SIZE;
-        return index < last_page ? index : last_page;
-    };
-    long long pf_page = prefetcher ? table[pf_index(STAGES - 1 + L2_PREFETCH)] : 0;
-#endif
     for (int tile = 0; tile < num_tiles; ++tile) {
         if (tile + STAGES - 1 < num_tiles) issue(tile + STAGES - 1, pages);
         commit();
         load_pages(tile + STAGES, pages);
-#if L2_PREFETCH
-        if (prefetcher) {
-            const int ahead = tile + STAGES - 1 + L2_PREFETCH;
-            if (ahead < num_tiles) {
-                const long long slot0 = (start + ahead * TILE + 16 * pf_chunk) % PAGE_SIZE;
-                const u8* rows = pf_values ? v_cache + pf_page * s_vb + slot0 * s_vt : k_cache + pf_page * s_kb + slot0 * s_kt;
-                prefetch_l2(rows, (u32)(16 * (pf_values ? s_vt : s_kt)));
-            }
-            pf_page = table[pf_index(ahead + 1)];
-        }
-#endif
         wait_groups<STAGES - 1>();
-        const u32 base = smem_warp + (u32)((tile % STAGES) * UNITS * 512);
+        __syncwarp();  // the tile's bytes were copied by other lanes of the warp
+        const u32 base = smem_warp + (u32)((tile % STAGES) * STAGE_BYTES);
         const int tile_start = start + tile * TILE;
 
         // S = Q·K^T for TILE tokens: accumulators s_acc[nb] hold rows r, r+8 x tokens 8nb + 2j, 8nb + 2j + 1.
@@ -251,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
             s_acc[nb][0] = s_acc[nb][1] = s_acc[nb][2] = s_acc[nb][3] = 0.f;
 #pragma unroll
             for (int h = 0; h < KB / 16; ++h) {
-                const Words4 kw = load_shared16(base + (nb * (KB / 16) + h) * 512);
+                const Words4 kw = load_shared16(base + slot(8 * nb + r, 4 * h + j));  // bytes 64h + 16j
                 const u32 words[4] = {kw.x, kw.y, kw.z, kw.w};
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
@@ -310,7 +272,8 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
             for (int c = 0; c < K_CHUNKS; ++c) {
 #pragma unroll
                 for (int t = 0; t < 4; ++t) {
-                    const Words4 w = load_shared16(base + (K_UNITS + (c * 4 + t) * (VB / 16) + h) * 512);
+                    const int tok = 16 * c + 2 * j + (t & 1) + 8 * (t >> 1);
+                    const Words4 w = load_shared16(base + TILE * HEAD_DIM + slot(tok, r * (VB / 16) + h));
                     vw[c][t][0] = w.x;
                     vw[c][t][1] = w.y;
                     vw[c][t][2] = w.z;
@@ -339,6 +302,7 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
                 }
             }
         }
+        __syncwarp();  // every lane is done with this stage before the next copies refill it
     }
     wait_groups<0>();
 
