@@ -31,9 +31,9 @@ class MmaDecodeConfig:
     number is the largest divisor of the model's KV heads up to this), warps per KV head (token slices), and blocks to
     aim for per multiprocessor (splits follow from it). Defaults: the fastest on an H200 (BENCHMARKS.md)."""
 
-    tile: int = 32
-    stages: int = 3
-    heads_per_block: int = 4
+    tile: int = 16
+    stages: int = 2
+    heads_per_block: int = 8
     warps_per_head: int = 1
     blocks_per_multiprocessor: int = 4
 

@@ -57,7 +57,9 @@ def test_cpu_calls_default_to_the_triton_kernel() -> None:
 
 
 def test_launch_shape_sizes_and_validation() -> None:
-    # 8 KV heads, 3 stages of 32 tokens: 8 warps x 3 x 8 KiB = 192 KiB, one block per Hopper SM.
+    # 8 KV heads, 3 stages of 32 tokens: 8 warps x 3 x 8 KiB = 192 KiB, one block per Hopper SM; the default (2
+    # stages of 16 tokens) takes 64 KiB, three blocks.
+    assert MmaDecodeConfig().shared_bytes(128, kv_heads=8) == 8 * 2 * 4096
     assert MmaDecodeConfig(tile=32, stages=3, heads_per_block=8).shared_bytes(128, kv_heads=8) == 8 * 3 * 16 * 512
     # A model with 2 KV heads gets blocks of 2 heads; 12 KV heads, blocks of 4 (the largest divisor up to 8).
     assert MmaDecodeConfig(heads_per_block=8).heads_in_block(2) == 2
