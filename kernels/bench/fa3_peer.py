@@ -22,7 +22,7 @@ from kvkernels.quant import FP8_DTYPE
 def available() -> tuple[bool, str]:
     """(True, version note) when vLLM's FA3 can run on this GPU, else (False, why not)."""
     try:
-        from vllm.vllm_flash_attn import flash_attn_interface as fa  # type: ignore[import-not-found]
+        from vllm.vllm_flash_attn import flash_attn_interface as fa  # type: ignore[import-not-found, unused-ignore]
     except ImportError as error:
         return False, f"vllm.vllm_flash_attn is not importable: {error}"
     if not fa.is_fa_version_supported(3):
@@ -33,7 +33,7 @@ def available() -> tuple[bool, str]:
 def _varlen() -> Callable[..., Any]:
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
-    return flash_attn_varlen_func  # type: ignore[no-any-return]
+    return flash_attn_varlen_func  # type: ignore[no-any-return, unused-ignore]
 
 
 def _descales(batch: int, kv_heads: int, scales: tuple[float, float, float], device: torch.device) -> dict[str, Any]:

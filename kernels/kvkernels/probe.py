@@ -204,8 +204,8 @@ def _triton_backend(device: str, mode: AccumulationMode) -> tuple[AttentionFn, A
 def vllm_fa3_attention() -> tuple[AttentionFn, AttentionFn]:
     """(fp8 attention, bf16 attention) through the FlashAttention-3 kernel that a vLLM image ships."""
     try:
-        from vllm.vllm_flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
-        from vllm.vllm_flash_attn.flash_attn_interface import (  # type: ignore[import-not-found]
+        from vllm.vllm_flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found, unused-ignore]
+        from vllm.vllm_flash_attn.flash_attn_interface import (  # type: ignore[import-not-found, unused-ignore]
             fa_version_unsupported_reason,
             is_fa_version_supported,
         )
@@ -240,7 +240,7 @@ def vllm_fa3_attention() -> tuple[AttentionFn, AttentionFn]:
 
 
 def _vllm_version() -> str:
-    import vllm  # type: ignore[import-not-found]
+    import vllm  # type: ignore[import-not-found, unused-ignore]
 
     return str(getattr(vllm, "__version__", "unknown"))
 
