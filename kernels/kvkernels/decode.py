@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
 import triton
 
+from kvkernels import _decode_mma
+from kvkernels._cuda_runtime import CudaBuildUnavailable
 from kvkernels._decode_kernels import paged_decode_partial_kernel, paged_decode_reduce_kernel
+from kvkernels._decode_mma import MmaDecodeConfig
 from kvkernels.modes import AccumulationMode, parse_mode
 from kvkernels.prefill import LOG2_E, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 from kvkernels.quant import FP8_DTYPE, FP8_MAX
+
+__all__ = [
+    "DecodeConfig",
+    "MmaDecodeConfig",
+    "PagedKVCache",
+    "build_paged_cache",
+    "choose_num_splits",
+    "default_decode_config",
+    "paged_decode",
+]
 
 # mma instructions need at least 16 rows: the GQA group of query heads is padded to this.
 MIN_GROUP_ROWS = 16
@@ -21,11 +35,12 @@ PROGRAMS_PER_MULTIPROCESSOR = 16
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Tokens per tile, launch parameters, programs to aim for (None: 16 per multiprocessor), and whether FP8 keys
-    and values are converted to bf16 for the matrix products (the cache stays FP8; only the arithmetic changes).
+    """The Triton decode kernel (any dtype, head_dim and page size): tokens per tile, launch parameters, programs to
+    aim for (None: 16 per multiprocessor), and whether FP8 keys and values are converted to bf16 for the matrix
+    products (the cache stays FP8; only the arithmetic changes).
 
-    The defaults were the fastest on an H200 (kernels/BENCHMARKS.md); bf16 P·V is also the more accurate choice,
-    since P then keeps 8 mantissa bits instead of e4m3's 3.
+    The defaults were the fastest Triton settings on an H200 (kernels/BENCHMARKS.md); bf16 P·V is also the more
+    accurate choice, since P then keeps 8 mantissa bits instead of e4m3's 3.
     """
 
     block_n: int = 128
@@ -97,33 +112,139 @@ def paged_decode(
     softmax_scale: float | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     num_splits: int | None = None,
-    config: DecodeConfig | None = None,
+    config: DecodeConfig | MmaDecodeConfig | None = None,
 ) -> torch.Tensor:
     """One decode step: q [sequences, Hq, D] against each sequence's cached tokens; returns [sequences, Hq, D].
 
     `max_seq_len` bounds cache.seq_lens (passed in so the call needs no device-to-host sync). The query and the
     cache share one dtype: FP8 e4m3 with per-tensor scales, or bf16/fp16 for a baseline of the same design.
-    Two-level and two-level-split are the same here (the group's partial is small), so both run two-level. Decode
-    uses mma.sync, not Hopper's truncating wgmma, so even single-level showed no cliff on an H200 (BENCHMARKS.md).
+    `config` picks the kernel: MmaDecodeConfig, the CUDA C++ kernel (FP8, head_dim 128/256, pages of a multiple of 16
+    tokens, up to 16 query heads per KV head; two-level), or DecodeConfig, the Triton kernel (everything else). With
+    None, FP8 two-level calls take the CUDA kernel where it applies and NVRTC is found, else the Triton one.
+    `num_splits`: programs per (sequence, KV head); by default enough to fill the GPU.
+    Two-level and two-level-split are the same here (the group's partial is small). Decode uses mma.sync, not
+    Hopper's truncating wgmma, so even single-level showed no cliff on an H200 (BENCHMARKS.md).
     """
     mode = parse_mode(mode)
     _validate(q, cache, max_seq_len)
     seqs, heads, head_dim = q.shape
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    qk_scale = scale * q_scale * k_scale * LOG2_E
+    cfg = config if config is not None else default_decode_config(q, cache, mode)
+    if isinstance(cfg, MmaDecodeConfig):
+        part_acc, part_max, part_sum = _mma_partials(q, cache, max_seq_len, mode, qk_scale, num_splits, cfg)
+    else:
+        part_acc, part_max, part_sum = _triton_partials(q, cache, max_seq_len, mode, qk_scale, num_splits, cfg)
+    num_parts = part_acc.shape[2]
+    out = torch.empty(seqs, heads, head_dim, device=q.device, dtype=out_dtype)
+    paged_decode_reduce_kernel[(seqs, heads)](
+        part_acc, part_max, part_sum, out, v_scale, num_parts,
+        part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
+        part_max.stride(0), part_max.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_parts),
+    )  # fmt: skip
+    return out
+
+
+_mma_fallback_warned = False
+
+
+def default_decode_config(
+    q: torch.Tensor, cache: PagedKVCache, mode: AccumulationMode | str = AccumulationMode.TWO_LEVEL
+) -> DecodeConfig | MmaDecodeConfig:
+    """The kernel `paged_decode` runs when the caller names none: the CUDA one where it applies, else Triton's."""
+    global _mma_fallback_warned
+    if not parse_mode(mode).two_level:
+        return DecodeConfig()
+    if _decode_mma.unsupported_reason(q, cache.key_cache, cache.value_cache) is not None:
+        return DecodeConfig()
+    config = MmaDecodeConfig()
+    kv_heads = cache.key_cache.shape[2]
+    try:
+        _decode_mma.kernel_for(q.device, config, q.shape[2], cache.key_cache.shape[1], kv_heads, q.shape[1] // kv_heads)
+    except CudaBuildUnavailable as error:
+        if not _mma_fallback_warned:
+            warnings.warn(f"kvkernels: FP8 decode runs the slower Triton kernel: {error}", stacklevel=3)
+            _mma_fallback_warned = True
+        return DecodeConfig()
+    return config
+
+
+def _part_buffers(q: torch.Tensor, num_parts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    seqs, heads, head_dim = q.shape
+    part_acc = torch.empty(seqs, heads, num_parts, head_dim, device=q.device, dtype=torch.float32)
+    part_max = torch.empty(seqs, heads, num_parts, device=q.device, dtype=torch.float32)
+    return part_acc, part_max, torch.empty_like(part_max)
+
+
+def _mma_partials(
+    q: torch.Tensor,
+    cache: PagedKVCache,
+    max_seq_len: int,
+    mode: AccumulationMode,
+    qk_scale: float,
+    num_splits: int | None,
+    cfg: MmaDecodeConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if not mode.two_level:
+        raise ValueError(
+            "the CUDA decode kernel (MmaDecodeConfig) is two-level only; use DecodeConfig for single-level"
+        )
+    kc, vc = cache.key_cache, cache.value_cache
+    reason = _decode_mma.unsupported_reason(q, kc, vc)
+    if reason is not None:
+        raise ValueError(f"MmaDecodeConfig cannot run this call: {reason}; use DecodeConfig (the Triton kernel)")
+    seqs, heads, head_dim = q.shape
+    page_size, kv_heads = kc.shape[1], kc.shape[2]
+    group = heads // kv_heads
+    kernel = _decode_mma.kernel_for(q.device, cfg, head_dim, page_size, kv_heads, group)
+    heads_in_block = cfg.heads_in_block(kv_heads)
+    tokens_per_step = cfg.tile * cfg.warps_per_head
+    if num_splits is None:
+        target = cfg.blocks_per_multiprocessor * _multiprocessors(q.device)
+        num_splits = choose_num_splits(seqs, kv_heads // heads_in_block, max_seq_len, tokens_per_step, target)
+    tokens_per_split = -(-max_seq_len // (num_splits * tokens_per_step)) * tokens_per_step
+    part_acc, part_max, part_sum = _part_buffers(q, num_splits * cfg.warps_per_head)
+    kernel.launch(
+        (num_splits, kv_heads // heads_in_block, seqs),
+        32 * heads_in_block * cfg.warps_per_head,
+        torch.cuda.current_stream(q.device).cuda_stream,
+        [
+            q, kc, vc, cache.block_table, cache.seq_lens, part_acc, part_max, part_sum,
+            qk_scale, group, tokens_per_split,
+            q.stride(0), q.stride(1),
+            kc.stride(0), kc.stride(1), kc.stride(2),
+            vc.stride(0), vc.stride(1), vc.stride(2),
+            cache.block_table.stride(0),
+            part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
+            part_max.stride(0), part_max.stride(1),
+        ],
+    )  # fmt: skip
+    return part_acc, part_max, part_sum
+
+
+def _triton_partials(
+    q: torch.Tensor,
+    cache: PagedKVCache,
+    max_seq_len: int,
+    mode: AccumulationMode,
+    qk_scale: float,
+    num_splits: int | None,
+    cfg: DecodeConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    seqs, heads, head_dim = q.shape
     page_size, kv_heads = cache.key_cache.shape[1], cache.key_cache.shape[2]
     group = heads // kv_heads
-    cfg = config or DecodeConfig()
     if num_splits is None:
         target = cfg.target_programs or PROGRAMS_PER_MULTIPROCESSOR * _multiprocessors(q.device)
         num_splits = choose_num_splits(seqs, kv_heads, max_seq_len, cfg.block_n, target)
     tiles_per_split = -(-max_seq_len // (num_splits * cfg.block_n))
-    part_acc = torch.empty(seqs, heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
-    part_max = torch.empty(seqs, heads, num_splits, device=q.device, dtype=torch.float32)
-    part_sum = torch.empty_like(part_max)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    part_acc, part_max, part_sum = _part_buffers(q, num_splits)
     kc, vc = cache.key_cache, cache.value_cache
     paged_decode_partial_kernel[(seqs, kv_heads, num_splits)](
         q, kc, vc, cache.block_table, cache.seq_lens, part_acc, part_max, part_sum,
-        scale * q_scale * k_scale * LOG2_E, group, tiles_per_split * cfg.block_n,
+        qk_scale, group, tiles_per_split * cfg.block_n,
         q.stride(0), q.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2),
@@ -136,15 +257,7 @@ def paged_decode(
         P_LOG2_SCALE=math.log2(FP8_MAX) if q.dtype == FP8_DTYPE else 0.0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    out = torch.empty(seqs, heads, head_dim, device=q.device, dtype=out_dtype)
-    paged_decode_reduce_kernel[(seqs, heads)](
-        part_acc, part_max, part_sum, out, v_scale, num_splits,
-        part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
-        part_max.stride(0), part_max.stride(1),
-        out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits),
-    )  # fmt: skip
-    return out
+    return part_acc, part_max, part_sum
 
 
 def _multiprocessors(device: torch.device) -> int:

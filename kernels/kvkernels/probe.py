@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvkernels import __version__ as kvkernels_version
 from kvkernels.modes import AccumulationMode
 
 DEFAULT_MIN_LEN = 4096
@@ -78,6 +79,7 @@ class Verdict:
 @dataclass
 class ProbeReport:
     backend: str
+    backend_version: str
     mode: str
     device: str
     head_dim: int
@@ -97,6 +99,7 @@ class ProbeReport:
             "reason": REASON_SAFE if self.verdict.safe else REASON_UNSAFE,
             "message": self.verdict.reason,
             "backend": self.backend,
+            "backendVersion": self.backend_version,
             "mode": self.mode,
             "device": self.device,
             "headDim": self.head_dim,
@@ -209,12 +212,18 @@ def _triton_backend(device: str, mode: AccumulationMode) -> tuple[AttentionFn, A
     return fp8, bf16
 
 
-def _vllm_fa3_backend() -> tuple[AttentionFn, AttentionFn]:
+def vllm_fa3_attention() -> tuple[AttentionFn, AttentionFn]:
     """(fp8 attention, bf16 attention) through the FlashAttention-3 kernel that a vLLM image ships."""
     try:
-        from vllm.vllm_flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
+        from vllm.vllm_flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found, unused-ignore]
+        from vllm.vllm_flash_attn.flash_attn_interface import (  # type: ignore[import-not-found, unused-ignore]
+            fa_version_unsupported_reason,
+            is_fa_version_supported,
+        )
     except ImportError as error:
         raise ProbeUnavailable(f"backend vllm-fa3 needs vLLM importable (vllm.vllm_flash_attn): {error}") from None
+    if not is_fa_version_supported(3):
+        raise ProbeUnavailable(f"vLLM's FlashAttention-3 cannot run here: {fa_version_unsupported_reason(3)}")
     import torch
 
     def call(q: Any, k: Any, v: Any, descale: tuple[Any, Any, Any] | None) -> Any:
@@ -239,6 +248,12 @@ def _vllm_fa3_backend() -> tuple[AttentionFn, AttentionFn]:
         return call(q, k, v, None)
 
     return fp8, bf16
+
+
+def _vllm_version() -> str:
+    import vllm  # type: ignore[import-not-found, unused-ignore]
+
+    return str(getattr(vllm, "__version__", "unknown"))
 
 
 def measure_length(
@@ -292,8 +307,9 @@ def run_probe(args: argparse.Namespace) -> ProbeReport:
     if args.backend == "vllm-fa3":
         if args.device != "cuda":
             raise ProbeUnavailable("backend vllm-fa3 runs on CUDA only")
-        fp8_attention, bf16_attention = _vllm_fa3_backend()
+        fp8_attention, bf16_attention = vllm_fa3_attention()
         mode_name = "backend's own (FA3 as built into this vLLM)"
+        backend_version = f"vllm {_vllm_version()} FlashAttention-3"
     elif args.device == "cpu":
         if "kvkernels._prefill_kernels" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             raise ProbeUnavailable("--device cpu needs a fresh process: the GPU kernels are already compiled here")
@@ -309,8 +325,12 @@ def run_probe(args: argparse.Namespace) -> ProbeReport:
     if args.backend == "triton":
         fp8_attention, bf16_attention = _triton_backend(args.device, mode)
         mode_name = mode.value
+        import triton
+
+        backend_version = f"kvkernels {kvkernels_version}, triton {triton.__version__}"
     report = ProbeReport(
         backend=args.backend,
+        backend_version=backend_version,
         mode=mode_name,
         device=_device_description(args.device),
         head_dim=args.head_dim,

@@ -5,10 +5,17 @@ import os
 import pytest
 import torch
 from kvkernels import probe
-from kvkernels.decode import DecodeConfig, PagedKVCache, paged_decode
+from kvkernels.decode import (
+    DecodeConfig,
+    MmaDecodeConfig,
+    PagedKVCache,
+    build_paged_cache,
+    default_decode_config,
+    paged_decode,
+)
 from kvkernels.modes import AccumulationMode
 from kvkernels.prefill import attention_prefill
-from kvkernels.quant import quantize_fp8
+from kvkernels.quant import FP8_DTYPE, quantize_fp8
 from kvkernels.reference import attention_reference, paged_decode_reference, row_errors
 
 # Compiled kernels only: under TRITON_INTERPRET=1 even a visible GPU would run the interpreter.
@@ -57,3 +64,65 @@ def test_fp8_paged_decode_is_accurate_at_32k(upcast_values: bool) -> None:
     ref = paged_decode_reference(q8, k8, v8, table, lens, q_scale=qs, k_scale=ks, v_scale=vs)
     error, shrink = row_errors(out, ref)
     assert error < 1e-2 and abs(shrink) < 2e-3
+
+
+def _ragged_fp8_cache(
+    lengths: list[int], page: int, hk: int, head_dim: int, seed: int
+) -> tuple[PagedKVCache, float, float]:
+    """Pages shuffled; every slot past a sequence's end holds NaN, which the kernel must never let in."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    keys = [torch.randn(hk, n, head_dim, device="cuda", generator=gen) for n in lengths]
+    values = [torch.randn(hk, n, head_dim, device="cuda", generator=gen) + 1.0 for n in lengths]
+    _, ks = quantize_fp8(torch.cat(keys, 1))
+    _, vs = quantize_fp8(torch.cat(values, 1))
+    cache = build_paged_cache(
+        [quantize_fp8(k, ks)[0] for k in keys], [quantize_fp8(v, vs)[0] for v in values], page, torch.Generator()
+    )
+    nan = torch.tensor(float("nan")).to(FP8_DTYPE)
+    for seq, n in enumerate(lengths):
+        last = int(cache.block_table[seq, (n - 1) // page])
+        cache.key_cache[last, n % page or page :] = nan
+        cache.value_cache[last, n % page or page :] = nan
+    return cache, ks, vs
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "group", "page", "config"),
+    [
+        (128, 4, 16, MmaDecodeConfig()),
+        (128, 4, 32, MmaDecodeConfig(tile=16, stages=4, heads_per_block=1, blocks_per_multiprocessor=8)),
+        (128, 8, 16, MmaDecodeConfig(tile=64, stages=2, heads_per_block=1, warps_per_head=2)),
+        (128, 4, 16, MmaDecodeConfig(tile=16, heads_per_block=2, warps_per_head=3)),
+        (128, 4, 16, MmaDecodeConfig(heads_per_block=8, blocks_per_multiprocessor=2)),
+        (128, 12, 16, MmaDecodeConfig()),  # more than 8 query heads per KV head: all 16 mma rows
+        (128, 1, 16, MmaDecodeConfig(stages=4)),
+        (256, 4, 16, MmaDecodeConfig(tile=16)),
+        (256, 16, 16, MmaDecodeConfig(tile=16, stages=2)),
+    ],
+)
+def test_cuda_fp8_decode_matches_float64_on_a_ragged_batch(
+    head_dim: int, group: int, page: int, config: MmaDecodeConfig
+) -> None:
+    lengths = [1, 15, 16, 17, 1000, 4099, 20001, 65536]
+    hk = 2
+    cache, ks, vs = _ragged_fp8_cache(lengths, page, hk, head_dim, seed=head_dim + group)
+    q8, qs = quantize_fp8(torch.randn(len(lengths), hk * group, head_dim, device="cuda"))
+    out = paged_decode(
+        q8, cache, max_seq_len=max(lengths), q_scale=qs, k_scale=ks, v_scale=vs, out_dtype=torch.float32,
+        config=config,
+    )  # fmt: skip
+    ref = paged_decode_reference(
+        q8, cache.key_cache, cache.value_cache, cache.block_table, cache.seq_lens, q_scale=qs, k_scale=ks, v_scale=vs
+    )
+    error, shrink = row_errors(out, ref)
+    assert error < 1e-3 and abs(shrink) < 1e-4
+    assert row_errors(out.flip(0), ref)[0] > 0.1
+
+
+def test_fp8_decode_defaults_to_the_cuda_kernel_on_hopper() -> None:
+    cache, _, _ = _ragged_fp8_cache([100, 300], 16, 2, 128, seed=3)
+    q8, _ = quantize_fp8(torch.randn(2, 8, 128, device="cuda"))
+    assert isinstance(default_decode_config(q8, cache), MmaDecodeConfig)
+    assert isinstance(default_decode_config(q8, cache, AccumulationMode.SINGLE_LEVEL), DecodeConfig)
+    with pytest.raises(ValueError, match="two-level only"):
+        paged_decode(q8, cache, max_seq_len=300, mode="single-level", config=MmaDecodeConfig())

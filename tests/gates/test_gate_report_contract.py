@@ -19,7 +19,9 @@ def _probe_report(safe: bool, lengths: int = 3) -> probe.ProbeReport:
     verdict = probe.judge(results, thresholds)
     if not safe:
         verdict = probe.Verdict(False, "at 8192 tokens the output changed by -5.00% in norm")
-    return probe.ProbeReport("triton", "two-level", "H200", 128, 131072, thresholds, results, verdict, 1.5, "")
+    return probe.ProbeReport(
+        "triton", "kvkernels 0.1.0", "two-level", "H200", 128, 131072, thresholds, results, verdict, 1.5, ""
+    )
 
 
 @pytest.mark.parametrize(("safe", "verdict"), [(True, "Safe"), (False, "Unsafe")])
