@@ -26,6 +26,7 @@ from e2e_helpers import (
     wait_phase,
     wait_until,
 )
+from kvpolicy.controller.tick import CANARY_PHASES
 from kvpolicy.plugin.cli import CLEAR_SCREEN
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 
@@ -189,7 +190,8 @@ def test_pause_resume_abort_retry_list_and_explain(
         done = wait_phase(devcluster, ns, {"Promoted"})
         listed = plugin(devcluster, plugin_env, "list", "-A")
         explained = plugin(devcluster, plugin_env, "explain", "llama-fp8", "-n", ns)
-    assert held in {"CanaryStarting", "AccuracyGate"}
+    # Under load the rollout may reach a later canary phase before the pause lands; it must hold in one.
+    assert held in {phase.value for phase in CANARY_PHASES}
     reasons = [e["reason"] for e in devcluster.list("v1", "Event", ns)]
     assert {"RolloutPaused", "RolloutResumed", "RollingBack", "RolloutRestarted"} <= set(reasons)
     assert done["status"]["rolloutId"] != aborted["status"]["rolloutId"]
