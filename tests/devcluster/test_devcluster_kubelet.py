@@ -218,7 +218,7 @@ def test_crashing_server_is_restarted_with_backoff(
         return bool(statuses) and statuses[0]["restartCount"] >= 2
 
     container = devcluster.wait_for("v1", "Pod", pod_name, ns, restarted)["status"]["containerStatuses"][0]
-    assert container["lastState"]["exitCode"] == 3 and not container["ready"]
+    assert container["lastState"]["terminated"]["exitCode"] == 3 and not container["ready"]
     assert container["state"]["waiting"]["reason"] == "CrashLoopBackOff"
 
 

@@ -78,7 +78,7 @@ def parse_with_vllm(serve_args: Sequence[str]) -> ServeRequest:
         value = str(namespace.attention_backend)
         try:  # what vLLM's engine config does with the string: "auto" or an AttentionBackendEnum name
             AttentionConfig.validate_backend_before(value)
-        except KeyError:
+        except (KeyError, ValueError):  # AttentionBackendEnum's lookup raises ValueError for an unknown name
             parser.error(f"argument --attention-backend: {value!r} is not an attention backend vLLM knows")
         kernels["--attention-backend"] = value
     return ServeRequest(model, namespace.served_model_name, namespace.max_model_len, kernels)

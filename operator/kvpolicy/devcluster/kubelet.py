@@ -639,7 +639,10 @@ class Kubelet:
                 return
             restarts += 1
             waiting = {"waiting": {"reason": "CrashLoopBackOff", "message": f"container exited with {exit_code}"}}
-            state = {**self._container_status(container, False, waiting, restarts), "lastState": terminated}
+            state = {
+                **self._container_status(container, False, waiting, restarts),
+                "lastState": {"terminated": terminated},
+            }
             self._update_pod_status(runtime, state, "ContainersNotReady")
             await asyncio.sleep(min(5.0, self.restart_backoff_seconds * 2 ** min(restarts, 5)))
 

