@@ -134,7 +134,7 @@ async def test_metrics_use_vllm_names_labels_buckets_and_simulated_seconds() -> 
             )
             assert status == 200
         async with session.get(f"{url}/metrics") as response:
-            assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            assert response.headers["Content-Type"].startswith("text/plain; version=1.0.0")  # as vLLM 0.32 sends it
             text = await response.text()
     labels = f'engine="0",model_name="{MODEL}"'
     for name in (

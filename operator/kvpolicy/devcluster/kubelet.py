@@ -39,7 +39,7 @@ from kvpolicy.devcluster.nodes import (
 )
 from kvpolicy.devcluster.nodes import rewrite_service_urls as rewrite_urls
 from kvpolicy.devcluster.resources import ResourceType
-from kvpolicy.devcluster.runners import ContainerRunner, container_port
+from kvpolicy.devcluster.runners import ContainerRunner, JobRewriter, container_port
 from kvpolicy.devcluster.store import MERGE_PATCH, ApiError, Obj, Store, now_timestamp
 
 logger = logging.getLogger(__name__)
@@ -527,9 +527,10 @@ class Kubelet:
         try:
             env = self._environment(pod, container, runtime)
             if run_to_completion:
-                argv: list[str] | None = [
-                    self.rewrite_service_urls(arg, meta["namespace"]) for arg in job_argv(container)
-                ]
+                command = [self.rewrite_service_urls(arg, meta["namespace"]) for arg in job_argv(container)]
+                if isinstance(self.runner, JobRewriter):
+                    command = self.runner.rewrite_job_argv(command)
+                argv: list[str] | None = command
             else:
                 argv = self.runner.argv(container, node["metadata"]["labels"], runtime.ip)
         except (ValueError, LookupError) as exc:
