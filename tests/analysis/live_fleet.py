@@ -169,10 +169,12 @@ class PrometheusServer:
         self._dir.cleanup()
 
 
-async def drive_load(url: str, requests: int, concurrency: int = 8, max_tokens: int = 6, prompt: str = "x") -> None:
+async def drive_load(
+    url: str, requests: int, concurrency: int = 8, max_tokens: int = 6, prompt: str = "x", model: str = "m"
+) -> None:
     """Send `requests` streaming completions, at most `concurrency` at once, and read every stream to its end."""
     semaphore = asyncio.Semaphore(concurrency)
-    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
 
     async def one(session: aiohttp.ClientSession) -> None:
         async with semaphore, session.post(f"{url}/v1/completions", json=body) as response:

@@ -1,11 +1,20 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 from kvpolicy_dev.demo import scenarios
-from kvpolicy_dev.demo.report import DEPLOYMENTS_FILE, POLICIES_FILE, Observed, RunFacts, policy_events, write_report
+from kvpolicy_dev.demo.report import (
+    DEPLOYMENTS_FILE,
+    POLICIES_FILE,
+    REAL_VLLM_SERVERS,
+    Observed,
+    RunFacts,
+    policy_events,
+    write_report,
+)
 
 FACTS = RunFacts("2026-11-30T10:00:00Z", 95.0, "x86_64, 2 CPUs", "Prometheus 2.42", "demo mode", 1234, 2)
 FIGURES = {"itl": [{"title": "Llama-3.1-8B on H200", "breakEvenTokens": 7731.2}]}
@@ -65,6 +74,15 @@ def test_report_has_the_table_the_policies_and_the_figures(make_policy: Any, tmp
     assert [obj["metadata"]["name"] for obj in saved] == list(_statuses())
     [deployment] = yaml.safe_load_all((tmp_path / DEPLOYMENTS_FILE).read_text())
     assert deployment == deployments[0]
+
+
+def test_report_says_where_its_numbers_came_from(make_policy: Any, tmp_path: Path) -> None:
+    observed = Observed([make_policy("support-chat", {})])
+    simulated = write_report(tmp_path / "sim", FACTS, observed, scenarios.SCENARIOS, None).read_text()
+    assert "the simulators' accuracy follows emulated FP8 accumulation" in simulated
+    real_facts = replace(FACTS, servers=REAL_VLLM_SERVERS)
+    real = write_report(tmp_path / "real", real_facts, observed, scenarios.SCENARIOS, None).read_text()
+    assert "the model pods ran real vLLM 0.32.0" in real and "accuracy scores are simulated" in real
 
 
 def test_report_says_when_figures_are_missing(make_policy: Any, tmp_path: Path) -> None:

@@ -14,7 +14,9 @@ import aiohttp
 import kvpolicy
 import pytest
 from kvpolicy.gates.report import TERMINATION_LOG_ENV
-from kvpolicy_dev.devcluster import ThreadedDevCluster
+from kvpolicy_dev.devcluster import POOL_LABEL, SimulatorRunner, ThreadedDevCluster
+from kvpolicy_dev.devcluster.runners import EntrypointQuirk
+from prometheus_client.parser import text_string_to_metric_families
 
 H200 = {"nvidia.com/gpu.product": "NVIDIA-H200"}
 B200 = {"nvidia.com/gpu.product": "NVIDIA-B200"}
@@ -219,7 +221,7 @@ def test_crashing_server_is_restarted_with_backoff(
         return bool(statuses) and statuses[0]["restartCount"] >= 2
 
     container = devcluster.wait_for("v1", "Pod", pod_name, ns, restarted)["status"]["containerStatuses"][0]
-    assert container["lastState"]["exitCode"] == 3 and not container["ready"]
+    assert container["lastState"]["terminated"]["exitCode"] == 3 and not container["ready"]
     assert container["state"]["waiting"]["reason"] == "CrashLoopBackOff"
 
 
@@ -366,3 +368,27 @@ def test_a_broken_object_does_not_hold_up_the_others(devcluster: ThreadedDevClus
     ready_condition = next(c for c in lost["status"]["conditions"] if c["type"] == "Ready")
     assert (ready_condition["reason"], lost["status"]["phase"]) == ("NodeNotFound", "Pending")
     assert "status" not in devcluster.get("apps/v1", "Deployment", "broken", ns)
+
+
+async def test_an_image_whose_entrypoint_drops_a_flag_serves_what_vllm_really_got(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str
+) -> None:
+    # The pod spec asks for an FP8 KV cache; the image's wrapper loses the flag, and the server's own
+    # vllm:cache_config_info says so (what an operator can check a canary against).
+    ns = devcluster_namespace
+    lossy = SimulatorRunner(time_scale=0.001, quirks={"vllm-lossy:1": EntrypointQuirk(drop=("--kv-cache-dtype",))})
+    devcluster.set_runner(lossy)
+    served = {}
+    for image in ("vllm-lossy:1", "vllm/vllm-openai:v0.11.0"):
+        name = image.split(":")[0].split("/")[-1]
+        container = {"name": "vllm", "image": image, "command": ["vllm", "serve"],
+                     "args": ["llama", "--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "0"],
+                     "ports": [{"containerPort": 8000}]}  # fmt: skip
+        devcluster.create(deployment(name, ns, node_selector={POOL_LABEL: "h200"}, container=container))
+        await devcluster.await_for("apps/v1", "Deployment", name, ns, available(1), give_up_after=60)
+        ip = pods_of(devcluster, ns, name)[0]["status"]["podIP"]
+        async with aiohttp.ClientSession() as http, http.get(f"http://{ip}:8000/metrics") as response:
+            families = {family.name: family for family in text_string_to_metric_families(await response.text())}
+        (sample,) = families["vllm:cache_config_info"].samples
+        served[image] = (sample.labels["cache_dtype"], sample.labels["kv_cache_dtype_skip_layers"])
+    assert served == {"vllm-lossy:1": ("auto", "['0']"), "vllm/vllm-openai:v0.11.0": ("fp8", "['0']")}

@@ -77,19 +77,25 @@ async def test_streaming_sends_one_sse_chunk_per_token_then_done() -> None:
     assert chunks[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 7, "total_tokens": 9}
 
 
-async def test_requests_past_max_model_len_get_vllms_400() -> None:
+async def test_requests_past_max_model_len_are_refused_or_shortened_as_vllm_0_32_does() -> None:
+    # Measured against real vLLM 0.32.0 (tests/realvllm/test_realvllm_contract.py asks both servers the same).
     async with serve(config(max_model_len=64)) as url, aiohttp.ClientSession() as session:
-        too_long, body = await post(session, f"{url}/v1/completions", {"model": MODEL, "prompt": " The" * 64})
+        too_long, body = await post(session, f"{url}/v1/completions", {"model": MODEL, "prompt": " The" * 65})
         assert too_long == 400
-        assert body["error"]["type"] == "BadRequestError" and body["error"]["code"] == 400
-        assert "maximum context length is 64 tokens" in body["error"]["message"]
-        with_output, body = await post(
+        assert body["error"]["type"] == "BadRequestError" and body["error"]["param"] == "input_tokens"
+        assert (
+            "maximum context length is 64 tokens. However, your prompt contains at least 65" in body["error"]["message"]
+        )
+        full, body = await post(session, f"{url}/v1/completions", {"model": MODEL, "prompt": " The" * 64})
+        assert full == 400 and "max_tokens must be at least 1, got 0" in body["error"]["message"]
+        shortened, body = await post(
             session, f"{url}/v1/completions", {"model": MODEL, "prompt": " The" * 60, "max_tokens": 10}
         )
-        assert (
-            with_output == 400
-            and "'max_tokens' or 'max_completion_tokens' is too large: 10" in body["error"]["message"]
+        assert shortened == 200 and body["usage"]["completion_tokens"] <= 4
+        too_many, body = await post(
+            session, f"{url}/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 65}
         )
+        assert too_many == 400 and "max_tokens=65 cannot be greater than max_model_len=64" in body["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -128,7 +134,7 @@ async def test_metrics_use_vllm_names_labels_buckets_and_simulated_seconds() -> 
             )
             assert status == 200
         async with session.get(f"{url}/metrics") as response:
-            assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            assert response.headers["Content-Type"].startswith("text/plain; version=1.0.0")  # as vLLM 0.32 sends it
             text = await response.text()
     labels = f'engine="0",model_name="{MODEL}"'
     for name in (
@@ -217,5 +223,11 @@ async def test_every_metric_series_exists_with_zero_values_before_any_request() 
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert [(s.labels, s.value) for s in families[name].samples] == [(server_labels, 0)]
     success = [s for s in families["vllm:request_success"].samples if s.name == "vllm:request_success_total"]
-    assert {s.labels["finished_reason"]: s.value for s in success} == {"stop": 0, "length": 0, "abort": 0, "error": 0}
+    assert {s.labels["finished_reason"]: s.value for s in success} == {
+        "stop": 0,
+        "length": 0,
+        "abort": 0,
+        "error": 0,
+        "repetition": 0,
+    }
     assert all({k: v for k, v in s.labels.items() if k != "finished_reason"} == server_labels for s in success)

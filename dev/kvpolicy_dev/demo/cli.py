@@ -15,11 +15,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kvpolicy_dev.demo.processes import ChildExitedError
-from kvpolicy_dev.demo.run import DemoError, DemoOptions, run_demo
-from kvpolicy_dev.demo.scenarios import DEMO_TIMING, FAST_TIMING
+from kvpolicy_dev.demo.run import DemoError, DemoOptions, Servers, run_demo
+from kvpolicy_dev.demo.scenarios import DEMO_TIMING, FAST_TIMING, VLLM_TIMING
 
 DEMO_DEADLINE_SECONDS = 150.0
 FAST_DEADLINE_SECONDS = 120.0
+# Per wave of scenarios: starting real vLLM pods (target, canary, promoted target) takes minutes on two cores.
+VLLM_DEADLINE_SECONDS = 900.0
+SIM_REQUESTS_PER_SECOND = 3.0
+VLLM_REQUESTS_PER_SECOND = 1.0
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 
@@ -41,25 +45,44 @@ def build_parser() -> argparse.ArgumentParser:
         "--deadline-seconds", type=float, help="give up waiting for decisions after this long (default: 150, fast 120)"
     )
     parser.add_argument(
-        "--requests-per-second", type=float, default=3.0, help="user requests per second to each model Service"
+        "--requests-per-second",
+        type=float,
+        help=f"user requests per second to each model Service (default {SIM_REQUESTS_PER_SECOND:g}; "
+        f"{VLLM_REQUESTS_PER_SECOND:g} with --servers vllm)",
+    )
+    parser.add_argument(
+        "--servers",
+        choices=[servers.value for servers in Servers],
+        default=Servers.SIMULATOR.value,
+        help="what the model pods run: the simulator (default), or real vLLM (its CPU build with a tiny random-weight "
+        "model; accuracy gates still answered by the simulator's FP8 emulation; scenarios run two at a time; minutes)",
     )
     return parser
 
 
 def options_from_args(args: argparse.Namespace, now: datetime) -> DemoOptions:
     default_dir = Path(f"demo-report-{now.strftime('%Y%m%d-%H%M%S')}")
+    servers = Servers(args.servers)
+    real = servers == Servers.VLLM
     deadline = args.deadline_seconds
     if deadline is None:
-        deadline = FAST_DEADLINE_SECONDS if args.fast else DEMO_DEADLINE_SECONDS
-    if deadline <= 0 or args.requests_per_second <= 0:
+        deadline = VLLM_DEADLINE_SECONDS if real else FAST_DEADLINE_SECONDS if args.fast else DEMO_DEADLINE_SECONDS
+    rate = args.requests_per_second
+    if rate is None:
+        rate = VLLM_REQUESTS_PER_SECOND if real else SIM_REQUESTS_PER_SECOND
+    if deadline <= 0 or rate <= 0:
         raise ValueError("--deadline-seconds and --requests-per-second must be above 0")
+    if real and args.fast:
+        raise ValueError("--fast is for the simulator: real vLLM pods take about a minute to start whatever the timing")
+    timing = VLLM_TIMING if real else FAST_TIMING if args.fast else DEMO_TIMING
     return DemoOptions(
         report_dir=(args.report_dir or default_dir).resolve(),
-        timing=FAST_TIMING if args.fast else DEMO_TIMING,
-        mode="fast mode" if args.fast else "demo mode",
+        timing=timing,
+        mode="real vLLM mode" if real else "fast mode" if args.fast else "demo mode",
         use_prometheus=not args.no_prometheus,
         deadline_seconds=deadline,
-        requests_per_second=args.requests_per_second,
+        requests_per_second=rate,
+        servers=servers,
     )
 
 

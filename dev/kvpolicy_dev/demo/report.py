@@ -36,6 +36,20 @@ class Observed:
     deployments: Sequence[Mapping[str, Any]] = ()
 
 
+SIMULATED_SERVERS = (
+    "The cluster, the GPUs and vLLM are emulated: the simulators' accuracy follows emulated FP8 accumulation and their "
+    "latency the published fits, scaled in time."
+)
+REAL_VLLM_SERVERS = (
+    "The cluster and the GPUs are emulated; the model pods ran real vLLM 0.32.0 (its CPU build, serving a tiny "
+    "random-weight Llama, scenarios two at a time): the users' requests, the pods' /metrics, Prometheus' histograms, "
+    "every latency ratio and so every latency verdict below are real vLLM's, measured on this CPU rather than on the "
+    "GPUs the scenarios name. The accuracy gate's prompts were answered by each pod's simulator twin (the FP8 "
+    "accumulation emulation of its GPU and image), because no real weights exist here: accuracy scores are "
+    "simulated."
+)
+
+
 @dataclass(frozen=True)
 class RunFacts:
     """How the run went, for the report's header."""
@@ -47,6 +61,7 @@ class RunFacts:
     mode: str
     user_requests: int = 0
     failed_user_requests: int = 0
+    servers: str = SIMULATED_SERVERS  # what the model pods ran, and so where each number comes from
 
 
 def _gate_lines(title: str, gate: GateResult | None) -> list[str]:
@@ -187,9 +202,7 @@ def report_markdown(
         f"Latency source: {facts.latency_source}. Users sent {facts.user_requests:,} requests, "
         f"{facts.failed_user_requests:,} of them failed.",
         "",
-        "Every row below is read from a KVPolicy's status as the operator wrote it. The cluster, the GPUs and vLLM "
-        "are emulated: the simulators' accuracy follows emulated FP8 accumulation and their latency the published "
-        "fits, scaled in time.",
+        f"Every row below is read from a KVPolicy's status as the operator wrote it. {facts.servers}",
         "",
         "## Decisions",
         "",

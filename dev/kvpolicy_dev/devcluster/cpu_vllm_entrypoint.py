@@ -1,0 +1,145 @@
+"""A vLLM image's entrypoint on this CPU: `python -m kvpolicy_dev.devcluster.cpu_vllm_entrypoint --model-dir DIR
+--host H --port P [--entrypoint-drops FLAG]... [--entrypoint-adds WORD]... -- SERVE_ARGS` serves what
+`vllm serve SERVE_ARGS` would, in this process:
+
+1. the image's quirks (tests only: an entrypoint that loses or rewrites flags) change SERVE_ARGS;
+2. vLLM's own parser checks SERVE_ARGS: an argument it refuses ends the process with vLLM's message and status 2;
+3. flags that only choose a GPU kernel are checked with vLLM's own validator, then left out, with a log line;
+4. the model (SERVE_ARGS' positional) becomes --model DIR, served under the name the container asked for, and the
+   CPU runtime arguments (random weights, eager mode, a KV cache sized for --max-model-len) are added;
+5. vLLM's OpenAI-compatible server runs with the result.
+
+Every step is logged to stderr (the pod's log), starting with the arguments exactly as the container gave them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpolicy_dev.devcluster.cpu_vllm import (
+    CPU_RUNTIME_ARGS,
+    GPU_KERNEL_FLAGS,
+    MAX_POSITION_EMBEDDINGS,
+    kv_cache_bytes,
+)
+from kvpolicy_dev.devcluster.runners import EntrypointQuirk, drop_flags
+
+SITE_DIR = Path(__file__).parent / "vllm_site"
+PREFIX = "kvpolicy cpu-vllm:"
+EXIT_REFUSED = 2
+# Set for the server and every process it starts: one OpenMP thread per server, no pinning (several servers share
+# two cores), no network (nothing may be downloaded), and the explicit KV cache size instead of the legacy
+# VLLM_CPU_KVCACHE_SPACE, which would override it in whole GiB.
+SERVER_ENVIRONMENT = {
+    "OMP_NUM_THREADS": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def say(message: str) -> None:
+    print(f"{PREFIX} {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    """What `vllm serve` was asked, as vLLM's parser read it."""
+
+    model: str
+    served_model_name: list[str] | None
+    max_model_len: int | None
+    gpu_kernel_values: dict[str, str]  # flag -> value given
+
+
+def parse_with_vllm(serve_args: Sequence[str]) -> ServeRequest:
+    """Parse like `vllm serve` does; an argument vLLM refuses exits with its usage message and status 2."""
+    from vllm.config.attention import AttentionConfig
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))  # type: ignore[no-untyped-call]
+    namespace = parser.parse_args(list(serve_args))
+    model = namespace.model_tag
+    if model is None:
+        parser.error("the model is missing: `vllm serve MODEL ...`")
+    kernels: dict[str, str] = {}
+    if namespace.attention_backend is not None:
+        value = str(namespace.attention_backend)
+        try:  # what vLLM's engine config does with the string: "auto" or an AttentionBackendEnum name
+            AttentionConfig.validate_backend_before(value)
+        except (KeyError, ValueError):  # AttentionBackendEnum's lookup raises ValueError for an unknown name
+            parser.error(f"argument --attention-backend: {value!r} is not an attention backend vLLM knows")
+        kernels["--attention-backend"] = value
+    return ServeRequest(model, namespace.served_model_name, namespace.max_model_len, kernels)
+
+
+def cpu_arguments(serve_args: Sequence[str], request: ServeRequest, model_dir: Path, host: str, port: int) -> list[str]:
+    """SERVE_ARGS for this CPU: the model directory in place of the model, GPU-kernel flags out, CPU runtime args in."""
+    rest = list(serve_args)
+    if rest and rest[0] == request.model:
+        rest = rest[1:]
+    rest = drop_flags(rest, GPU_KERNEL_FLAGS)
+    names = [] if request.served_model_name else ["--served-model-name", request.model]
+    max_len = request.max_model_len or MAX_POSITION_EMBEDDINGS
+    kv_cache = ["--kv-cache-memory-bytes", str(kv_cache_bytes(max_len))]
+    return ["--model", str(model_dir), *rest, *names, *CPU_RUNTIME_ARGS, *kv_cache, "--host", host, "--port", str(port)]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m kvpolicy_dev.devcluster.cpu_vllm_entrypoint", description=__doc__)
+    parser.add_argument("--model-dir", type=Path, required=True, help="a model directory (cpu_vllm.write_model_dir)")
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--entrypoint-drops", action="append", default=[], metavar="FLAG")
+    parser.add_argument("--entrypoint-adds", action="append", default=[], metavar="WORD")
+    parser.add_argument("--twin", type=json.loads, default=[], help="a JSON list: a command to start beside vLLM")
+    parser.add_argument("serve_args", nargs=argparse.REMAINDER, help="-- then the `vllm serve` arguments")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    options = build_parser().parse_args(argv)
+    serve_args = options.serve_args[1:] if options.serve_args[:1] == ["--"] else options.serve_args
+    say(f"the container runs: vllm serve {shlex.join(serve_args)}")
+    quirk = EntrypointQuirk(tuple(options.entrypoint_drops), tuple(options.entrypoint_adds))
+    if quirk != EntrypointQuirk():
+        serve_args = quirk.apply(serve_args)
+        say(f"this image's entrypoint drops {list(quirk.drop)} and adds {list(quirk.add)}: vLLM gets "
+            f"{shlex.join(serve_args)}")  # fmt: skip
+    if not options.model_dir.joinpath("config.json").is_file():
+        say(f"{options.model_dir} has no config.json: write it with kvpolicy_dev.devcluster.cpu_vllm.write_model_dir")
+        return EXIT_REFUSED
+    os.environ.update(SERVER_ENVIRONMENT)
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE_DIR), os.environ.get("PYTHONPATH")]))
+    if options.twin:
+        say(f"its accuracy twin runs: {shlex.join(options.twin)}")
+        subprocess.Popen(options.twin, stdin=subprocess.DEVNULL)  # in this pod's process group: stopped with it
+    import torch
+
+    torch.cpu._init_amx()  # this process too (see vllm_site/sitecustomize.py)
+    request = parse_with_vllm(serve_args)
+    for flag, value in request.gpu_kernel_values.items():
+        say(f"{flag} {value}: accepted by vLLM's parser and validator; left out on CPU, where vLLM picks its kernel")
+    arguments = cpu_arguments(serve_args, request, options.model_dir, options.host, options.port)
+    say(f"vLLM on CPU runs: {shlex.join(arguments)}")
+    sys.argv = ["vllm serve", *arguments]
+    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
