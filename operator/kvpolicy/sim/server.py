@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kvpolicy.gates.niah import FILLER, parse_prompt
 from kvpolicy.sim import tokenizer
@@ -310,7 +310,8 @@ class Simulator:
 
     async def render_metrics(self, _: web.Request) -> web.Response:
         response = web.Response(body=self.metrics.render())
-        response.headers["Content-Type"] = CONTENT_TYPE_PLAIN_0_0_4
+        # What vLLM 0.32 sends for GET /metrics (prometheus-fastapi-instrumentator), whatever the Accept header says.
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
     async def tokenize(self, request: web.Request) -> web.Response:
