@@ -111,7 +111,7 @@ async def test_error_ratio_and_kv_cache_usage(fleet: Fleet) -> None:
         simulated = await provider.latency_snapshot(BASELINE, 600, (0.5,))
         fake = await provider.latency_snapshot(pods("canary", "m-underscore-0"), 600, (0.5,))
     assert simulated.error_ratio == 0.0
-    assert simulated.http_error_ratio is None  # the simulator exports no HTTP request counter
+    assert simulated.http_error_ratio == 0.0  # the simulator counts HTTP requests by status class, as vLLM does
     assert simulated.kv_cache_usage is not None and 0 <= simulated.kv_cache_usage < 1
     assert (fake.error_ratio, fake.http_error_ratio, fake.kv_cache_usage) == (0.0, 0.0, 0.25)
 

@@ -15,7 +15,7 @@ import numpy as np
 from aiohttp import web
 from kvpolicy.gates.niah import FILLER, parse_prompt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kvpolicy_dev.sim.accuracy import NumericsModel, answer_needles
 from kvpolicy_dev.sim.config import Gpu, SimConfig
@@ -311,7 +311,8 @@ class Simulator:
 
     async def render_metrics(self, _: web.Request) -> web.Response:
         response = web.Response(body=self.metrics.render())
-        response.headers["Content-Type"] = CONTENT_TYPE_PLAIN_0_0_4
+        # What vLLM 0.32 sends for GET /metrics (prometheus-fastapi-instrumentator), whatever the Accept header says.
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
     async def tokenize(self, request: web.Request) -> web.Response:
