@@ -103,6 +103,9 @@ class Tick:
     def condition_is(self, type_: ConditionType, status: ConditionStatus) -> bool:
         return any(c.type == type_ and c.status == status for c in self.status.conditions)
 
+    def condition_reason(self, type_: ConditionType) -> str | None:
+        return next((c.reason for c in self.status.conditions if c.type == type_), None)
+
     def enter(self, phase: Phase) -> None:
         self.status.phase = phase
         self.status.phase_entered_at = timestamp(self.now)
