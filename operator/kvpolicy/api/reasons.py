@@ -18,6 +18,7 @@ class Reason(StrEnum):
     TARGET_NOT_FOUND = "TargetNotFound"
     INVALID_TARGET = "InvalidTarget"
     INVALID_SPEC = "InvalidSpec"
+    GPU_CHANGED = "GPUChanged"
     PLANNED = "Planned"
     BF16_PLANNED = "BF16Planned"
     FP8_PLANNED = "FP8Planned"

@@ -21,6 +21,7 @@ from kvpolicy.controller.jobgates import PHASE_GATES
 from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, NODES, PODS, SERVICES, KubeApi, label_selector
 from kvpolicy.controller.rules import latency_check_due, latency_gate_config, rollout_hash
 from kvpolicy.controller.state import JobView, Observations, PodView
+from kvpolicy.controller.tick import REPLAN_PHASES
 from kvpolicy.gpu import PRESENT_LABEL, gpu_facts
 
 Obj = dict[str, Any]
@@ -153,14 +154,12 @@ class Observer:
         if phase in TERMINAL_PHASES - {Phase.HELD_BF16}:
             return Observations(now=now)
         target = await self.api.get(DEPLOYMENTS, namespace, policy.spec.target_ref.name)
-        if phase == Phase.PLANNING:
-            if target is None:
-                return Observations(now=now)
+        gpu = None
+        if target is not None and (phase == Phase.PLANNING or phase in REPLAN_PHASES):
             nodes = await self.api.list_objects(NODES, None, label_selector(gpu_node_selector(policy, target)))
-            labels = [node["metadata"].get("labels") or {} for node in nodes]
-            return Observations(now=now, target=target, gpu=gpu_facts(labels))
-        if phase == Phase.HELD_BF16:
-            return Observations(now=now, target=target)
+            gpu = gpu_facts([node["metadata"].get("labels") or {} for node in nodes])
+        if phase in (Phase.PLANNING, Phase.HELD_BF16):
+            return Observations(now=now, target=target, gpu=gpu)
 
         needs = PHASE_NEEDS.get(phase, frozenset())
         by_policy = label_selector({b.POLICY_LABEL: name})
@@ -186,6 +185,7 @@ class Observer:
         return Observations(
             now=now,
             target=target,
+            gpu=gpu,
             canary=next(iter(live([canary] if canary else [])), None),
             canary_pods=canary_pods,
             services=services,

@@ -45,6 +45,9 @@ HISTORY_LIMIT = 10
 CANARY_PHASES = frozenset(
     {Phase.CANARY_STARTING, *(gate.phase for gate in PHASE_GATES), Phase.LATENCY_ANALYSIS, Phase.AWAITING_APPROVAL}
 )
+# Phases whose plan still steers what happens: a change of the pool's GPUs plans the rollout again (observe reads the
+# nodes in them). HeldBF16 included: a plan held on an unknown or unsuitable GPU is made again on the new one.
+REPLAN_PHASES = CANARY_PHASES | {Phase.HELD_BF16}
 
 
 class Tick:
@@ -200,9 +203,10 @@ class Tick:
 # ------------------------------------------------------------------------------------------------------ transitions
 
 
-def restart(t: Tick, spec_hash: str, why: str) -> None:
+def restart(t: Tick, spec_hash: str, why: str, warning: Reason | None = None) -> None:
     """A new rollout: clean up the previous one's children and plan again. History and the recorded template stay,
-    so a later rollback still restores the configuration from before any promotion."""
+    so a later rollback still restores the configuration from before any promotion. `warning`: say why with a
+    Warning event of that reason (the cluster changed under the rollout) instead of a Normal restart event."""
     previous = t.status
     if previous.canary is not None and t.phase not in TERMINAL_PHASES:
         t.add(Delete(Kind.DEPLOYMENT, previous.canary.deployment))
@@ -212,7 +216,9 @@ def restart(t: Tick, spec_hash: str, why: str) -> None:
             result = gate.result(previous)
             if result is not None and result.job and result.verdict == GateVerdict.RUNNING:
                 t.add(Delete(Kind.JOB, result.job))
-    if previous.spec_hash is not None:
+    if warning is not None:
+        t.event("Warning", warning, why)
+    elif previous.spec_hash is not None:
         reason = Reason.ANALYSIS_RESTARTED if t.phase not in TERMINAL_PHASES else Reason.ROLLOUT_RESTARTED
         t.event("Normal", reason, why)
     t.status = previous.model_copy(
