@@ -6,18 +6,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from e2e_helpers import OperatorFactory
+from e2e_helpers import OPERATOR_ENV, OperatorFactory
 from kopf.testing import KopfRunner
 from kvpolicy.api import crd
 from kvpolicy.controller import handlers
 from kvpolicy_dev.devcluster import ThreadedDevCluster
-
-OPERATOR_ENV = {
-    "KVPOLICY_POLL_SECONDS": "0.2",
-    "KVPOLICY_IDLE_SECONDS": "5",
-    "KVPOLICY_GATE_IMAGE": "kvpolicy-operator:test",
-    "KVPOLICY_PROBE_IMAGE": "vllm-kvkernels:test",
-}
 
 
 @pytest.fixture(scope="session")

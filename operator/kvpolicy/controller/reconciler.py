@@ -58,6 +58,8 @@ class Reconciler:
     # The policy as the API server returned it to this loop's last status write: the next pass starts from it
     # instead of reading the policy again, unless a watch event says the spec changed (or a write failed).
     _known: dict[str, Obj] = field(default_factory=dict, init=False)
+    # Loops sleeping out a retryable API failure: `wake_backing_off` wakes them when the API server answers again.
+    _backing_off: set[str] = field(default_factory=set, init=False)
 
     @property
     def observer(self) -> Observer:
@@ -71,6 +73,12 @@ class Reconciler:
         if deleting or (generation is not None and seen is not None and generation != seen):
             # What the loop last wrote is no longer the whole truth: read the policy again.
             self._known.pop(uid, None)
+            self._wake.setdefault(uid, asyncio.Event()).set()
+
+    def wake_backing_off(self) -> None:
+        """The API server answers again (supervisor.py's probe): loops backing off after an API failure look again
+        now rather than at the end of their backoff (up to a minute)."""
+        for uid in self._backing_off:
             self._wake.setdefault(uid, asyncio.Event()).set()
 
     async def _sleep(self, uid: str, stopped: StopFlag, delay: float) -> None:
@@ -98,10 +106,12 @@ class Reconciler:
                 try:
                     delay = await self.reconcile_once(namespace, name, uid)
                     failures = 0
+                    self._backing_off.discard(uid)
                 except ApiError as error:
                     self._known.pop(uid, None)
                     if not error.retryable:
                         raise
+                    self._backing_off.add(uid)
                     failures += 1
                     delay = self._backoff(failures)
                     metrics.record_reconcile_error(error.reason or str(error.code))
@@ -120,6 +130,7 @@ class Reconciler:
             self._wake.pop(uid, None)
             self._generations.pop(uid, None)
             self._known.pop(uid, None)
+            self._backing_off.discard(uid)
 
     def _backoff(self, failures: int) -> float:
         return min(self.max_backoff_seconds, self.config.poll_seconds * 2.0 ** min(failures, 10) / 4)
