@@ -216,8 +216,8 @@ class LeaderElector:
         self.store = store
         self.identity = identity
         self.timing = timing or LeaseTiming()
-        # Monotonic seconds; the running loop's clock by default (looptime fakes it in tests). `is_leader` may be
-        # called from another thread (kopf's): loop.time() of a standard loop is time.monotonic(), safe anywhere.
+        # Monotonic seconds; the running loop's clock by default (looptime fakes it in tests). A fence asked from
+        # another thread (kopf's) needs a clock that thread can read too: pass time.monotonic.
         self._clock = clock
         self._wall_clock = wall_clock
         self._on_change = on_change

@@ -366,13 +366,12 @@ class Supervisor:
                 election = self.settings.election
                 if election is not None:
                     store = KubernetesLeaseStore(client, election.namespace, election.lease)
-                    self._elector = LeaderElector(store, election.identity, election.timing)
+                    # time.monotonic, not the loop's clock: kopf's thread asks the fence too.
+                    self._elector = LeaderElector(store, election.identity, election.timing, clock=time.monotonic)
                     background.append(asyncio.create_task(self._elector.run(), name="leader election"))
                     logger.info(
                         "leader election on Lease %s/%s as %s", election.namespace, election.lease, election.identity
                     )
-                else:
-                    metrics.set_leader(True)
                 try:
                     await self.supervise(stop)
                 finally:
