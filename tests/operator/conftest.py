@@ -6,16 +6,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from e2e_helpers import OPERATOR_ENV, OperatorFactory
+from e2e_helpers import OPERATOR_ENV, PATCHED_IMAGE, OperatorFactory
 from kopf.testing import KopfRunner
 from kvpolicy.api import crd
 from kvpolicy.controller import handlers
-from kvpolicy_dev.devcluster import ThreadedDevCluster
+from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
 
 
 @pytest.fixture(scope="session")
 def kvpolicy_crd(devcluster: ThreadedDevCluster) -> None:
     devcluster.apply(crd.crd_object())
+
+
+@pytest.fixture
+def fixed_image_runner(devcluster: ThreadedDevCluster) -> None:
+    """Pods of the patched image run the simulator with the two-level FP8 accumulation fix."""
+    devcluster.set_runner(SimulatorRunner(time_scale=0.001, two_level_fix_images=frozenset({PATCHED_IMAGE})))
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from e2e_helpers import (
     KVP,
     PATCHED_IMAGE,
@@ -18,12 +17,7 @@ from e2e_helpers import (
     wait_phase,
     wait_until,
 )
-from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
-
-
-@pytest.fixture
-def fixed_image_runner(devcluster: ThreadedDevCluster) -> None:
-    devcluster.set_runner(SimulatorRunner(time_scale=0.001, two_level_fix_images=frozenset({PATCHED_IMAGE})))
+from kvpolicy_dev.devcluster import ThreadedDevCluster
 
 
 def test_hopper_with_the_fixed_image_is_promoted(

@@ -9,19 +9,13 @@ import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-import pytest
-from e2e_helpers import KVP, PATCHED_IMAGE, policy, target, wait_decided, wait_phase, wait_until
-from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster, WriteRecord
+from e2e_helpers import KVP, policy, target, wait_decided, wait_phase, wait_until
+from kvpolicy_dev.devcluster import ThreadedDevCluster, WriteRecord
 from operator_process import OperatorProcess, operator_process
 
 LEASE = "kvpolicy-operator-leader"
 # client-go's timing (leader.LeaseTiming): a standby takes over 15 s after the last renewal it saw, +1 retry (2 s).
 TAKEOVER_SECONDS = 15 + 2
-
-
-@pytest.fixture
-def fixed_image_runner(devcluster: ThreadedDevCluster) -> None:
-    devcluster.set_runner(SimulatorRunner(time_scale=0.001, two_level_fix_images=frozenset({PATCHED_IMAGE})))
 
 
 def holder(cluster: ThreadedDevCluster, namespace: str) -> str | None:

@@ -6,18 +6,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
-from e2e_helpers import PATCHED_IMAGE, policy, target, wait_decided, wait_phase, wait_until
-from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
+from e2e_helpers import policy, target, wait_decided, wait_phase, wait_until
+from kvpolicy_dev.devcluster import ThreadedDevCluster
 from operator_process import operator_process
 
 # Well beyond kopf's default retries (1+1+2+3+5+8+13+21 s of backoff between 9 attempts): they gave up after ~85 s.
 OUTAGE_SECONDS = 100.0
-
-
-@pytest.fixture
-def fixed_image_runner(devcluster: ThreadedDevCluster) -> None:
-    devcluster.set_runner(SimulatorRunner(time_scale=0.001, two_level_fix_images=frozenset({PATCHED_IMAGE})))
 
 
 def test_the_operator_rides_out_an_api_outage_and_resumes_the_rollout(
