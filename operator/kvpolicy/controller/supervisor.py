@@ -208,6 +208,13 @@ async def _first(*waits: Awaitable[Any]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _next_term(elector: LeaderElector) -> None:
+    """Until this replica leads again. The fence closes at the renew deadline, a moment before the elector's loop
+    notices: wait for it to stand by first, or its old term would count as the next one."""
+    await elector.wait_until_standby()
+    await elector.wait_until_leading()
+
+
 # ------------------------------------------------------------------------------------------------------ supervisor
 
 
@@ -336,7 +343,7 @@ class Supervisor:
         while not stop.is_set():
             elector = self._elector
             if elector is not None and not elector.is_leader():
-                await _first(elector.wait_until_leading(), stop.wait())
+                await _first(_next_term(elector), stop.wait())
                 continue
             started = time.monotonic()
             if not await self._run_kopf(stop):
