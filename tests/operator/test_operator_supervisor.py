@@ -8,6 +8,7 @@ import itertools
 import threading
 import time
 from collections.abc import Sized
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -19,7 +20,7 @@ from kvpolicy import metrics
 from kvpolicy.controller import supervisor
 from kvpolicy.controller.handlers import OperatorOptions, ride_out_api_outages
 from kvpolicy.controller.kube import ApiError
-from kvpolicy.controller.leader import LeaderElection
+from kvpolicy.controller.leader import LeaderElection, LeaderElector, LeaseConflictError, LeaseRecord
 from kvpolicy.controller.reconciler import Reconciler
 from kvpolicy.controller.supervisor import ApiHealth, ApiProbe, RunSettings, Supervisor
 from kvpolicy_dev.devcluster import ThreadedDevCluster
@@ -153,16 +154,20 @@ async def test_a_standby_runs_no_kopf_and_is_healthy(monkeypatch: pytest.MonkeyP
     election = LeaderElection("kvp-leader", NAMESPACE, "b")
     boss = Supervisor(settings(election), Configuration())
 
-    class Standby:
-        holder = "a"
+    class HeldByA:
+        """A Lease that replica a keeps renewing: every read finds a fresh renewal."""
 
-        def is_leader(self) -> bool:
-            return False
+        async def get(self) -> LeaseRecord:
+            return LeaseRecord("a", 15, renew_time=datetime.now(UTC))
 
-        async def wait_until_leading(self) -> None:
-            await asyncio.Event().wait()
+        async def create(self, record: LeaseRecord) -> LeaseRecord:
+            raise LeaseConflictError("exists")
 
-    boss._elector = Standby()  # type: ignore[assignment]
+        async def update(self, record: LeaseRecord) -> LeaseRecord:
+            raise LeaseConflictError("changed")
+
+    boss._elector = LeaderElector(HeldByA(), "b", clock=time.monotonic)
+    electing = asyncio.create_task(boss._elector.run())
     stop = asyncio.Event()
     supervising = asyncio.create_task(boss.supervise(stop))
     await asyncio.sleep(0.2)
@@ -176,6 +181,7 @@ async def test_a_standby_runs_no_kopf_and_is_healthy(monkeypatch: pytest.MonkeyP
     assert report["leaderElection"] == {"lease": f"{NAMESPACE}/kvp-leader", "identity": "b", "holder": "a"}
     stop.set()
     await asyncio.wait_for(supervising, 5)
+    electing.cancel()
     assert runs == []
 
 
