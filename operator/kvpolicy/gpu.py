@@ -208,3 +208,32 @@ def gpu_facts(nodes: Sequence[Mapping[str, str]]) -> GpuFacts:
         source=source,
         message=message,
     )
+
+
+def describe(facts: GpuFacts) -> str:
+    """One line naming the GPUs facts describe: "NVIDIA-H200 (Hopper, compute capability 9.0)"."""
+    details = [facts.generation.value]
+    if facts.compute_capability:
+        details.append(f"compute capability {facts.compute_capability}")
+    if facts.mixed:
+        details.append("mixed generations")
+    return f"{facts.product or 'unnamed GPU'} ({', '.join(details)})"
+
+
+def planning_change(planned: GpuFacts, observed: GpuFacts) -> str | None:
+    """What changed between the GPU facts a plan was made for and those observed now, when it could change the plan;
+    None otherwise.
+
+    Only known facts change a plan: nodes that lose their labels (GPU Feature Discovery restarting) or leave the pool
+    say nothing about the GPUs, so a rollout keeps its plan and its gates keep judging the pool as it is. A plan made
+    on an unknown GPU is made again as soon as the labels name one. The product alone does not count (an H200 joining
+    H100s plans the same), the compute capability does where both are known (Blackwell 10.0 and 12.0 differ)."""
+    if observed.generation == GpuGeneration.UNKNOWN:
+        return None
+    capabilities = (planned.compute_capability, observed.compute_capability)
+    same = (
+        planned.generation == observed.generation
+        and planned.mixed == observed.mixed
+        and (None in capabilities or capabilities[0] == capabilities[1])
+    )
+    return None if same else f"{describe(planned)} -> {describe(observed)}"

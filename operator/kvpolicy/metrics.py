@@ -119,6 +119,28 @@ class OperatorMetrics:
             ["format", "result"],
             registry=registry,
         )
+        # The operator process itself (controller/supervisor.py): is the API server answering, does this replica act.
+        self.api_reachable = Gauge(
+            "kvpolicy_api_reachable",
+            "1 while the Kubernetes API server answers the operator's probe (GET /readyz), else 0.",
+            registry=registry,
+        )
+        self.api_probe_failures = Counter(
+            "kvpolicy_api_probe_failures",
+            "Probes of the Kubernetes API server that failed, by reason (HTTP status code, Timeout, ConnectionError).",
+            ["reason"],
+            registry=registry,
+        )
+        self.leader = Gauge(
+            "kvpolicy_leader",
+            "1 while this replica acts on policies (it holds the leader Lease, or runs without leader election).",
+            registry=registry,
+        )
+        self.operator_restarts = Counter(
+            "kvpolicy_operator_restarts",
+            "Times the operator's kopf engine failed and was started again inside the process.",
+            registry=registry,
+        )
         self._phases_seen: set[str] = set()
         self._verdict_series: set[tuple[str, str, str]] = set()
 
@@ -195,6 +217,17 @@ class OperatorMetrics:
     def record_notification(self, format_: str, result: str) -> None:
         self.notifications.labels(format=format_, result=result).inc()
 
+    def set_api_reachable(self, reachable: bool, failure: str | None = None) -> None:
+        self.api_reachable.set(1 if reachable else 0)
+        if failure is not None:
+            self.api_probe_failures.labels(reason=failure).inc()
+
+    def set_leader(self, acting: bool) -> None:
+        self.leader.set(1 if acting else 0)
+
+    def record_operator_restart(self) -> None:
+        self.operator_restarts.inc()
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -212,6 +245,9 @@ record_reconcile_error = OPERATOR_METRICS.record_reconcile_error
 set_phase_deadline = OPERATOR_METRICS.set_phase_deadline
 forget_policy = OPERATOR_METRICS.forget_policy
 record_notification = OPERATOR_METRICS.record_notification
+set_api_reachable = OPERATOR_METRICS.set_api_reachable
+set_leader = OPERATOR_METRICS.set_leader
+record_operator_restart = OPERATOR_METRICS.record_operator_restart
 
 
 def metrics_app(metrics: OperatorMetrics = OPERATOR_METRICS) -> web.Application:

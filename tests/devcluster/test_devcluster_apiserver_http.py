@@ -265,3 +265,51 @@ async def test_events_and_leases(http: aiohttp.ClientSession, devcluster_namespa
         assert response.status == 409  # a stale resourceVersion loses the race
     async with http.get(f"{lease_url}/leader") as response:
         assert (await response.json())["spec"]["holderIdentity"] == "b"
+
+
+async def test_an_outage_fails_every_request_ends_watches_and_ends_when_lifted(
+    http: aiohttp.ClientSession, devcluster: ThreadedDevCluster, devcluster_namespace: str
+) -> None:
+    url = f"/api/v1/namespaces/{devcluster_namespace}/configmaps"
+    async with http.get("/readyz") as response:
+        assert (response.status, await response.text()) == (200, "ok")
+    async with http.get(f"{url}?watch=true") as watch:
+        fault = devcluster.outage(503)
+        try:
+            async with asyncio.timeout(5):
+                assert await watch.content.read() == b"", "the open watch ends"
+            for path in ("/readyz", url, "/apis"):
+                async with http.get(path) as response:
+                    assert response.status == 503
+            async with http.post(url, json=configmap("during")) as response:
+                assert (await response.json())["message"].startswith("the API server is unavailable")
+        finally:
+            devcluster.end_fault(fault)
+    async with http.post(url, json=configmap("after")) as response:
+        assert response.status == 201
+
+
+async def test_faults_for_one_client_and_the_write_log(
+    http: aiohttp.ClientSession, devcluster: ThreadedDevCluster, devcluster_namespace: str
+) -> None:
+    url = f"/api/v1/namespaces/{devcluster_namespace}/configmaps"
+    alice, bob = {"Authorization": "Bearer alice"}, {"Authorization": "Bearer bob"}
+    started = len(devcluster.writes())
+    fault = devcluster.outage(503, user="alice", method="POST")
+    try:
+        async with http.post(url, json=configmap("a"), headers=alice) as response:
+            assert response.status == 503
+        async with http.get(url, headers=alice) as response:
+            assert response.status == 200, "only alice's writes are cut off"
+        async with http.post(url, json=configmap("b"), headers=bob) as response:
+            assert response.status == 201
+    finally:
+        devcluster.end_fault(fault)
+    async with http.delete(f"{url}/b") as response:
+        assert response.status == 200
+    log = [(w.user, w.method, w.resource, w.path.name if w.path else None, w.code) for w in devcluster.writes()]
+    assert log[started:] == [
+        ("alice", "POST", "configmaps", None, 503),
+        ("bob", "POST", "configmaps", None, 201),
+        (None, "DELETE", "configmaps", "b", 200),
+    ]

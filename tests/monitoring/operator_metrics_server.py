@@ -1,5 +1,6 @@
 """Serve the operator's metrics as an operator in trouble would export them, for the live monitoring test:
-a rollback, a low accuracy recovery, a TTFT breach, a rollout past its deadline, and reconcile errors."""
+a rollback, a low accuracy recovery, a TTFT breach, a rollout past its deadline, reconcile errors, and an operator
+that cannot reach the API server and so acts on nothing."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def record_a_troubled_fleet(metrics: OperatorMetrics) -> None:
     metrics.record_analysis("llm", "slow", assess(LatencyGateConfig(), canary, baseline))
     metrics.set_phase_deadline("llm", "stuck", "Canary", time.time() - 3600)
     metrics.record_reconcile_error("ApiException")
+    metrics.set_api_reachable(False, "503")
+    metrics.set_leader(False)
 
 
 async def serve(port: int) -> None:

@@ -25,6 +25,8 @@ ALERTS = {
     "KVPolicyCanaryITLRegression",
     "KVPolicyOperatorAbsent",
     "KVPolicyReconcileErrors",
+    "KVPolicyOperatorCannotReachAPI",
+    "KVPolicyOperatorNotActing",
 }
 PROMTOOL = shutil.which("promtool")
 

@@ -24,6 +24,13 @@ TARGET_IMAGE = "vllm:0.12"
 MODEL = "llama"
 KVP = ("kvpolicy.dev/v1alpha1", "KVPolicy")
 Obj = dict[str, Any]
+# The operator's settings in the end-to-end tests: quick passes, and the images the dev cluster's kubelet knows.
+OPERATOR_ENV = {
+    "KVPOLICY_POLL_SECONDS": "0.2",
+    "KVPOLICY_IDLE_SECONDS": "5",
+    "KVPOLICY_GATE_IMAGE": "kvpolicy-operator:test",
+    "KVPOLICY_PROBE_IMAGE": "vllm-kvkernels:test",
+}
 # The `operator` fixture: `with operator() as runner:` runs the operator under kopf.
 OperatorFactory = Callable[[], AbstractContextManager[KopfRunner]]
 

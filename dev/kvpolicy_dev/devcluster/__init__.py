@@ -4,7 +4,7 @@ An API server over real HTTP on 127.0.0.1 (kmock, extended with a real state lay
 stand-in that runs Deployments and Jobs as local processes. See README.md beside this file.
 """
 
-from kvpolicy_dev.devcluster.apiserver import EmulatedApiServer, Fault
+from kvpolicy_dev.devcluster.apiserver import EmulatedApiServer, Fault, WriteRecord
 from kvpolicy_dev.devcluster.cluster import DevCluster, ThreadedDevCluster, default_pools, kubeconfig_text
 from kvpolicy_dev.devcluster.nodes import CPU_POOL, POOL_LABEL, NodePool
 from kvpolicy_dev.devcluster.runners import (
@@ -30,6 +30,7 @@ __all__ = [
     "NodePool",
     "SimulatorRunner",
     "ThreadedDevCluster",
+    "WriteRecord",
     "default_pools",
     "kubeconfig_text",
 ]

@@ -9,9 +9,11 @@ log, the status subresource, discovery for CRDs applied at runtime and server-si
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -41,6 +43,8 @@ SERVER_VERSION = {
     "compiler": "gc",
     "platform": "linux/amd64",
 }
+# kube-apiserver's health endpoints (readable by every user); they answer "ok" unless a fault says otherwise.
+HEALTH_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
 # An empty protobuf message is an empty OpenAPI v2 document: kubectl then validates nothing client-side.
 OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
 _REASONS = {
@@ -108,6 +112,32 @@ class ApiPath:
         }.get(method)
 
 
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# The write log is kept for the whole session; a test reads the part after its own start.
+WRITE_LOG_LIMIT = 100_000
+
+
+def requester(headers: Mapping[str, str]) -> str | None:
+    """Who sent a request: its bearer token (the emulator authenticates no one, it only tells clients apart)."""
+    authorization = headers.get("Authorization", "")
+    return authorization.removeprefix("Bearer ") if authorization.startswith("Bearer ") else None
+
+
+@dataclass(frozen=True)
+class WriteRecord:
+    """One answered write, as an API server's audit log keeps it: when, who, what, and the HTTP status."""
+
+    time: float  # Unix time the answer was sent
+    user: str | None
+    method: str
+    path: ApiPath | None
+    code: int
+
+    @property
+    def resource(self) -> str | None:
+        return self.path.plural if self.path else None
+
+
 @dataclass
 class Fault:
     """Fail the next `times` requests that match every given field with `code` (a Kubernetes `Status`)."""
@@ -120,10 +150,14 @@ class Fault:
     name: str | None = None
     subresource: str | None = None
     message: str = "injected by the test"
+    user: str | None = None  # the requests of one client only (its bearer token)
+    ends_watches: bool = False  # an outage: matching watch streams end too, instead of staying connected
     hits: int = 0
 
-    def matches(self, method: str, path: ApiPath | None) -> bool:
+    def matches(self, method: str, path: ApiPath | None, user: str | None = None) -> bool:
         if self.method is not None and self.method.upper() != method.upper():
+            return False
+        if self.user is not None and self.user != user:
             return False
         wanted = (self.resource, self.namespace, self.name, self.subresource)
         if path is None:
@@ -152,6 +186,9 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
     _faults: list[Fault] = attrs.field(factory=list, init=False)
     _faults_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _closing: bool = attrs.field(default=False, init=False)
+    _writes: collections.deque[WriteRecord] = attrs.field(
+        factory=lambda: collections.deque(maxlen=WRITE_LOG_LIMIT), init=False
+    )
 
     def __attrs_post_init__(self) -> None:
         # The scaffold's fallback reactions are not registered: `_route` serves everything they would, and each
@@ -170,12 +207,29 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
         namespace: str | None = None,
         name: str | None = None,
         subresource: str | None = None,
+        user: str | None = None,
     ) -> Fault:
         """Inject a fault: e.g. `fail_next(2, 409, method="PATCH", resource="deployments", subresource="status")`."""
-        fault = Fault(code, times, method, resource, namespace, name, subresource)
+        fault = Fault(code, times, method, resource, namespace, name, subresource, user=user)
         with self._faults_lock:
             self._faults.append(fault)
         return fault
+
+    def outage(
+        self, code: int = 503, *, method: str | None = None, resource: str | None = None, user: str | None = None
+    ) -> Fault:
+        """Fail every matching request (of `user`'s client only, if given) with `code` until `end_fault`, and end the
+        matching watch streams open now, as when the API server, or the network to it, goes down."""
+        message = "the API server is unavailable (an outage injected by the test)"
+        fault = Fault(code, sys.maxsize, method, resource, message=message, user=user, ends_watches=True)
+        with self._faults_lock:
+            self._faults.append(fault)
+        self.store.notify()  # wake the watch streams, which then see the outage and end
+        return fault
+
+    def end_fault(self, fault: Fault) -> None:
+        with self._faults_lock:
+            self._faults.remove(fault)
 
     def clear_faults(self) -> None:
         with self._faults_lock:
@@ -186,18 +240,28 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
         tokens (None: accept everything). Revoking a token that a client holds is how tests expire it."""
         self.accepted_tokens = tokens
 
+    @property
+    def writes(self) -> tuple[WriteRecord, ...]:
+        """Every create, update, patch and delete the server answered (the latest `WRITE_LOG_LIMIT`), in order."""
+        return tuple(self._writes)
+
     def close_watches(self) -> None:
         """End every watch stream, so the HTTP server can shut down without waiting for them."""
         self._closing = True
         self.store.notify()
 
-    def _take_fault(self, method: str, path: ApiPath | None) -> ApiError | None:
+    def _take_fault(self, method: str, path: ApiPath | None, user: str | None) -> ApiError | None:
         with self._faults_lock:
             for fault in self._faults:
-                if fault.hits < fault.times and fault.matches(method, path):
+                if fault.hits < fault.times and fault.matches(method, path, user):
                     fault.hits += 1
                     return fault.error()
         return None
+
+    def _cut_off(self, path: ApiPath, user: str | None) -> bool:
+        """Whether an outage now covers a watch stream of `user` on `path`."""
+        with self._faults_lock:
+            return any(fault.ends_watches and fault.matches("GET", path, user) for fault in self._faults)
 
     # --- request handling -----------------------------------------------------------------------------------------
 
@@ -235,9 +299,14 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
         if len(self._requests) > REQUEST_HISTORY_LIMIT:
             del self._requests[: len(self._requests) - REQUEST_HISTORY_LIMIT]
         try:
-            return await self._serve(request, path)
+            response = await self._serve(request, path)
         except ApiError as exc:
-            return _json(exc.status(), exc.code)
+            response = _json(exc.status(), exc.code)
+        if raw_request.method in WRITE_METHODS:
+            self._writes.append(
+                WriteRecord(time.time(), requester(request.headers), raw_request.method, path, response.status)
+            )
+        return response
 
     async def _serve(self, request: kmock.Request, path: ApiPath | None) -> aiohttp.web.StreamResponse:
         method = request.method.value
@@ -245,7 +314,7 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             if scheme != "Bearer" or token not in self.accepted_tokens:
                 raise ApiError(401, "Unauthorized", "Unauthorized")
-        fault = self._take_fault(method, path)
+        fault = self._take_fault(method, path, requester(request.headers))
         if fault is not None:
             raise fault
         if self._payloads:  # reactions a test declared with kmock's DSL take precedence
@@ -258,6 +327,8 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
         url_path = request.url.path.rstrip("/") or "/"
         if method == "GET" and url_path == "/openapi/v2":
             return aiohttp.web.Response(body=b"", content_type=OPENAPI_V2_PROTOBUF)
+        if method == "GET" and url_path in HEALTH_PATHS:
+            return aiohttp.web.Response(text="ok")
         if method == "GET" and path is None:
             return _json(self._discovery(url_path))
         if path is None:
@@ -382,7 +453,8 @@ class EmulatedApiServer(kmock.KubernetesScaffold):
                 else:
                     position = int(requested_version)
                 last_sent = time.monotonic()
-                while not self._closing:
+                user = requester(request.headers)
+                while not self._closing and not self._cut_off(path, user):
                     for event in self.store.events_since(position):
                         position = event.resource_version
                         kind = event_type(event)

@@ -15,7 +15,7 @@ from typing import Any, Self, TypeVar
 import aiohttp.web
 import yaml
 
-from kvpolicy_dev.devcluster.apiserver import EmulatedApiServer, Fault
+from kvpolicy_dev.devcluster.apiserver import EmulatedApiServer, Fault, WriteRecord
 from kvpolicy_dev.devcluster.kubelet import Kubelet
 from kvpolicy_dev.devcluster.nodes import CPU_POOL, NodePool, PodIpAllocator
 from kvpolicy_dev.devcluster.resources import ResourceType
@@ -181,12 +181,23 @@ class DevCluster:
         """Fail the next `times` matching API requests with `code`; see `EmulatedApiServer.fail_next`."""
         return self.api.fail_next(times, code, **match)
 
+    def outage(self, code: int = 503, **match: str | None) -> Fault:
+        """Matching requests fail with `code`, open watches end, until `end_fault`: see `EmulatedApiServer.outage`."""
+        return self.api.outage(code, **match)
+
+    def end_fault(self, fault: Fault) -> None:
+        self.api.end_fault(fault)
+
     def clear_faults(self) -> None:
         self.api.clear_faults()
 
     def accept_tokens(self, tokens: frozenset[str] | None) -> None:
         """Answer 401 to requests without one of these bearer tokens from now on (None: accept everything)."""
         self.api.accept_tokens(tokens)
+
+    def writes(self) -> tuple[WriteRecord, ...]:
+        """The API server's write log: every create, update, patch and delete it answered, in order."""
+        return self.api.writes
 
     def rewrite_service_urls(self, text: str, namespace: str) -> str:
         """Service URLs in `text` -> ready pod IP:port, as pods of this cluster would reach them."""
@@ -417,11 +428,20 @@ class ThreadedDevCluster:
     def fail_next(self, times: int, code: int, **match: str) -> Fault:
         return self.call(self.cluster.fail_next, times, code, **match)
 
+    def outage(self, code: int = 503, **match: str | None) -> Fault:
+        return self.call(self.cluster.outage, code, **match)
+
+    def end_fault(self, fault: Fault) -> None:
+        self.call(self.cluster.end_fault, fault)
+
     def clear_faults(self) -> None:
         self.call(self.cluster.clear_faults)
 
     def accept_tokens(self, tokens: frozenset[str] | None) -> None:
         self.call(self.cluster.accept_tokens, tokens)
+
+    def writes(self) -> tuple[WriteRecord, ...]:
+        return self.call(self.cluster.writes)
 
     def rewrite_service_urls(self, text: str, namespace: str) -> str:
         return self.call(self.cluster.rewrite_service_urls, text, namespace)

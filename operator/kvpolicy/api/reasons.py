@@ -21,6 +21,7 @@ class Reason(StrEnum):
     RECONCILED = "Reconciled"
     CONFLICT = "Conflict"  # another KVPolicy governs the target
     API_REQUEST_REJECTED = "APIRequestRejected"  # a 4xx the request cannot recover from (422, 403, 400, 404 on create)
+    GPU_CHANGED = "GPUChanged"
     PLANNED = "Planned"
     BF16_PLANNED = "BF16Planned"
     FP8_PLANNED = "FP8Planned"

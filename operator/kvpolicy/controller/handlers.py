@@ -7,28 +7,30 @@ importing this module never changes what another kopf operator in the same proce
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
-from kvpolicy import __version__, metrics
+from kvpolicy import __version__
 from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
 from kvpolicy.controller.builders import POLICY_LABEL
 from kvpolicy.controller.cached import CachedKubeApi, operator_selections
 from kvpolicy.controller.executor import post_events
-from kvpolicy.controller.kube import ApiError, KubernetesApi
+from kvpolicy.controller.kube import ApiError, KubeApi, KubernetesApi
+from kvpolicy.controller.leader import LeaderFencedApi
 from kvpolicy.controller.login import ClusterLogin
 from kvpolicy.controller.notifications import DeliverySettings, Notifier, NotifierConfig
 from kvpolicy.controller.observe import LatencyAnalyser
 from kvpolicy.controller.reconciler import Reconciler
 from kvpolicy.controller.state import Event, StepConfig, default_gate_resources
 
-Logger = logging.Logger | logging.LoggerAdapter[Any]
 DEFAULT_GATE_IMAGE = f"ghcr.io/kvpolicy/kvpolicy-operator:{__version__}"
 # The FP8 serving image kernels/Dockerfile builds (vLLM v0.12.0 + kvkernels); it also runs the preflight probe.
 DEFAULT_PROBE_IMAGE = f"ghcr.io/kvpolicy/vllm-fp8-twolevel:v0.12.0-kv{__version__}"
@@ -117,6 +119,30 @@ class OperatorOptions:
         )
 
 
+class RetryForever:
+    """kopf's `error_backoffs`: an iterable without a length, so that kopf retries a failed API request until it
+    succeeds, as client-go's reflectors do. kopf's default (8 backoffs, 54 s) ends the watchers, and with them the
+    operator, after about 85 s of 5xx. Each iteration starts the schedule again (one per request)."""
+
+    def __init__(self, first: tuple[float, ...] = (1, 1, 2, 3, 5, 8, 13), then: float = 15.0) -> None:
+        self.first = first
+        self.then = then
+
+    def __iter__(self) -> Iterator[float]:
+        return itertools.chain(self.first, itertools.repeat(self.then))
+
+
+def ride_out_api_outages(settings: kopf.OperatorSettings) -> None:
+    """kopf's networking for an API server that may go away for any length of time: retry forever, and notice a
+    connection that died silently (no timeouts by default) so that its watch is made again."""
+    settings.networking.error_backoffs = RetryForever()
+    settings.networking.connect_timeout = 10.0
+    settings.networking.request_timeout = 60.0
+    settings.watching.connect_timeout = 10.0
+    settings.watching.server_timeout = 300.0  # the API server ends a quiet watch after this, and kopf watches again
+    settings.watching.client_timeout = 330.0
+
+
 def _reconciler(memo: Any) -> Reconciler:
     reconciler: Reconciler = memo["reconciler"]
     return reconciler
@@ -140,7 +166,7 @@ async def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
 
 
 @kopf.on.startup(registry=registry)
-async def startup(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
@@ -148,15 +174,16 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # The operator posts its own events with specific reasons; kopf's per-handler chatter would only add API load.
     settings.posting.level = logging.ERROR
+    ride_out_api_outages(settings)
     options: OperatorOptions = memo.get("options") or OperatorOptions.from_env()
     # The children each pass lists, and the nodes' labels, come from watches (controller/cached.py).
-    api = CachedKubeApi(await KubernetesApi.connect(_cluster_login(memo)), operator_selections(POLICY_LABEL))
+    api: KubeApi = CachedKubeApi(await KubernetesApi.connect(_cluster_login(memo)), operator_selections(POLICY_LABEL))
     memo["api"] = api
+    fence = memo.get("fence")
+    if fence is not None:  # leader election (supervisor.py): write only while this replica holds the Lease
+        api = LeaderFencedApi(api, fence)
     notifier = Notifier(api, options.notifications.receivers(), options.notifications.settings)
     memo["reconciler"] = Reconciler(api, options.step_config(), LatencyAnalyser(), notifier=notifier)
-    if options.metrics_port is not None:
-        memo["metrics_server"] = await metrics.start_metrics_server(options.metrics_address, options.metrics_port)
-        logger.info("metrics on %s:%d/metrics", options.metrics_address, options.metrics_port)
 
 
 @kopf.on.cleanup(registry=registry)
@@ -168,8 +195,6 @@ async def shutdown(memo: Any, **_: Any) -> None:
         await reconciler.notifier.close()
     if memo.get("api") is not None:
         await memo["api"].close()
-    if memo.get("metrics_server") is not None:
-        await memo["metrics_server"].cleanup()
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, registry=registry)

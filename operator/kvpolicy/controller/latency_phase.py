@@ -131,8 +131,13 @@ def _live(t: Tick) -> None:
             rollback(t, outcome.reason, outcome.message)
             return
         if outcome.action == AnalysisAction.HOLD:
-            if t.condition(GATE, ConditionStatus.UNKNOWN, outcome.reason, outcome.message):
-                t.event("Warning", Reason.LATENCY_INCONCLUSIVE, outcome.message)
+            # Once per stall: the checks that follow repeat the outcome until a conclusive one ends the stall.
+            stalled_already = t.condition_reason(GATE) == outcome.reason
+            t.condition(GATE, ConditionStatus.UNKNOWN, outcome.reason, outcome.message)
+            if not stalled_already:
+                serving = f"the canary {t.canary.deployment} keeps serving its share of the traffic"
+                holding = f"holding (onInconclusive Hold), {serving}; fix the metrics or set spec.rollout.abort"
+                t.event("Warning", outcome.reason, f"{outcome.message}; {holding}")
         else:
             t.condition(GATE, ConditionStatus.UNKNOWN, outcome.reason, outcome.message)
         t.status.message = outcome.message

@@ -22,6 +22,7 @@ from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS,
 from kvpolicy.controller.ownership import governing_policy
 from kvpolicy.controller.rules import latency_check_due, latency_gate_config, rollout_hash
 from kvpolicy.controller.state import JobView, Observations, PodView
+from kvpolicy.controller.tick import REPLAN_PHASES
 from kvpolicy.gpu import PRESENT_LABEL, gpu_facts
 
 Obj = dict[str, Any]
@@ -190,14 +191,12 @@ class Observer:
         if phase == Phase.ROLLED_BACK:
             return Observations(now=now)
         target = await self.api.get(DEPLOYMENTS, namespace, policy.spec.target_ref.name)
-        if phase == Phase.PLANNING:
-            if target is None:
-                return Observations(now=now)
+        gpu = None
+        if target is not None and (phase == Phase.PLANNING or phase in REPLAN_PHASES):
             nodes = await self.api.list_objects(NODES, None, label_selector(gpu_node_selector(policy, target)))
-            labels = [node["metadata"].get("labels") or {} for node in nodes]
-            return Observations(now=now, target=target, gpu=gpu_facts(labels))
-        if phase in TERMINAL_PHASES:  # decided: drift of the target is all the step looks for
-            return Observations(now=now, target=target)
+            gpu = gpu_facts([node["metadata"].get("labels") or {} for node in nodes])
+        if phase == Phase.PLANNING or phase in TERMINAL_PHASES:  # decided: the target's drift; HeldBF16: the GPUs too
+            return Observations(now=now, target=target, gpu=gpu)
 
         needs = PHASE_NEEDS.get(phase, frozenset())
         by_policy = label_selector(b.policy_labels(name))
@@ -223,6 +222,7 @@ class Observer:
         return Observations(
             now=now,
             target=target,
+            gpu=gpu,
             canary=next(iter(live([canary] if canary else [])), None),
             canary_pods=canary_pods,
             services=services,

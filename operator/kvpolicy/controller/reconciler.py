@@ -99,6 +99,8 @@ class Reconciler:
     _known: dict[str, Obj] = field(default_factory=dict, init=False)
     # Policies waiting for the one that governs their target to be deleted: (namespace, its name) -> their uids.
     _waiting: dict[tuple[str, str], set[str]] = field(default_factory=dict, init=False)
+    # Loops sleeping out a retryable API failure: `wake_backing_off` wakes them when the API server answers again.
+    _backing_off: set[str] = field(default_factory=set, init=False)
 
     @property
     def observer(self) -> Observer:
@@ -118,6 +120,12 @@ class Reconciler:
         """A policy is gone: wake the loops of the policies that waited for its target."""
         for uid in self._waiting.pop((namespace, name), set()):
             self._known.pop(uid, None)
+            self._wake.setdefault(uid, asyncio.Event()).set()
+
+    def wake_backing_off(self) -> None:
+        """The API server answers again (supervisor.py's probe): loops backing off after an API failure look again
+        now rather than at the end of their backoff (up to a minute)."""
+        for uid in self._backing_off:
             self._wake.setdefault(uid, asyncio.Event()).set()
 
     async def _sleep(self, uid: str, stopped: StopFlag, delay: float) -> None:
@@ -145,10 +153,13 @@ class Reconciler:
                 try:
                     delay = await self.reconcile_once(namespace, name, uid)
                     failures = 0
+                    self._backing_off.discard(uid)
                 except ApiError as error:
                     # Reading the policy or writing its status failed, so no condition can say it: the metric, the
                     # log and (once per run of failures that will not pass) an event do.
                     self._known.pop(uid, None)
+                    if error.retryable:
+                        self._backing_off.add(uid)
                     failures += 1
                     delay = self._backoff(failures) if error.retryable else self.max_backoff_seconds
                     metrics.record_reconcile_error(error.reason or str(error.code))
@@ -171,6 +182,7 @@ class Reconciler:
             self._wake.pop(uid, None)
             self._generations.pop(uid, None)
             self._known.pop(uid, None)
+            self._backing_off.discard(uid)
 
     @staticmethod
     def _identity() -> Obj:

@@ -1,7 +1,8 @@
-"""`kvpolicy run`: start the operator.
+"""`kvpolicy run`: start the operator (supervisor.py runs the process).
 
-Run exactly one replica (Deployment strategy Recreate): kopf's peering only pauses operators that see a peer of higher
-priority, it is not leader election, so two replicas could both act on a policy during a rollout of the operator.
+One replica (Deployment strategy Recreate), or several with leader election on a Lease (KVPOLICY_LEADER_ELECTION_LEASE,
+KVPOLICY_LEADER_ELECTION_NAMESPACE, KVPOLICY_POD_NAME; the chart's `leaderElection.enabled`): kopf's peering only
+pauses operators that see a peer of higher priority, it is not leader election.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import sys
 import kopf
 
 from kvpolicy.controller import handlers
+from kvpolicy.controller.leader import LeaderElection
 from kvpolicy.controller.login import ClusterLogin, CredentialsError
+from kvpolicy.controller.supervisor import RunSettings, Supervisor
 
 
 def _ip_address(text: str) -> str:
@@ -46,35 +49,40 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _not_in_the_main_thread(record: logging.LogRecord) -> bool:
+    """kopf runs in a thread of its own; the supervisor handles the signals kopf says it ignores there."""
+    return "OS signals are ignored" not in record.getMessage()
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         options = handlers.OperatorOptions.from_env(
             metrics_port=args.metrics_port or None, metrics_address=args.metrics_address
         )
+        election = LeaderElection.from_env()
     except ValueError as error:
         _parser().error(str(error))
     try:
         # Found and loaded before kopf starts, so missing or broken credentials are one line, not a retry loop.
         login = ClusterLogin.discover()
-        asyncio.run(login.configuration())
+        configuration = asyncio.run(login.configuration())
     except CredentialsError as error:
         print(f"kvpolicy run: {error}", file=sys.stderr)
         return 1
     kopf.configure(verbose=args.verbose, log_prefix=True)
+    logging.getLogger("kopf._core.reactor.running").addFilter(_not_in_the_main_thread)
     if not args.verbose:
         # kopf logs every watch-event handler call at INFO: one line per status write of every policy.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    host = f"[{args.liveness_address}]" if ":" in args.liveness_address else args.liveness_address
-    liveness = f"http://{host}:{args.liveness_port}/healthz" if args.liveness_port else None
-    asyncio.run(
-        kopf.operator(
-            registry=handlers.registry,
-            standalone=True,
-            clusterwide=args.all_namespaces,
-            namespaces=args.namespace or (),
-            liveness_endpoint=liveness,
-            memo=kopf.Memo(options=options, login=login),
-        )
+    settings = RunSettings(
+        clusterwide=args.all_namespaces,
+        namespaces=tuple(args.namespace or ()),
+        options=options,
+        liveness_address=args.liveness_address,
+        liveness_port=args.liveness_port or None,
+        election=election,
+        login=login,
     )
+    asyncio.run(Supervisor(settings, configuration).serve())
     return 0

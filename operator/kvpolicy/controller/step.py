@@ -45,6 +45,7 @@ from kvpolicy.controller.state import (
 )
 from kvpolicy.controller.tick import (
     CANARY_PHASES,
+    REPLAN_PHASES,
     Tick,
     advance,
     approved,
@@ -55,6 +56,7 @@ from kvpolicy.controller.tick import (
     start_promotion,
     watch_capacity,
 )
+from kvpolicy.gpu import planning_change
 from kvpolicy.planner import bf16_cause, plan
 
 
@@ -394,6 +396,13 @@ def _watch_drift(t: Tick) -> None:
         t.notice_drift(found, message)
 
 
+def _gpu_change(t: Tick) -> str | None:
+    """How the target pool's GPUs changed since planning, if that could change the plan (gpu.planning_change)."""
+    if t.phase not in REPLAN_PHASES or t.obs.gpu is None or t.status.gpu is None:
+        return None
+    return planning_change(t.status.gpu, t.obs.gpu)
+
+
 def _job_gate_handler(gate: JobGate) -> Callable[[Tick], None]:
     return lambda t: job_gate_phase(t, gate)
 
@@ -475,6 +484,13 @@ def step(policy: KVPolicy, obs: Observations, config: StepConfig) -> StepResult:
         if t.condition(ConditionType.PAUSED, ConditionStatus.TRUE, Reason.PAUSED, holds):
             t.event("Normal", Reason.ROLLOUT_PAUSED, f"holding in phase {phase.value} (spec.rollout.paused)")
         t.requeue = config.idle_seconds
+        return t.result()
+    change = _gpu_change(t)
+    if change is not None:
+        restart(
+            t, spec_hash, f"the target's GPU nodes changed: {change}; planning the rollout again", Reason.GPU_CHANGED
+        )
+        t.requeue = 0
         return t.result()
     if t.condition_is(ConditionType.PAUSED, ConditionStatus.TRUE):
         cleared = "spec.rollout.paused was cleared"

@@ -52,6 +52,9 @@ HISTORY_LIMIT = 10
 CANARY_PHASES = frozenset(
     {Phase.CANARY_STARTING, *(gate.phase for gate in PHASE_GATES), Phase.LATENCY_ANALYSIS, Phase.AWAITING_APPROVAL}
 )
+# Phases whose plan still steers what happens: a change of the pool's GPUs plans the rollout again (observe reads the
+# nodes in them). HeldBF16 included: a plan held on an unknown or unsuitable GPU is made again on the new one.
+REPLAN_PHASES = CANARY_PHASES | {Phase.HELD_BF16}
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,9 @@ class Tick:
 
     def condition_is(self, type_: ConditionType, status: ConditionStatus) -> bool:
         return any(c.type == type_ and c.status == status for c in self.status.conditions)
+
+    def condition_reason(self, type_: ConditionType) -> str | None:
+        return next((c.reason for c in self.status.conditions if c.type == type_), None)
 
     def enter(self, phase: Phase) -> None:
         previous = self.status.phase
@@ -261,10 +267,12 @@ def rollout_id(uid: str, generation: int, spec_hash: str, started_at: str) -> st
     return f"{generation}-{digest}"
 
 
-def restart(t: Tick, spec_hash: str, why: str, *, target_changed: bool = False) -> None:
+def restart(t: Tick, spec_hash: str, why: str, warning: Reason | None = None, *, target_changed: bool = False) -> None:
     """A new rollout: clean up the previous one's children and plan again. History and the recorded template stay,
     so a later rollback still restores the configuration from before any promotion; unless the target itself
-    changed (`target_changed`): then the next promotion records it afresh. A Drifted condition stays, saying why."""
+    changed (`target_changed`): then the next promotion records it afresh. A Drifted condition stays, saying why.
+    `warning`: say why with a Warning event of that reason (the cluster changed under the rollout) instead of a
+    Normal restart event."""
     previous = t.status
     if previous.canary is not None and t.phase not in TERMINAL_PHASES:
         t.add(Delete(Kind.DEPLOYMENT, previous.canary.deployment))
@@ -275,7 +283,9 @@ def restart(t: Tick, spec_hash: str, why: str, *, target_changed: bool = False) 
             result = gate.result(previous)
             if result is not None and result.job and result.verdict == GateVerdict.RUNNING:
                 t.add(Delete(Kind.JOB, result.job))
-    if previous.spec_hash is not None:
+    if warning is not None:
+        t.event("Warning", warning, why)
+    elif previous.spec_hash is not None:
         reason = Reason.ANALYSIS_RESTARTED if t.phase not in TERMINAL_PHASES else Reason.ROLLOUT_RESTARTED
         t.event("Normal", reason, why)
     run = (previous.rollout_run or 1) + 1 if previous.rollout_generation == t.generation else 1
