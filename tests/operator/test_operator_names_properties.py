@@ -28,7 +28,7 @@ def _children(policy: str, generation: int) -> list[tuple[str, dict[str, object]
     children: list[tuple[str, dict[str, object]]] = [
         ("Deployment", b.canary_deployment(ref, canary, target, spec, FP8_PLAN)),
         ("Service", b.canary_service(ref, canary, 8000)),
-        ("Service", b.baseline_service(ref, target, 8000, generation)),
+        ("Service", b.baseline_service(ref, target, 8000, b.baseline_service_name(policy, generation))),
     ]
     for gate in JOB_GATES:
         name = b.job_name(policy, gate.name, generation)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kvpolicy.api.v1alpha1 import KVPolicySpec
 from kvpolicy.controller import builders
+from kvpolicy.controller.state import default_gate_resources
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 from realvllm_helpers import MAX_MODEL_LEN, SERVED_MODEL, RealPair
 
@@ -44,7 +45,7 @@ def run_gate_job(
         image="kvpolicy-operator:test",
         command=command,
         timeout_seconds=JOB_TIMEOUT_SECONDS,
-        resources=builders.GATE_RESOURCES,
+        resources=default_gate_resources(),
         pod_placement={},
     )
     cluster.create(builders.gate_job(owner, job))
