@@ -53,7 +53,8 @@ def test_gpu_labels_that_appear_and_change_after_planning_plan_the_rollout_again
 
         relabel(devcluster, node_labels)  # the labels appear: H200
         wait_phase(devcluster, ns, {"AccuracyGate"})
-        assert devcluster.find("apps/v1", "Deployment", "llama-fp8-canary-g1", ns) is not None
+        # The plan is run again at the same generation, so its children carry the run: llama-fp8-canary-g1r2.
+        assert devcluster.list("apps/v1", "Deployment", ns, "kvpolicy.dev/role=canary") != []
 
         a100 = {**KNOWN_PRODUCTS["A100"], "nvidia.com/gpu.family": "ampere"}
         relabel(devcluster, a100)  # mid-rollout: the pool is now Ampere
