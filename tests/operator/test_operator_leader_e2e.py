@@ -73,8 +73,9 @@ def test_a_standby_takes_over_mid_rollout_and_the_two_never_act_at_once(
             wait_until(lambda: role(b) == "standby", "b to stand by")
             assert b.running() and b.metric("kvpolicy_leader") == 0.0
             devcluster.end_fault(cut_off)
-            wait_phase(devcluster, ns, {"AwaitingApproval"})
-            devcluster.patch(*KVP, "llama-fp8", {"spec": {"rollout": {"approved": True}}}, ns)
+            awaiting = wait_phase(devcluster, ns, {"AwaitingApproval"})
+            approval = {"approvedRollout": awaiting["status"]["rolloutId"]}  # an approval names the rollout
+            devcluster.patch(*KVP, "llama-fp8", {"spec": {"rollout": approval}}, ns)
             done = wait_decided(devcluster, ns)
             assert role(c) == "leader" and role(b) == "standby"
     assert done["status"]["phase"] == "Promoted", done["status"]

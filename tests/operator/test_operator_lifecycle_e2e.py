@@ -89,6 +89,8 @@ def test_a_gitops_revert_is_drift_and_is_gated_again_a_replicas_change_is_not(
             "Drifted to clear once the target runs the decision again",
             timeout=30,
         )
+        # The status is written before the pass's events are posted: wait for the event too.
+        wait_until(lambda: "InSync" in event_reasons(devcluster, ns), "the InSync event", timeout=30)
     assert done["status"]["phase"] == "Promoted", done["status"]
     assert done["status"]["accuracy"]["job"] == "llama-fp8-accuracy-g1r2", "the gates ran again"
     assert devcluster.find("batch/v1", "Job", "llama-fp8-accuracy-g1r2", ns) is not None
