@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from kvpolicy.analysis.scrape import parse_scrape
 from kvpolicy.analysis.served import ServedConfig, ServedReading, served_config
-
 from operator_helpers import Driver, make_policy
 
-REFERENCE_METRICS = Path("/work/shared/reference/vllm-0.32-cpu-metrics.txt")
+# Lines of a real vLLM 0.32 CPU server's /metrics (labels trimmed): serving with the default KV cache.
+REAL_VLLM_METRICS = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",kv_cache_dtype_skip_layers="[]"} 1.0
+"""
 
 
 def _at_ready_canary() -> Driver:
@@ -27,7 +28,7 @@ def test_skip_layers_label_is_parsed_as_vllm_writes_it() -> None:
 
 
 def test_a_real_vllm_scrape_says_what_it_serves() -> None:
-    scrape = parse_scrape(REFERENCE_METRICS.read_text(), at=0.0)
+    scrape = parse_scrape(REAL_VLLM_METRICS, at=0.0)
     assert scrape.served == ServedConfig("auto", ())
 
 

@@ -37,6 +37,7 @@ class Reason(StrEnum):
     PREFLIGHT_PASSED = "PreflightPassed"
     PREFLIGHT_INCONCLUSIVE = "PreflightInconclusive"
     PREFLIGHT_TIMED_OUT = "PreflightTimedOut"
+    PREFLIGHT_NOT_PROBED = "PreflightNotProbed"  # no probe backend measures the planned attention backend
     ACCUMULATION_SAFE = "AccumulationSafe"
     ACCUMULATION_UNSAFE = "AccumulationUnsafe"
     ACCURACY_GATE_PASSED = "AccuracyGatePassed"
