@@ -103,6 +103,10 @@ BACKENDS = {
     )
 }
 
+# The `kvkernels.probe --backend` that measures each planned backend's own FP8 attention (kernels/README.md). A backend
+# missing here is not probed: the probe's `triton` backend is kvkernels' kernel, which no vLLM backend serves with.
+PROBE_BACKENDS: dict[str, str] = {"FLASH_ATTN": "vllm-fa3"}
+
 # The backends each generation is planned with, first choice first. Hopper and Ada truncate FP8 accumulation: there
 # the backend is the one the patched image carries two-level accumulation for (FA3 on Hopper, vllm#27889).
 PREFERENCES: dict[tuple[GpuGeneration, bool], tuple[str, ...]] = {

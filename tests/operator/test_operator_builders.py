@@ -16,6 +16,13 @@ FP8_PLAN = Plan(
     image="patched:1",
     extra_args=["--kv-cache-dtype", "fp8", "--kv-cache-dtype-skip-layers", "sliding_window"],
 )
+# A Hopper plan: FlashAttention-3 serves the FP8 KV cache, and the GPU preflight probes it.
+FA3_PLAN = FP8_PLAN.model_copy(
+    update={
+        "attention_backend": "FLASH_ATTN",
+        "extra_args": [*FP8_PLAN.extra_args, "--attention-backend", "FLASH_ATTN"],
+    }
+)
 POLICY = b.PolicyRef(name="llama-fp8", namespace="serving", uid="uid-1")
 
 

@@ -15,7 +15,7 @@ from kvpolicy.controller.observe import job_view
 from kvpolicy.controller.state import JobView, StepConfig, default_gate_resources
 from kvpolicy_dev.devcluster.podsecurity import pod_template_specs, violations
 from operator_helpers import CONFIG, Driver, make_policy, run_to_canary, target_deployment
-from test_operator_builders import FP8_PLAN
+from test_operator_builders import FA3_PLAN, FP8_PLAN
 from test_operator_step import to_accuracy_gate
 
 POLICY = b.PolicyRef(name="llama-fp8", namespace="serving", uid="uid-1")
@@ -37,7 +37,7 @@ def gate_jobs(config: StepConfig = CONFIG, target: dict[str, Any] | None = None)
     jobs = {}
     for gate in JOB_GATES:
         inputs = JobInputs(
-            spec, config, f"llama-fp8-{gate.name}-g1", target or restricted_target(), "http://c", "http://b"
+            spec, config, f"llama-fp8-{gate.name}-g1", target or restricted_target(), FA3_PLAN, "http://c", "http://b"
         )
         jobs[gate.name] = b.gate_job(POLICY, gate.build(inputs))
     return jobs

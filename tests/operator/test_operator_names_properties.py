@@ -10,7 +10,7 @@ from kvpolicy.controller import builders as b
 from kvpolicy.controller.jobgates import JOB_GATES, JobInputs
 from kvpolicy_dev.devcluster.validation import dns1035_label, dns1123_subdomain, label_value, validate
 from operator_helpers import CONFIG, make_policy, target_deployment
-from test_operator_builders import FP8_PLAN
+from test_operator_builders import FA3_PLAN, FP8_PLAN
 
 INT64_MAX = 2**63 - 1
 _label = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True)
@@ -32,7 +32,7 @@ def _children(policy: str, generation: int) -> list[tuple[str, dict[str, object]
     ]
     for gate in JOB_GATES:
         name = b.job_name(policy, gate.name, generation)
-        inputs = JobInputs(spec, CONFIG, name, target, "http://c:8000", "http://b:8000")
+        inputs = JobInputs(spec, CONFIG, name, target, FA3_PLAN, "http://c:8000", "http://b:8000")
         children.append(("Job", b.gate_job(ref, gate.build(inputs))))
     return children
 

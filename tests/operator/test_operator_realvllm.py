@@ -20,6 +20,7 @@ from e2e_helpers import KVP, OperatorFactory, container, event_reasons, wait_unt
 from kvpolicy_dev.devcluster import POOL_LABEL, ThreadedDevCluster
 from kvpolicy_dev.devcluster.cpu_vllm import RealVllmRunner
 from kvpolicy_dev.devcluster.pytest_plugin import REAL_VLLM_STARTUP_SECONDS
+from kvpolicy_dev.devcluster.runners import EntrypointQuirk
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.realvllm
@@ -146,6 +147,11 @@ def test_rollout_with_real_vllm_runs_the_plans_arguments_and_promotes(
 
         done = wait_until(decided, "a decision", SERVER_START_SECONDS)
         assert done["status"]["phase"] == "Promoted", done["status"]
+        # The operator read the same from the canary's /metrics before any gate (direct scrape provider).
+        verified = {c["type"]: c for c in done["status"]["conditions"]}["CanaryConfigVerified"]
+        assert (verified["status"], verified["reason"]) == ("True", "ServedAsPlanned"), verified
+        assert done["status"]["canary"]["servedKvCacheDtype"] == "fp8"
+        assert done["status"]["canary"]["servedSkipLayers"] == ["sliding_window"]
         assert done["status"]["latency"]["probe"]["verdict"] == "Pass", done["status"]["latency"]
         promoted = container(devcluster.get("apps/v1", "Deployment", MODEL, ns))
         assert promoted["image"] == PATCHED_IMAGE and promoted["args"][-len(PLAN_ARGS) :] == PLAN_ARGS
@@ -153,3 +159,29 @@ def test_rollout_with_real_vllm_runs_the_plans_arguments_and_promotes(
                                     lambda pod: container(pod)["image"] == PATCHED_IMAGE)  # fmt: skip
         assert served_cache(new_target) == ("fp8", "['sliding_window']")
     assert "LatencyAnalysisStarted" in event_reasons(devcluster, ns, "tiny-fp8")
+
+
+def test_a_canary_whose_entrypoint_drops_the_kv_dtype_is_rolled_back_with_planned_and_served(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory, cpu_vllm_model: Path
+) -> None:
+    ns = devcluster_namespace
+    lossy = {PATCHED_IMAGE: EntrypointQuirk(drop=("--kv-cache-dtype",))}
+    devcluster.set_runner(RealVllmRunner(cpu_vllm_model, quirks=lossy))
+    devcluster.create(target(ns))
+    with operator():
+        devcluster.create(policy(ns))  # the target and the canary start together
+
+        def decided() -> dict[str, Any] | None:
+            found = devcluster.find(*KVP, "tiny-fp8", ns) or {}
+            return found if found.get("status", {}).get("phase") in ("Promoted", "RolledBack", "HeldBF16") else None
+
+        done = wait_until(decided, "a decision", 2 * SERVER_START_SECONDS)
+    status = done["status"]
+    assert status["phase"] == "RolledBack", status
+    decision = status["decision"]
+    assert decision["reason"] == "CanaryConfigMismatch", decision
+    assert "planned KV cache dtype fp8, skip layers [sliding_window]" in decision["message"], decision
+    assert "serves KV cache dtype auto, skip layers [sliding_window]" in decision["message"], decision
+    verified = {c["type"]: c for c in status["conditions"]}["CanaryConfigVerified"]
+    assert (verified["status"], verified["reason"]) == ("False", "CanaryConfigMismatch"), verified
+    assert "latency" not in status or not (status["latency"] or {}).get("probe"), "no gate ran"

@@ -25,8 +25,9 @@ from kvpolicy.analysis import (
     names,
     run_check,
 )
+from kvpolicy.analysis.served import ServedConfig, ServedReading
 from prometheus_client.parser import text_string_to_metric_families
-from realvllm_helpers import SERVED_MODEL, RealPair
+from realvllm_helpers import SERVED_MODEL, SKIP_LAYERS, RealPair
 
 pytestmark = pytest.mark.realvllm
 
@@ -141,3 +142,24 @@ async def test_scrape_provider_decides_on_real_vllm_histograms(real_vllm: RealPa
         # Differences of two scrapes are exact: the very counts and sums the servers added.
         assert side.requests == count == REQUESTS, side
         assert side.ttft_mean_seconds == pytest.approx(total / count), role
+
+
+async def test_both_providers_read_the_kv_cache_real_vllm_serves(
+    real_vllm: RealPair, prometheus: PrometheusServer
+) -> None:
+    # What the operator checks a ready canary against its plan with (vllm:cache_config_info), through either provider.
+    fp8, bf16 = ServedConfig("fp8", SKIP_LAYERS), ServedConfig("auto", ())
+    async with ScrapeProvider() as scrape:
+        for url, expected in ((real_vllm.fp8.url, fp8), (real_vllm.bf16.url, bf16)):
+            assert await scrape.served(SideSelector("canary", NAMESPACE, endpoints=(url,))) == ServedReading(
+                (expected,)
+            )
+    query = 'count(vllm:cache_config_info{pod=~"tiny-(fp8|bf16)-0"})'
+    wait_until(lambda: (prometheus.query_value(query) or 0) >= 2, 30, "Prometheus to scrape both servers")
+    async with PrometheusProvider(prometheus.url) as provider:
+        for pod, expected in (("tiny-fp8-0", fp8), ("tiny-bf16-0", bf16)):
+            assert await provider.served(SideSelector("canary", NAMESPACE, pods=(pod,))) == ServedReading((expected,))
+        unscraped = await provider.served(SideSelector("canary", NAMESPACE, pods=("tiny-fp8-9",)))
+    assert (
+        unscraped.configs == () and unscraped.missing is not None and "no vllm:cache_config_info" in unscraped.missing
+    )

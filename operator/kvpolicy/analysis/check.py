@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from kvpolicy.analysis.model import LatencyGateConfig, ProviderUnavailableError, SideMetrics, SideSelector, Verdict
+from kvpolicy.analysis.served import ServedReading
 from kvpolicy.analysis.verdicts import assess
 
 
@@ -17,6 +18,10 @@ class MetricsProvider(Protocol):
         self, side: SideSelector, window_seconds: float, quantiles: Sequence[float]
     ) -> SideMetrics:
         """Raise ProviderUnavailableError when the source cannot answer; report missing data in the result."""
+        ...
+
+    async def served(self, side: SideSelector) -> ServedReading:
+        """What each pod of a side serves (vllm:cache_config_info); raise ProviderUnavailableError like above."""
         ...
 
     async def close(self) -> None: ...

@@ -17,6 +17,7 @@ import aiohttp
 from kvpolicy.analysis import names
 from kvpolicy.analysis.http import HttpClient
 from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
+from kvpolicy.analysis.served import CACHE_CONFIG, ServedReading, served_config
 from kvpolicy.credentials import Credentials
 from kvpolicy.http_errors import auth_hint, connection_problem, redact_url, status_text
 
@@ -206,6 +207,15 @@ class PrometheusProvider(HttpClient):
                 "QueryRejected", f"Prometheus at {self.shown_url} answered {promql!r} with something else than a vector"
             )
         return [(sample.get("metric", {}), float(sample["value"][1])) for sample in data.get("result", [])]
+
+    async def served(self, side: SideSelector) -> ServedReading:
+        matchers = render_selector(self.selector_template, side)
+        samples = await self.query_samples(_vllm(CACHE_CONFIG, matchers))
+        if not samples:
+            return ServedReading(
+                missing=f"Prometheus at {self.shown_url} has no vllm:{CACHE_CONFIG} of the {side.role}"
+            )
+        return ServedReading(configs=tuple(served_config(labels) for labels, _ in samples))
 
     async def _single(self, promql: str) -> float | None:
         """The value of a query that aggregates to one series; None for an empty vector."""

@@ -21,6 +21,7 @@ from kvpolicy.analysis import names
 from kvpolicy.analysis.histogram import CumulativeHistogram
 from kvpolicy.analysis.http import HttpClient
 from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
+from kvpolicy.analysis.served import CACHE_CONFIG, ServedConfig, ServedReading, reading, served_config
 from kvpolicy.credentials import Credentials
 from kvpolicy.http_errors import auth_hint, connection_problem, redact_url, status_text
 
@@ -39,6 +40,7 @@ class PodScrape:
     http_statuses: Mapping[str, float]  # status -> requests
     kv_cache_usage: float | None
     has_vllm_series: bool
+    served: ServedConfig | None = None  # from vllm:cache_config_info
 
 
 def parse_scrape(text: str, at: float) -> PodScrape:
@@ -50,6 +52,7 @@ def parse_scrape(text: str, at: float) -> PodScrape:
     http_statuses: dict[str, float] = {}
     kv_values: list[float] = []
     has_vllm_series = False
+    served: ServedConfig | None = None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == names.HTTP_REQUESTS:
@@ -65,6 +68,8 @@ def parse_scrape(text: str, at: float) -> PodScrape:
                 finished[reason] = finished.get(reason, 0.0) + sample.value
             elif name in names.KV_CACHE_USAGE:
                 kv_values.append(sample.value)
+            elif name == CACHE_CONFIG:
+                served = served_config(sample.labels)
             for histogram in _HISTOGRAMS:
                 if name == f"{histogram}_bucket":
                     bound = float(sample.labels["le"])
@@ -81,7 +86,7 @@ def parse_scrape(text: str, at: float) -> PodScrape:
         for histogram, bounds in buckets.items()
     }
     kv_cache_usage = sum(kv_values) / len(kv_values) if kv_values else None
-    return PodScrape(at, histograms, finished, http_statuses, kv_cache_usage, has_vllm_series)
+    return PodScrape(at, histograms, finished, http_statuses, kv_cache_usage, has_vllm_series, served)
 
 
 def _counter_delta(now: Mapping[str, float], earlier: Mapping[str, float]) -> dict[str, float]:
@@ -179,6 +184,10 @@ class ScrapeProvider(HttpClient):
         if earlier:
             return earlier[-1]
         return history[0] if len(history) > 1 else None
+
+    async def served(self, side: SideSelector) -> ServedReading:
+        scrapes = await asyncio.gather(*(self._scrape(endpoint) for endpoint in side.endpoints))
+        return reading([scrape.served for scrape in scrapes], "their /metrics")
 
     async def latency_snapshot(
         self, side: SideSelector, window_seconds: float, quantiles: Sequence[float]

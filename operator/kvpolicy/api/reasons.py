@@ -29,12 +29,16 @@ class Reason(StrEnum):
     CANARY_STARTING = "CanaryStarting"
     CANARY_READY = "CanaryReady"
     CANARY_UNSCHEDULABLE = "CanaryUnschedulable"
+    CANARY_CONFIG_VERIFIED = "CanaryConfigVerified"  # event: the canary serves the planned KV cache
+    SERVED_AS_PLANNED = "ServedAsPlanned"
+    AWAITING_SERVED_CONFIG = "AwaitingServedConfig"  # the canary's vllm:cache_config_info is not readable yet
     SCHEDULED = "Scheduled"
     UNSCHEDULABLE = "Unschedulable"
     GATE_POD_NOT_STARTING = "GatePodNotStarting"  # a gate Job's pod cannot be pulled, configured or scheduled
     PREFLIGHT_PASSED = "PreflightPassed"
     PREFLIGHT_INCONCLUSIVE = "PreflightInconclusive"
     PREFLIGHT_TIMED_OUT = "PreflightTimedOut"
+    PREFLIGHT_NOT_PROBED = "PreflightNotProbed"  # no probe backend measures the planned attention backend
     ACCUMULATION_SAFE = "AccumulationSafe"
     ACCUMULATION_UNSAFE = "AccumulationUnsafe"
     ACCURACY_GATE_PASSED = "AccuracyGatePassed"
@@ -84,6 +88,7 @@ class DecisionReason(StrEnum):
     TARGET_NOT_FOUND = "TargetNotFound"
     CAPACITY_UNAVAILABLE = "CapacityUnavailable"
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+    CANARY_CONFIG_MISMATCH = "CanaryConfigMismatch"  # the canary does not serve the planned KV dtype / skip layers
     GPU_PREFLIGHT_UNSAFE = "GpuPreflightUnsafe"
     ACCURACY_RECOVERY_BELOW_MINIMUM = "AccuracyRecoveryBelowMinimum"
     ACCURACY_INCONCLUSIVE = "AccuracyInconclusive"

@@ -267,6 +267,7 @@ class ConditionType(StrEnum):
     PLANNED = "Planned"
     CANARY_READY = "CanaryReady"
     CAPACITY_AVAILABLE = "CapacityAvailable"
+    CANARY_CONFIG_VERIFIED = "CanaryConfigVerified"
     PREFLIGHT_PASSED = "PreflightPassed"
     ACCURACY_GATE_PASSED = "AccuracyGatePassed"
     LATENCY_GATE_PASSED = "LatencyGatePassed"
@@ -825,6 +826,12 @@ class CanaryRef(_Model):
     service: str
     generation: int
     run: int = Field(default=1, ge=1, description="Which run of the rollout at this generation (drift, retries).")
+    served_kv_cache_dtype: str | None = Field(
+        default=None, description="The KV cache dtype the canary serves, from its vllm:cache_config_info."
+    )
+    served_skip_layers: list[str] | None = Field(
+        default=None, description="The KV cache skip layers the canary serves, from its vllm:cache_config_info."
+    )
 
 
 class KVPolicyStatus(_Model):

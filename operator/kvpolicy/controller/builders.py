@@ -479,13 +479,16 @@ def latency_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> l
     ]
 
 
-def preflight_command(spec: KVPolicySpec) -> list[str]:
-    """The probe measures attention up to the full context the gates vouch for: it sends no prompt, so it needs no
-    room for an answer (hence the uncapped `accuracy_length`)."""
+def preflight_command(spec: KVPolicySpec, probe_backend: str) -> list[str]:
+    """The probe measures the attention the canary will run (`probe_backend`, see attention.PROBE_BACKENDS) up to
+    the full context the gates vouch for: it sends no prompt, so it needs no room for an answer (hence the uncapped
+    `accuracy_length`)."""
     return [
         "python",
         "-m",
         "kvkernels.probe",
+        "--backend",
+        probe_backend,
         "--max-len",
         str(spec.accuracy_length),
         "--head-dim",

@@ -8,7 +8,7 @@ from kvpolicy.controller.tick import Tick, advance, rollback, run_job
 
 
 def job_gate_phase(t: Tick, gate: JobGate) -> None:
-    result = run_job(t, gate)
+    result = gate.skip(t.plan) or run_job(t, gate)
     if result is None:
         return
     gate.set_result(t.status, result)

@@ -5,6 +5,8 @@ The step runs every entry the same way (`tick.run_job`): create the Job if it is
 deadline, read its `GateReport` when it has finished. A gate of its own phase (GPU preflight, accuracy) then moves
 the rollout on as its `Judgement` says; the latency probe's judgement feeds the latency phase instead.
 
+A gate may decline to run its Job for a plan (`skip`): its judgement then moves the rollout on at once.
+
 Adding a gate: an entry in `PHASE_GATES` (in the order the gates run), its command builder in builders.py, and in
 api/v1alpha1.py its spec fields, its status field and its `Phase`.
 
@@ -28,6 +30,7 @@ from kvpolicy.api.v1alpha1 import (
     Phase,
     Plan,
 )
+from kvpolicy.attention import PROBE_BACKENDS
 from kvpolicy.controller import builders as b
 from kvpolicy.controller.state import Event, JobView, Obj, StepConfig
 from kvpolicy.gates.report import GateReport
@@ -42,6 +45,7 @@ class JobInputs:
     config: StepConfig
     name: str
     target: Obj
+    plan: Plan
     canary_url: str
     baseline_url: str
 
@@ -92,6 +96,7 @@ class JobGate:
     judge: Callable[[KVPolicySpec, GateResult], Judgement]
     result: Callable[[KVPolicyStatus], GateResult | None]
     set_result: Callable[[KVPolicyStatus, GateResult | None], None]
+    skip: Callable[[Plan], GateResult | None] = lambda plan: None  # a record made without a Job, when it cannot run
 
 
 def _readable(report: GateReport, verdicts: tuple[GateVerdict, ...]) -> bool:
@@ -125,12 +130,29 @@ def _tool_job(inputs: JobInputs, command: Callable[[KVPolicySpec, str, str], lis
 # ---------------------------------------------------------------------------------------------------- GPU preflight
 
 
+def _probe_backend(plan: Plan) -> str | None:
+    return PROBE_BACKENDS.get(plan.attention_backend or "")
+
+
+def _preflight_not_probed(plan: Plan) -> GateResult | None:
+    if _probe_backend(plan) is not None:
+        return None
+    backend = plan.attention_backend or "vLLM's default"
+    message = (
+        f"not probed: the canary runs attention backend {backend}, and kvkernels.probe has no backend that measures "
+        f"it (probed: {', '.join(sorted(PROBE_BACKENDS))})"
+    )
+    return GateResult(verdict=GateVerdict.INCONCLUSIVE, reason=Reason.PREFLIGHT_NOT_PROBED, message=message)
+
+
 def _preflight_job(inputs: JobInputs) -> b.GateJob:
+    backend = _probe_backend(inputs.plan)
+    assert backend is not None, "a plan without a probe backend skips the preflight Job (_preflight_not_probed)"
     return b.GateJob(
         name=inputs.name,
         role=b.ROLE_PREFLIGHT,
         image=inputs.spec.gates.gpu_preflight.image or inputs.config.probe_image,
-        command=b.preflight_command(inputs.spec),
+        command=b.preflight_command(inputs.spec, backend),
         timeout_seconds=inputs.spec.rollout.progress_deadline_seconds,
         resources=b.with_one_gpu(inputs.config.preflight_resources),
         pod_placement=b.pod_placement(inputs.target),
@@ -337,6 +359,7 @@ GPU_PREFLIGHT = JobGate(
     judge=_preflight_judge,
     result=lambda status: status.preflight,
     set_result=_set_preflight,
+    skip=_preflight_not_probed,
 )
 
 ACCURACY = JobGate(

@@ -10,12 +10,14 @@ from typing import Any
 from kvpolicy.analysis import (
     MetricsProvider,
     PrometheusProvider,
+    ProviderUnavailableError,
     ScrapeProvider,
     SideSelector,
     Verdict,
     run_check,
 )
-from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, KVPolicy, LatencyProvider, Phase
+from kvpolicy.analysis.served import ServedReading
+from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, ConditionStatus, ConditionType, KVPolicy, LatencyProvider, Phase
 from kvpolicy.controller import builders as b
 from kvpolicy.controller.jobgates import PHASE_GATES
 from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, SERVICES, KubeApi, label_selector
@@ -148,29 +150,48 @@ class LatencyAnalyser:
             return self._prometheus[url]
         return self.scrape
 
+    @staticmethod
+    def side(policy: KVPolicy, target: Mapping[str, Any], role: str, pods: Sequence[PodView]) -> SideSelector:
+        port = b.serving_port(b.vllm_container(target, policy.spec.target_ref.container))
+        ready = [pod for pod in pods if pod.ready and pod.ip]
+        return SideSelector(
+            role=role,
+            namespace=str(policy.metadata.get("namespace", "")),
+            pods=tuple(pod.name for pod in ready),
+            labels=dict(ready[0].labels) if ready else {},
+            endpoints=tuple(f"http://{pod.ip}:{port}" for pod in ready),
+        )
+
     async def check(
         self, policy: KVPolicy, target: Mapping[str, Any], canary: Sequence[PodView], baseline: Sequence[PodView]
     ) -> Verdict:
-        namespace = str(policy.metadata.get("namespace", ""))
-        port = b.serving_port(b.vllm_container(target, policy.spec.target_ref.container))
-
-        def side(role: str, pods: Sequence[PodView]) -> SideSelector:
-            ready = [pod for pod in pods if pod.ready and pod.ip]
-            return SideSelector(
-                role=role,
-                namespace=namespace,
-                pods=tuple(pod.name for pod in ready),
-                labels=dict(ready[0].labels) if ready else {},
-                endpoints=tuple(f"http://{pod.ip}:{port}" for pod in ready),
-            )
-
         config = latency_gate_config(policy.spec)
-        return await run_check(self.provider(policy), config, side("canary", canary), side("baseline", baseline))
+        canary_side, baseline_side = (
+            self.side(policy, target, "canary", canary),
+            self.side(policy, target, "baseline", baseline),
+        )
+        return await run_check(self.provider(policy), config, canary_side, baseline_side)
+
+    async def served(self, policy: KVPolicy, target: Mapping[str, Any], canary: Sequence[PodView]) -> ServedReading:
+        """What the canary's pods serve, through the same provider as the latency analysis."""
+        try:
+            return await self.provider(policy).served(self.side(policy, target, "canary", canary))
+        except ProviderUnavailableError as error:
+            return ServedReading(missing=error.message)
 
     async def close(self) -> None:
         await self.scrape.close()
         for provider in self._prometheus.values():
             await provider.close()
+
+
+def _verifies_served(policy: KVPolicy, canary_pods: Sequence[PodView]) -> bool:
+    """A ready canary whose served configuration is not verified yet (step.py checks it before the gates)."""
+    status = policy.status
+    verified = any(
+        c.type == ConditionType.CANARY_CONFIG_VERIFIED and c.status == ConditionStatus.TRUE for c in status.conditions
+    )
+    return status.phase == Phase.CANARY_STARTING and not verified and any(pod.ready for pod in canary_pods)
 
 
 @dataclass
@@ -219,10 +240,14 @@ class Observer:
         verdict = None
         if self.analyser is not None and target is not None and latency_check_due(policy, now):
             verdict = await self._latency(policy, target, canary_pods)
+        served = None
+        if self.analyser is not None and target is not None and _verifies_served(policy, canary_pods):
+            served = await self.analyser.served(policy, target, canary_pods)
         return Observations(
             now=now,
             target=target,
             gpu=gpu,
+            canary_served=served,
             canary=next(iter(live([canary] if canary else [])), None),
             canary_pods=canary_pods,
             services=services,

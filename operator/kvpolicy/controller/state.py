@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from kvpolicy.analysis import Verdict
+from kvpolicy.analysis.served import ServedReading
 from kvpolicy.api.v1alpha1 import Decision, Difference, GpuFacts, KVPolicyStatus, NotificationEvent, Phase
 
 Obj = dict[str, Any]
@@ -65,6 +66,7 @@ class Observations:
     services: frozenset[str] = frozenset()
     jobs: Mapping[str, JobView] = field(default_factory=dict)
     latency_verdict: Verdict | None = None
+    canary_served: ServedReading | None = None  # what the ready canary serves; None: not read this pass
 
 
 # ----------------------------------------------------------------------------------------------------------- actions

@@ -205,6 +205,7 @@ class Tick:
             config=self.config,
             name=self.job(gate),
             target=self.obs.target,
+            plan=self.plan,
             canary_url=self.url(self.canary.service),
             baseline_url=self.url(self.baseline_service_name()),
         )
