@@ -88,9 +88,10 @@ async def assert_decides_on_either_side_of_the_measured_ratios(
     assert (passed.kind, passed.reason) == (VerdictKind.PASS, "WithinThresholds"), passed.message
     breached = await run_check(provider, replace(CONFIG, ttft_max_ratio=strict, itl_max_ratio=strict), canary, baseline)
     assert (breached.kind, breached.reason) == (VerdictKind.BREACH, "LatencyRatioExceeded"), breached.message
-    # The same traffic judged three times (Prometheus' extrapolation to the window's edge moves a ratio a little).
+    # The same traffic judged three times: Prometheus' extrapolation to the window's edge moves a ratio a little as
+    # time passes between the queries (seen up to 1.1% on a loaded 2-core machine), a scrape's differences not at all.
     for again in (passed.ratios(), breached.ratios()):
-        assert again == pytest.approx(ratios, rel=0.01)
+        assert again == pytest.approx(ratios, rel=0.03)
     return measured
 
 
