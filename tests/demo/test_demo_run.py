@@ -51,7 +51,15 @@ async def test_an_operator_that_dies_stops_the_demo_with_its_log(
     assert processes_mentioning(str(report_dir)) == []
 
 
-async def test_undecided_policies_are_reported_as_they_stand(tmp_path: Path, no_figures_wait: None) -> None:
+def _a_child_still_drawing(report_dir: Path) -> list[str]:
+    return [sys.executable, "-c", "import time; time.sleep(60)", str(report_dir)]
+
+
+async def test_undecided_policies_are_reported_as_they_stand(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_figures_wait: None
+) -> None:
+    # Figures that are still being drawn when the demo ends are reported as not drawn (and their child is stopped).
+    monkeypatch.setattr(demo_run, "figures_argv", _a_child_still_drawing)
     report_dir = tmp_path / "report"
     out = io.StringIO()
     result = await run_demo(_options(report_dir, deadline_seconds=0.1), out, live=False)

@@ -134,6 +134,11 @@ def operator_argv() -> list[str]:
             "--metrics-port", "0"]  # fmt: skip
 
 
+def figures_argv(report_dir: Path) -> list[str]:
+    """The child that draws the report's figures from the simulator's numerics while the rollouts run."""
+    return [sys.executable, "-m", "kvpolicy_dev.demo.figures", str(report_dir)]
+
+
 def operator_environment(cluster: DevCluster) -> dict[str, str]:
     """The kubeconfig of the dev cluster, and polling short enough for gates measured in seconds."""
     return {**cluster.environ(), "KVPOLICY_POLL_SECONDS": "1", "KVPOLICY_IDLE_SECONDS": "2"}
@@ -285,9 +290,7 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int 
         logs.mkdir(parents=True, exist_ok=True)
         stack.enter_context(log_records_to(logs / "demo.log"))
         figures = await stack.enter_async_context(
-            ChildProcess(
-                "figures", [sys.executable, "-m", "kvpolicy_dev.demo.figures", str(report_dir)], logs / "figures.log"
-            )
+            ChildProcess("figures", figures_argv(report_dir), logs / "figures.log")
         )
         runner = container_runner(options.servers, report_dir, say)
         cluster = await stack.enter_async_context(
