@@ -17,11 +17,15 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from e2e_helpers import KVP, OperatorFactory, policy, target, until, wait_phase
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
 from kvpolicy.controller import cached
 from kvpolicy.controller import login as login_module
 from kvpolicy.controller.cached import CachedKubeApi
 from kvpolicy.controller.kube import NODES, ApiError, KubernetesApi
+from kvpolicy.controller.leader import KubernetesLeaseStore, LeaseRecord
 from kvpolicy.controller.login import ClusterLogin, CredentialsError, InCluster, KubeConfigFile, find_source
+from kvpolicy.controller.supervisor import ApiHealth, ApiProbe
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 from tls_front import TlsFront
 
@@ -176,6 +180,35 @@ async def test_a_401_without_fresher_credentials_is_an_error_that_is_not_retried
         await api.close()
     assert (caught.value.code, caught.value.reason, caught.value.retryable) == (401, "Unauthorized", False)
     assert tokens_sent(devcluster, before) == ["sa-1", "sa-1"], "one more try with the token read again"
+
+
+async def test_the_lease_and_the_readiness_probe_read_the_token_again_after_a_401(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, service_account: ServiceAccount
+) -> None:
+    # They use the library's generated API directly: without this a leader would lose its Lease (15 s) to a revoked
+    # token while waiting for the scheduled re-read (60 s).
+    devcluster.accept_tokens(frozenset({"sa-1"}))
+    login = ClusterLogin(InCluster(service_account.directory), service_account.environ)  # re-read after 60 s
+    moment = datetime.datetime(2026, 12, 1, 1, 2, 3, tzinfo=datetime.UTC)
+    async with ApiClient(await login.configuration()) as client:
+        store = KubernetesLeaseStore(client, devcluster_namespace, "kvp-leader", login)
+        probe = ApiProbe(client, ApiHealth(), login=login)
+        assert await probe.check() is None and await store.get() is None
+        before = request_count(devcluster)
+        service_account.rotate("sa-2")
+        devcluster.accept_tokens(frozenset({"sa-2"}))
+        assert (await store.create(LeaseRecord("a", 15, moment, moment))).holder == "a"
+        service_account.rotate("sa-3")
+        devcluster.accept_tokens(frozenset({"sa-3"}))
+        assert await probe.check() is None
+        assert tokens_sent(devcluster, before) == ["sa-1", "sa-2", "sa-2", "sa-3"], "one 401 each, then the new token"
+        devcluster.accept_tokens(frozenset({"someone-else"}))
+        before = request_count(devcluster)
+        with pytest.raises(ApiException) as caught:
+            await store.get()
+        assert caught.value.status == 401
+        assert await probe.check() == "401"
+    assert tokens_sent(devcluster, before) == ["sa-3"] * 4, "one more try each, with the token read again"
 
 
 async def test_watches_resume_with_the_token_read_again_after_it_expired(

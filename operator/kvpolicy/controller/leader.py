@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import Enum
@@ -32,6 +32,7 @@ from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, V1Lease, V1L
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from kvpolicy.controller.kube import ApiError, KubeApi, PatchType, Resource
+from kvpolicy.controller.login import ClusterLogin
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -123,16 +124,26 @@ class LeaseStore(Protocol):
 class KubernetesLeaseStore:
     """A coordination.k8s.io/v1 Lease through kubernetes_asyncio. Every request gives up after `timeout_seconds`."""
 
-    def __init__(self, api_client: ApiClient, namespace: str, name: str, timeout_seconds: float = 5.0) -> None:
+    def __init__(
+        self,
+        api_client: ApiClient,
+        namespace: str,
+        name: str,
+        login: ClusterLogin | None = None,
+        timeout_seconds: float = 5.0,
+    ) -> None:
         self._api = CoordinationV1Api(api_client)
+        self._login = login  # to load rotated credentials after a 401 instead of losing the Lease until the re-read
         self.namespace = namespace
         self.name = name
         self.timeout_seconds = timeout_seconds
 
     async def get(self) -> LeaseRecord | None:
         try:
-            lease = await self._api.read_namespaced_lease(
-                self.name, self.namespace, _request_timeout=self.timeout_seconds
+            lease = await self._send(
+                lambda: self._api.read_namespaced_lease(
+                    self.name, self.namespace, _request_timeout=self.timeout_seconds
+                )
             )
         except ApiException as error:
             if error.status == 404:
@@ -143,8 +154,8 @@ class KubernetesLeaseStore:
     async def create(self, record: LeaseRecord) -> LeaseRecord:
         body = V1Lease(metadata=V1ObjectMeta(name=self.name, namespace=self.namespace), spec=_spec(record))
         try:
-            created = await self._api.create_namespaced_lease(
-                self.namespace, body, _request_timeout=self.timeout_seconds
+            created = await self._send(
+                lambda: self._api.create_namespaced_lease(self.namespace, body, _request_timeout=self.timeout_seconds)
             )
         except ApiException as error:
             if error.status == 409:
@@ -156,14 +167,21 @@ class KubernetesLeaseStore:
         metadata = V1ObjectMeta(name=self.name, namespace=self.namespace, resource_version=record.resource_version)
         body = V1Lease(metadata=metadata, spec=_spec(record))
         try:
-            replaced = await self._api.replace_namespaced_lease(
-                self.name, self.namespace, body, _request_timeout=self.timeout_seconds
+            replaced = await self._send(
+                lambda: self._api.replace_namespaced_lease(
+                    self.name, self.namespace, body, _request_timeout=self.timeout_seconds
+                )
             )
         except ApiException as error:
             if error.status == 409:
                 raise LeaseConflictError(f"Lease {self.namespace}/{self.name} changed since it was read") from error
             raise
         return _record(replaced)
+
+    async def _send(self, request: Callable[[], Awaitable[V1Lease]]) -> V1Lease:
+        if self._login is None:
+            return await request()
+        return await self._login.once_more_after_401(request)
 
 
 def _spec(record: LeaseRecord) -> V1LeaseSpec:

@@ -17,13 +17,14 @@ import asyncio
 import datetime
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 from kubernetes_asyncio.client import Configuration
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import load_incluster_config, load_kube_config
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -34,6 +35,8 @@ TOKEN_REREAD_SECONDS = 60.0
 # lived credential (under two minutes) halfway through its life instead, and never sooner than MIN_RENEWAL.
 EXPIRY_LEEWAY = datetime.timedelta(seconds=60)
 MIN_RENEWAL = datetime.timedelta(seconds=5)
+
+Answer = TypeVar("Answer")
 
 
 class CredentialsError(Exception):
@@ -118,6 +121,19 @@ class ClusterLogin:
             if rejected_token is not None and self.token != rejected_token:
                 return
             await self._load(configuration)
+
+    async def once_more_after_401(self, request: Callable[[], Awaitable[Answer]]) -> Answer:
+        """`request()` through the library's generated API; after a 401 the credentials are loaded again (unless
+        another request already did) and it is made once more. For clients outside `KubernetesApi` (the Lease, the
+        readiness probe), which would otherwise wait for the next scheduled re-read."""
+        rejected_token = self.token
+        try:
+            return await request()
+        except ApiException as error:
+            if error.status != 401:
+                raise
+        await self.refresh(rejected_token)
+        return await request()
 
     async def connection_info(self) -> kopf.ConnectionInfo:
         """Credentials for kopf, which calls its login handlers at start, at their expiration and after a 401: when

@@ -100,24 +100,30 @@ class ApiProbe:
         health: ApiHealth,
         on_recovery: Callable[[], None] = lambda: None,
         interval_seconds: float = PROBE_INTERVAL_SECONDS,
+        login: ClusterLogin | None = None,
     ) -> None:
         self.client = client
+        self.login = login
         self.health = health
         self.on_recovery = on_recovery
         self.interval_seconds = interval_seconds
 
     async def check(self) -> str | None:
         """None when the API server is ready, else why not."""
+
+        async def readyz() -> object:
+            return await self.client.call_api(
+                "/readyz",
+                "GET",
+                auth_settings=["BearerToken"],
+                response_types_map={200: "str"},
+                _return_http_data_only=True,
+                _request_timeout=PROBE_TIMEOUT_SECONDS,
+            )
+
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_SECONDS):
-                await self.client.call_api(
-                    "/readyz",
-                    "GET",
-                    auth_settings=["BearerToken"],
-                    response_types_map={200: "str"},
-                    _return_http_data_only=True,
-                    _request_timeout=PROBE_TIMEOUT_SECONDS,
-                )
+                await (readyz() if self.login is None else self.login.once_more_after_401(readyz))
         except Exception as error:
             return probe_failure(error)
         return None
@@ -370,11 +376,13 @@ class Supervisor:
         background: list[asyncio.Task[None]] = []
         try:
             async with ApiClient(self.configuration) as client:
-                probe = ApiProbe(client, self.health, on_recovery=self._wake_backing_off_policies)
+                probe = ApiProbe(
+                    client, self.health, on_recovery=self._wake_backing_off_policies, login=self.settings.login
+                )
                 background.append(asyncio.create_task(probe.run(), name="API probe"))
                 election = self.settings.election
                 if election is not None:
-                    store = KubernetesLeaseStore(client, election.namespace, election.lease)
+                    store = KubernetesLeaseStore(client, election.namespace, election.lease, self.settings.login)
                     # time.monotonic, not the loop's clock: kopf's thread asks the fence too.
                     self._elector = LeaderElector(store, election.identity, election.timing, clock=time.monotonic)
                     background.append(asyncio.create_task(self._elector.run(), name="leader election"))
