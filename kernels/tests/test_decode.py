@@ -8,7 +8,7 @@ import pytest
 import torch
 from kvkernels.decode import DecodeConfig, build_paged_cache, choose_num_splits, paged_decode
 from kvkernels.modes import AccumulationMode
-from kvkernels.quant import quantize_fp8
+from kvkernels.quant import FP8_MAX, quantize_fp8
 from kvkernels.reference import gather_paged, paged_decode_reference, row_errors
 
 LENGTHS = [5, 77, 130]  # shorter than a page, and not multiples of the page or the tile
@@ -20,7 +20,26 @@ def _sequences(device: str, head_dim: int, hk: int = 2):
     gen = torch.Generator(device=device).manual_seed(head_dim)
     keys = [torch.randn(hk, n, head_dim, device=device, generator=gen) for n in LENGTHS]
     values = [torch.randn(hk, n, head_dim, device=device, generator=gen) for n in LENGTHS]
-    return keys, values
+    return keys, values, gen
+
+
+def _p_rounding_bound(q8, cache, qs: float, ks: float, vs: float) -> torch.Tensor:
+    """[seqs, heads] bound on ‖out - reference‖ when P is cast to e4m3 for P·V (FP8 products). The kernel scales P
+    by 448 and casts it (relative error < 2^-3 whether it rounds or, as the interpreter does, truncates; < 2^-9
+    absolute below e4m3's smallest normal 2^-6), while the row sum keeps the fp32 P. So the output, Σ p̃ v / Σ p, is
+    off by at most (2^-3 Σ p ‖v‖ + n 2^-9 / 448 max ‖v‖) / Σ p, plus fp32 rounding (a 1e-4 relative margin)."""
+    heads = q8.shape[1]
+    bound = torch.empty(q8.shape[:2], dtype=torch.float64)
+    for seq, n in enumerate(cache.seq_lens.tolist()):
+        group = heads // cache.key_cache.shape[2]
+        k = gather_paged(cache.key_cache, cache.block_table[seq], n).double().repeat_interleave(group, 0) * ks
+        v = gather_paged(cache.value_cache, cache.block_table[seq], n).double().repeat_interleave(group, 0) * vs
+        scores = torch.einsum("hd,hnd->hn", q8[seq].double() * qs, k) / q8.shape[2] ** 0.5
+        weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+        v_norm = v.norm(dim=-1)
+        spread = (weights * v_norm).sum(-1) + n * 2.0**-9 / FP8_MAX * v_norm.amax(-1)
+        bound[seq] = (2.0**-3 + 1e-4) * spread.cpu() / weights.sum(-1).cpu()
+    return bound
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -29,14 +48,16 @@ def _sequences(device: str, head_dim: int, hk: int = 2):
 def test_fp8_paged_decode_matches_reference(
     device: str, head_dim: int, mode: AccumulationMode, num_splits: int
 ) -> None:
-    keys, values = _sequences(device, head_dim)
+    keys, values, gen = _sequences(device, head_dim)
     _, ks = quantize_fp8(torch.cat(keys, 1))
     _, vs = quantize_fp8(torch.cat(values, 1))
-    gen = torch.Generator().manual_seed(1)
     cache = build_paged_cache(
-        [quantize_fp8(k, ks)[0] for k in keys], [quantize_fp8(v, vs)[0] for v in values], PAGE, gen
+        [quantize_fp8(k, ks)[0] for k in keys],
+        [quantize_fp8(v, vs)[0] for v in values],
+        PAGE,
+        torch.Generator().manual_seed(1),
     )
-    q8, qs = quantize_fp8(torch.randn(len(LENGTHS), 8, head_dim, device=device))
+    q8, qs = quantize_fp8(torch.randn(len(LENGTHS), 8, head_dim, device=device, generator=gen))
     out = paged_decode(
         q8, cache, max_seq_len=max(LENGTHS), mode=mode, q_scale=qs, k_scale=ks, v_scale=vs,
         out_dtype=torch.float32, num_splits=num_splits, config=FP8_PRODUCTS,
@@ -44,15 +65,18 @@ def test_fp8_paged_decode_matches_reference(
     ref = paged_decode_reference(
         q8, cache.key_cache, cache.value_cache, cache.block_table, cache.seq_lens, q_scale=qs, k_scale=ks, v_scale=vs
     )
-    error, _ = row_errors(out, ref)
-    assert error < 6e-2
+    # Every row within the bound of P's e4m3 rounding (the dominant error here: ~4% in the interpreter, which
+    # truncates; a fixed mean-error tolerance of 6e-2 sat too close to it, and q was not seeded).
+    error = (out.double() - ref).norm(dim=-1).cpu()
+    bound = _p_rounding_bound(q8, cache, qs, ks, vs)
+    assert bool((error <= bound).all()), (error / bound).max()
     # Each sequence must see only its own pages: swapping two sequences' outputs is far off.
     swapped, _ = row_errors(out.flip(0), ref)
     assert swapped > 0.3
 
 
 def test_fp16_baseline_and_automatic_splits(device: str) -> None:
-    keys, values = _sequences(device, 64)
+    keys, values, _ = _sequences(device, 64)
     cache = build_paged_cache([k.half() for k in keys], [v.half() for v in values], PAGE)
     q = torch.randn(len(LENGTHS), 4, 64, device=device).half()
     out = paged_decode(q, cache, max_seq_len=max(LENGTHS), out_dtype=torch.float32, config=FP8_PRODUCTS)
@@ -61,7 +85,7 @@ def test_fp16_baseline_and_automatic_splits(device: str) -> None:
 
 
 def test_build_paged_cache_round_trips() -> None:
-    keys, values = _sequences("cpu", 16)
+    keys, values, _ = _sequences("cpu", 16)
     cache = build_paged_cache(keys, values, PAGE, torch.Generator().manual_seed(0))
     assert cache.seq_lens.tolist() == LENGTHS
     used = cache.block_table[cache.block_table >= 0].unique()
@@ -79,7 +103,7 @@ def test_choose_num_splits() -> None:
 
 
 def test_rejects_invalid_inputs(device: str) -> None:
-    keys, values = _sequences(device, 64)
+    keys, values, _ = _sequences(device, 64)
     cache = build_paged_cache([k.half() for k in keys], [v.half() for v in values], PAGE)
     q = torch.randn(len(LENGTHS), 4, 64, device=device).half()
     with pytest.raises(ValueError, match="fit the block table"):
