@@ -285,3 +285,5 @@ def _validate(q: torch.Tensor, cache: PagedKVCache, max_seq_len: int) -> None:
         raise ValueError(f"max_seq_len {max_seq_len} must be >= 1 and fit the block table's pages")
     if q.stride(-1) != 1 or kc.stride(-1) != 1 or vc.stride(-1) != 1:
         raise ValueError("q and the caches must be contiguous along head_dim")
+    if cache.block_table.stride(-1) != 1:
+        raise ValueError("block_table must be contiguous along its pages (rows may have any stride)")

@@ -6,7 +6,7 @@ products are checked on a GPU (test_gpu.py).
 
 import pytest
 import torch
-from kvkernels.decode import DecodeConfig, build_paged_cache, choose_num_splits, paged_decode
+from kvkernels.decode import DecodeConfig, PagedKVCache, build_paged_cache, choose_num_splits, paged_decode
 from kvkernels.modes import AccumulationMode
 from kvkernels.quant import FP8_MAX, quantize_fp8
 from kvkernels.reference import gather_paged, paged_decode_reference, row_errors
@@ -114,5 +114,8 @@ def test_rejects_invalid_inputs(device: str) -> None:
         paged_decode(q[:2], cache, max_seq_len=130)
     with pytest.raises(ValueError, match="multiple of key/value heads"):
         paged_decode(q[:, :3], cache, max_seq_len=130)
+    strided = PagedKVCache(cache.key_cache, cache.value_cache, cache.block_table.repeat(1, 2)[:, ::2], cache.seq_lens)
+    with pytest.raises(ValueError, match="block_table must be contiguous along its pages"):
+        paged_decode(q, strided, max_seq_len=130)
     with pytest.raises(ValueError, match="one values tensor per keys tensor"):
         build_paged_cache(keys, values[:1], PAGE)

@@ -155,7 +155,7 @@ def test_model_uses_the_kernels_launch_plan() -> None:
     assert (plan.grid, plan.tokens_per_split, plan.num_parts, plan.threads) == ((5, 1, 7), 16, 5, 64)
 
 
-def test_model_merge_is_the_reduce_kernel() -> None:
+def test_model_merge_is_the_reduce_kernel(device: str) -> None:
     """The model's merge of the splits against the package's reduce kernel (Triton; the interpreter on a CPU) on the
     same partials, with empty splits (running max -inf) among them."""
     case = CASES[4]
@@ -165,8 +165,9 @@ def test_model_merge_is_the_reduce_kernel() -> None:
         q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
     )  # fmt: skip
     assert bool((partials.max == float("-inf")).any())
-    reduced = combine_partials(partials.acc, partials.max, partials.sum, inputs.v_scale, torch.float32)
-    torch.testing.assert_close(out, reduced, rtol=1e-5, atol=1e-5)
+    acc, run_max, run_sum = (t.to(device) for t in (partials.acc, partials.max, partials.sum))
+    reduced = combine_partials(acc, run_max, run_sum, inputs.v_scale, torch.float32)
+    torch.testing.assert_close(out, reduced.cpu(), rtol=1e-5, atol=1e-5)
 
 
 def test_qk_step_order_covers_head_dim_once() -> None:

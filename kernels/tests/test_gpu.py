@@ -25,10 +25,14 @@ from test_decode_mma_model import CASES, Case, make_inputs
 # Compiled kernels only: under TRITON_INTERPRET=1 even a visible GPU would run the interpreter.
 HAS_CUDA = torch.cuda.is_available()
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-# Kernel against its CPU model, per row of partials and outputs: relative difference, median and worst (see
-# test_cuda_fp8_decode_matches_its_cpu_model; measured on an H200, BENCHMARKS.md).
-TIE_MEDIAN = 1e-5
-TIE_RTOL = 1e-3
+# The kernel against its CPU model (test_cuda_fp8_decode_matches_its_cpu_model). Measured on an H200 over the grid,
+# two seeds (BENCHMARKS.md): running max within 7.2e-7, running sum 3.7e-7 relative; per row of partials and
+# outputs, median relative difference <= 9.2e-8 and worst 6.5e-5, where a probability near an f16 rounding midpoint
+# went to the other neighbour (one f16 ulp: <= 2^-11 of the row even when that probability is half its weight).
+TIE_MAX_ATOL = 2e-6
+TIE_SUM_RTOL = 2e-6
+TIE_MEDIAN = 1e-6
+TIE_WORST = 2.0**-11
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA or INTERPRETED, reason="needs a CUDA GPU")]
 
 
@@ -160,8 +164,8 @@ def test_cuda_fp8_decode_matches_its_cpu_model(case: Case) -> None:
     assert acc.shape == model.acc.shape
     empty = model.max == float("-inf")
     assert torch.equal(run_max == float("-inf"), empty)  # the same splits saw no token
-    torch.testing.assert_close(run_max[~empty], model.max[~empty], rtol=2e-6, atol=2e-6)
-    torch.testing.assert_close(run_sum, model.sum, rtol=TIE_RTOL, atol=0.0)
-    for got, want in ((acc, model.acc), (out, expected)):
-        rel = (got - want).double().norm(dim=-1) / want.double().norm(dim=-1).clamp_min(1e-30)
-        assert float(rel.median()) <= TIE_MEDIAN and float(rel.max()) <= TIE_RTOL, (rel.median(), rel.max())
+    torch.testing.assert_close(run_max[~empty], model.max[~empty], rtol=0.0, atol=TIE_MAX_ATOL)
+    torch.testing.assert_close(run_sum, model.sum, rtol=TIE_SUM_RTOL, atol=0.0)
+    for got, want in ((acc[~empty], model.acc[~empty]), (out, expected)):  # rows of splits that saw tokens
+        rel = (got - want).double().norm(dim=-1) / want.double().norm(dim=-1)
+        assert float(rel.median()) <= TIE_MEDIAN and float(rel.max()) <= TIE_WORST, (rel.median(), rel.max())
