@@ -9,7 +9,7 @@ import torch
 from kvkernels.decode import DecodeConfig, PagedKVCache, build_paged_cache, choose_num_splits, paged_decode
 from kvkernels.modes import AccumulationMode
 from kvkernels.quant import FP8_MAX, quantize_fp8
-from kvkernels.reference import gather_paged, paged_decode_reference, row_errors
+from kvkernels.reference import gather_paged, paged_decode_reference, row_errors, value_spread
 
 LENGTHS = [5, 77, 130]  # shorter than a page, and not multiples of the page or the tile
 PAGE = 16
@@ -26,20 +26,13 @@ def _sequences(device: str, head_dim: int, hk: int = 2):
 def _p_rounding_bound(q8, cache, qs: float, ks: float, vs: float) -> torch.Tensor:
     """[seqs, heads] bound on ‖out - reference‖ when P is cast to e4m3 for P·V (FP8 products). The kernel scales P
     by 448 and casts it (relative error < 2^-3 whether it rounds or, as the interpreter does, truncates; < 2^-9
-    absolute below e4m3's smallest normal 2^-6), while the row sum keeps the fp32 P. So the output, Σ p̃ v / Σ p, is
-    off by at most (2^-3 Σ p ‖v‖ + n 2^-9 / 448 max ‖v‖) / Σ p, plus fp32 rounding (a 1e-4 relative margin)."""
-    heads = q8.shape[1]
-    bound = torch.empty(q8.shape[:2], dtype=torch.float64)
-    for seq, n in enumerate(cache.seq_lens.tolist()):
-        group = heads // cache.key_cache.shape[2]
-        k = gather_paged(cache.key_cache, cache.block_table[seq], n).double().repeat_interleave(group, 0) * ks
-        v = gather_paged(cache.value_cache, cache.block_table[seq], n).double().repeat_interleave(group, 0) * vs
-        scores = torch.einsum("hd,hnd->hn", q8[seq].double() * qs, k) / q8.shape[2] ** 0.5
-        weights = torch.exp(scores - scores.amax(-1, keepdim=True))
-        v_norm = v.norm(dim=-1)
-        spread = (weights * v_norm).sum(-1) + n * 2.0**-9 / FP8_MAX * v_norm.amax(-1)
-        bound[seq] = (2.0**-3 + 1e-4) * spread.cpu() / weights.sum(-1).cpu()
-    return bound
+    absolute below e4m3's smallest normal 2^-6), while the row sum keeps the fp32 P (`value_spread` gives the bound
+    from these); plus a 1e-4 relative margin for fp32 rounding."""
+    spread, largest = value_spread(
+        q8, cache.key_cache, cache.value_cache, cache.block_table, cache.seq_lens, q_scale=qs, k_scale=ks, v_scale=vs
+    )
+    lengths = cache.seq_lens.cpu().double()[:, None]
+    return (2.0**-3 + 1e-4) * spread + lengths * 2.0**-9 / FP8_MAX * largest
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

@@ -19,7 +19,7 @@ import torch
 from kvkernels._decode_mma import MmaDecodeConfig
 from kvkernels.decode import PagedKVCache, build_paged_cache, combine_partials
 from kvkernels.quant import FP8_DTYPE, quantize_fp8
-from kvkernels.reference import gather_paged, paged_decode_reference
+from kvkernels.reference import paged_decode_reference, value_spread
 
 POISON_PAGE = 2**30  # a page id no cache has: reading it fails (model: IndexError; GPU: illegal address)
 F16_UNIT = 2.0**-11  # largest relative rounding error of P's f32 -> f16 conversion
@@ -98,25 +98,17 @@ def make_inputs(case: Case, seed: int = 0, device: str = "cpu") -> Inputs:
 
 
 def rounding_bound(inputs: Inputs, num_parts: int) -> torch.Tensor:
-    """[seqs, heads] bound on ‖model - reference‖ from the kernel's roundings. Its output is Σ p̃ v / Σ p with p̃ the
-    f16 rounding of p (relative error ≤ 2^-11, or ≤ 2^-25 absolute below 2^-14) and the row sum taken before that
-    rounding, so the error is at most 2^-11 Σ p ‖v‖ / Σ p plus the subnormal and fp32 terms (score, exp2, one fp32
-    rounding per mma, per tile and per merged split)."""
+    """[seqs, heads] bound on ‖model - reference‖ from the kernel's roundings: P rounded to f16 (relative error
+    ≤ 2^-11, or ≤ 2^-25 absolute below 2^-14) while the row sum keeps the fp32 P (`value_spread`), plus fp32 terms
+    (score, exp2, the row sum, one rounding per mma, per tile and per merged split)."""
     c = inputs.cache
-    seqs, heads, d = inputs.q.shape
-    group = heads // c.key_cache.shape[2]
-    bound = torch.empty(seqs, heads, dtype=torch.float64)
-    for seq, n in enumerate(c.seq_lens.tolist()):
-        k = gather_paged(c.key_cache, c.block_table[seq], n).double().repeat_interleave(group, 0) * inputs.k_scale
-        v = gather_paged(c.value_cache, c.block_table[seq], n).double().repeat_interleave(group, 0) * inputs.v_scale
-        q = inputs.q[seq].double() * inputs.q_scale
-        scores = torch.einsum("hd,hnd->hn", q, k) / d**0.5
-        weights = torch.exp(scores - scores.amax(-1, keepdim=True))
-        v_norm = v.norm(dim=-1)
-        fp32_terms = (n / 16 + n + num_parts + 2 * d) * FP32_UNIT
-        spread = (weights * v_norm).sum(-1) / weights.sum(-1)
-        bound[seq] = spread * (F16_UNIT + fp32_terms) + n * F16_SUBNORMAL_STEP * v_norm.amax(-1) / weights.sum(-1)
-    return bound
+    spread, largest = value_spread(
+        inputs.q, c.key_cache, c.value_cache, c.block_table, c.seq_lens,
+        q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
+    )  # fmt: skip
+    n = c.seq_lens.cpu().double()[:, None]
+    fp32_terms = (n / 16 + n + num_parts + 2 * inputs.q.shape[2]) * FP32_UNIT
+    return spread * (F16_UNIT + fp32_terms) + n * F16_SUBNORMAL_STEP * largest
 
 
 def check_model(model: types.ModuleType, case: Case, seed: int = 0) -> None:
