@@ -23,16 +23,21 @@ def _sequences(device: str, head_dim: int, hk: int = 2):
     return keys, values, gen
 
 
-def _p_rounding_bound(q8, cache, qs: float, ks: float, vs: float) -> torch.Tensor:
+# Largest relative error of one fp32 -> e4m3 cast of P: half a step when rounded to nearest, compiled (plus an f16
+# step: Triton may round through f16 first); half the value under Triton's interpreter, whose cast drops the carry
+# when a value rounds up to a power of two (126.24 -> 64, triton-lang/triton PR #11897).
+P_CAST_ERROR = {"cuda": 2.0**-4 + 2.0**-10, "cpu": 2.0**-1}
+
+
+def _p_rounding_bound(device: str, q8, cache, qs: float, ks: float, vs: float) -> torch.Tensor:
     """[seqs, heads] bound on ‖out - reference‖ when P is cast to e4m3 for P·V (FP8 products). The kernel scales P
-    by 448 and casts it (relative error < 2^-3 whether it rounds or, as the interpreter does, truncates; < 2^-9
-    absolute below e4m3's smallest normal 2^-6), while the row sum keeps the fp32 P (`value_spread` gives the bound
-    from these); plus a 1e-4 relative margin for fp32 rounding."""
+    by 448 and casts it (relative error < P_CAST_ERROR; < 2^-9 absolute below e4m3's smallest normal 2^-6), while the
+    row sum keeps the fp32 P (`value_spread` gives the bound from these); plus 1e-4 relative for fp32 rounding."""
     spread, largest = value_spread(
         q8, cache.key_cache, cache.value_cache, cache.block_table, cache.seq_lens, q_scale=qs, k_scale=ks, v_scale=vs
     )
     lengths = cache.seq_lens.cpu().double()[:, None]
-    return (2.0**-3 + 1e-4) * spread + lengths * 2.0**-9 / FP8_MAX * largest
+    return (P_CAST_ERROR[device] + 1e-4) * spread + lengths * 2.0**-9 / FP8_MAX * largest
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -58,10 +63,10 @@ def test_fp8_paged_decode_matches_reference(
     ref = paged_decode_reference(
         q8, cache.key_cache, cache.value_cache, cache.block_table, cache.seq_lens, q_scale=qs, k_scale=ks, v_scale=vs
     )
-    # Every row within the bound of P's e4m3 rounding (the dominant error here: ~4% in the interpreter, which
-    # truncates; a fixed mean-error tolerance of 6e-2 sat too close to it, and q was not seeded).
+    # Every row within the bound of P's e4m3 cast, the dominant error here (a mean-error tolerance of 6e-2 with an
+    # unseeded q failed once on the CPU: the interpreter's cast, P_CAST_ERROR, gives a heavy tail).
     error = (out.double() - ref).norm(dim=-1).cpu()
-    bound = _p_rounding_bound(q8, cache, qs, ks, vs)
+    bound = _p_rounding_bound(device, q8, cache, qs, ks, vs)
     assert bool((error <= bound).all()), (error / bound).max()
     # Each sequence must see only its own pages: swapping two sequences' outputs is far off.
     swapped, _ = row_errors(out.flip(0), ref)
