@@ -21,6 +21,7 @@ import torch
 import triton
 from kvkernels import _decode_mma
 from kvkernels._cuda_runtime import compile_cubin, load_kernel
+from kvkernels._decode_mma import plan_launch
 from kvkernels.decode import MmaDecodeConfig, PagedKVCache, _mma_partials, paged_decode
 from kvkernels.modes import AccumulationMode
 from kvkernels.prefill import LOG2_E
@@ -75,10 +76,9 @@ def check_partials(
     cache = PagedKVCache(kc, vc, table, lens)
     acc, m, l_sum = _mma_partials(q, cache, max(lengths), AccumulationMode.TWO_LEVEL, qk_scale, splits, cfg)
     torch.cuda.synchronize()
-    step = cfg.tile * cfg.warps_per_head
-    tokens_per_split = -(-max(lengths) // (splits * step)) * step
+    plan = plan_launch(cfg, seqs, hk * group, hk, max(lengths), 1, splits)  # splits given: no SM count needed
     e_acc, e_m, e_l = expected_partials(
-        q, kc, vc, table, lens, group, splits * cfg.warps_per_head, tokens_per_split // cfg.warps_per_head, qk_scale
+        q, kc, vc, table, lens, group, plan.num_parts, plan.tokens_per_split // cfg.warps_per_head, qk_scale
     )
     nan = int(torch.isnan(acc).sum() + torch.isnan(m).sum() + torch.isnan(l_sum).sum())
     dm = (m.double() - e_m).nan_to_num(0.0, 0.0, 0.0).abs().max().item()

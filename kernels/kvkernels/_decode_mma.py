@@ -58,6 +58,54 @@ class MmaDecodeConfig:
             )
 
 
+def choose_num_splits(seqs: int, kv_heads: int, max_len: int, block_n: int, target_programs: int) -> int:
+    """Splits per sequence so that the grid has about `target_programs` programs, each with at least one tile."""
+    wanted = max(1, -(-target_programs // (seqs * kv_heads)))
+    return max(1, min(wanted, -(-max_len // block_n)))
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How one call is cut up: grid (splits, KV-head blocks, sequences) of `threads` each, the warps of a block
+    being `heads_in_block` KV heads x `config.warps_per_head` token slices; every split covers
+    `tokens_per_split` tokens of a sequence, cut into `config.warps_per_head` slices, one per warp; the partials have
+    `num_parts` = splits x slices entries per (sequence, query head)."""
+
+    grid: tuple[int, int, int]
+    threads: int
+    heads_in_block: int
+    group: int
+    tokens_per_split: int
+    num_parts: int
+
+
+def plan_launch(
+    config: MmaDecodeConfig,
+    seqs: int,
+    query_heads: int,
+    kv_heads: int,
+    max_seq_len: int,
+    multiprocessors: int,
+    num_splits: int | None = None,
+) -> LaunchPlan:
+    """The launch of `paged_decode_fp8_mma` for this call: without `num_splits`, enough splits for about
+    `config.blocks_per_multiprocessor` blocks per multiprocessor."""
+    heads_in_block = config.heads_in_block(kv_heads)
+    tokens_per_step = config.tile * config.warps_per_head
+    if num_splits is None:
+        target = config.blocks_per_multiprocessor * multiprocessors
+        num_splits = choose_num_splits(seqs, kv_heads // heads_in_block, max_seq_len, tokens_per_step, target)
+    tokens_per_split = -(-max_seq_len // (num_splits * tokens_per_step)) * tokens_per_step
+    return LaunchPlan(
+        grid=(num_splits, kv_heads // heads_in_block, seqs),
+        threads=32 * heads_in_block * config.warps_per_head,
+        heads_in_block=heads_in_block,
+        group=query_heads // kv_heads,
+        tokens_per_split=tokens_per_split,
+        num_parts=num_splits * config.warps_per_head,
+    )
+
+
 def source() -> str:
     return resources.files("kvkernels").joinpath("csrc", SOURCE_NAME).read_text()
 

@@ -12,7 +12,7 @@ import triton
 from kvkernels import _decode_mma
 from kvkernels._cuda_runtime import CudaBuildUnavailable
 from kvkernels._decode_kernels import paged_decode_partial_kernel, paged_decode_reduce_kernel
-from kvkernels._decode_mma import MmaDecodeConfig
+from kvkernels._decode_mma import MmaDecodeConfig, choose_num_splits, plan_launch
 from kvkernels.modes import AccumulationMode, parse_mode
 from kvkernels.prefill import LOG2_E, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 from kvkernels.quant import FP8_DTYPE, FP8_MAX
@@ -23,8 +23,10 @@ __all__ = [
     "PagedKVCache",
     "build_paged_cache",
     "choose_num_splits",
+    "combine_partials",
     "default_decode_config",
     "paged_decode",
+    "qk_log2_scale",
 ]
 
 # mma instructions need at least 16 rows: the GQA group of query heads is padded to this.
@@ -94,12 +96,6 @@ def build_paged_cache(
     return PagedKVCache(key_cache, value_cache, block_table, seq_lens)
 
 
-def choose_num_splits(seqs: int, kv_heads: int, max_len: int, block_n: int, target_programs: int) -> int:
-    """Splits per sequence so that the grid has about `target_programs` programs, each with at least one tile."""
-    wanted = max(1, -(-target_programs // (seqs * kv_heads)))
-    return max(1, min(wanted, -(-max_len // block_n)))
-
-
 def paged_decode(
     q: torch.Tensor,
     cache: PagedKVCache,
@@ -127,16 +123,29 @@ def paged_decode(
     """
     mode = parse_mode(mode)
     _validate(q, cache, max_seq_len)
-    seqs, heads, head_dim = q.shape
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-    qk_scale = scale * q_scale * k_scale * LOG2_E
+    qk_scale = qk_log2_scale(q.shape[2], softmax_scale, q_scale, k_scale)
     cfg = config if config is not None else default_decode_config(q, cache, mode)
     if isinstance(cfg, MmaDecodeConfig):
         part_acc, part_max, part_sum = _mma_partials(q, cache, max_seq_len, mode, qk_scale, num_splits, cfg)
     else:
         part_acc, part_max, part_sum = _triton_partials(q, cache, max_seq_len, mode, qk_scale, num_splits, cfg)
-    num_parts = part_acc.shape[2]
-    out = torch.empty(seqs, heads, head_dim, device=q.device, dtype=out_dtype)
+    return combine_partials(part_acc, part_max, part_sum, v_scale, out_dtype)
+
+
+def qk_log2_scale(head_dim: int, softmax_scale: float | None, q_scale: float, k_scale: float) -> float:
+    """What the kernels multiply raw q·k products by: the softmax scale (1/sqrt(head_dim) by default) and the FP8
+    scales of q and k, in log2 units (the kernels use exp2)."""
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    return scale * q_scale * k_scale * LOG2_E
+
+
+def combine_partials(
+    part_acc: torch.Tensor, part_max: torch.Tensor, part_sum: torch.Tensor, v_scale: float, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """Merges the split partials ([seqs, heads, parts, D] unnormalised outputs, [seqs, heads, parts] running max in
+    log2 units and running sum) into [seqs, heads, D], scaled by `v_scale` (the reduce kernel)."""
+    seqs, heads, num_parts, head_dim = part_acc.shape
+    out = torch.empty(seqs, heads, head_dim, device=part_acc.device, dtype=out_dtype)
     paged_decode_reduce_kernel[(seqs, heads)](
         part_acc, part_max, part_sum, out, v_scale, num_parts,
         part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
@@ -197,22 +206,16 @@ def _mma_partials(
         raise ValueError(f"MmaDecodeConfig cannot run this call: {reason}; use DecodeConfig (the Triton kernel)")
     seqs, heads, head_dim = q.shape
     page_size, kv_heads = kc.shape[1], kc.shape[2]
-    group = heads // kv_heads
-    kernel = _decode_mma.kernel_for(q.device, cfg, head_dim, page_size, kv_heads, group)
-    heads_in_block = cfg.heads_in_block(kv_heads)
-    tokens_per_step = cfg.tile * cfg.warps_per_head
-    if num_splits is None:
-        target = cfg.blocks_per_multiprocessor * _multiprocessors(q.device)
-        num_splits = choose_num_splits(seqs, kv_heads // heads_in_block, max_seq_len, tokens_per_step, target)
-    tokens_per_split = -(-max_seq_len // (num_splits * tokens_per_step)) * tokens_per_step
-    part_acc, part_max, part_sum = _part_buffers(q, num_splits * cfg.warps_per_head)
+    plan = plan_launch(cfg, seqs, heads, kv_heads, max_seq_len, _multiprocessors(q.device), num_splits)
+    kernel = _decode_mma.kernel_for(q.device, cfg, head_dim, page_size, kv_heads, plan.group)
+    part_acc, part_max, part_sum = _part_buffers(q, plan.num_parts)
     kernel.launch(
-        (num_splits, kv_heads // heads_in_block, seqs),
-        32 * heads_in_block * cfg.warps_per_head,
+        plan.grid,
+        plan.threads,
         torch.cuda.current_stream(q.device).cuda_stream,
         [
             q, kc, vc, cache.block_table, cache.seq_lens, part_acc, part_max, part_sum,
-            qk_scale, group, tokens_per_split,
+            qk_scale, plan.group, plan.tokens_per_split,
             q.stride(0), q.stride(1),
             kc.stride(0), kc.stride(1), kc.stride(2),
             vc.stride(0), vc.stride(1), vc.stride(2),
@@ -282,3 +285,5 @@ def _validate(q: torch.Tensor, cache: PagedKVCache, max_seq_len: int) -> None:
         raise ValueError(f"max_seq_len {max_seq_len} must be >= 1 and fit the block table's pages")
     if q.stride(-1) != 1 or kc.stride(-1) != 1 or vc.stride(-1) != 1:
         raise ValueError("q and the caches must be contiguous along head_dim")
+    if cache.block_table.stride(-1) != 1:
+        raise ValueError("block_table must be contiguous along its pages (rows may have any stride)")

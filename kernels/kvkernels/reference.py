@@ -78,6 +78,37 @@ def paged_decode_reference(
     return torch.stack(outputs)
 
 
+def value_spread(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    q_scale: float = 1.0,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For one decode step (as `paged_decode_reference`, default softmax scale), per (sequence, query head) in float64
+    on the CPU: Σ w‖v‖ / Σ w and max ‖v‖ / Σ w, with w the softmax weights relative to the largest (max w = 1).
+
+    Error bounds are made of them: when a kernel's probabilities carry a relative rounding error of at most u (and an
+    absolute one of at most e), while its row sum does not, its output is off by at most u Σw‖v‖/Σw + n e max‖v‖/Σw.
+    """
+    group = q.shape[1] // key_cache.shape[2]
+    spread = torch.empty(q.shape[:2], dtype=torch.float64)
+    largest = torch.empty(q.shape[:2], dtype=torch.float64)
+    for seq, seq_len in enumerate(seq_lens.tolist()):
+        k = gather_paged(key_cache, block_table[seq], seq_len).double().cpu().repeat_interleave(group, 0) * k_scale
+        v = gather_paged(value_cache, block_table[seq], seq_len).double().cpu().repeat_interleave(group, 0) * v_scale
+        scores = torch.einsum("hd,hnd->hn", q[seq].double().cpu() * q_scale, k) / math.sqrt(q.shape[2])
+        weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+        v_norm = v.norm(dim=-1)
+        spread[seq] = (weights * v_norm).sum(-1) / weights.sum(-1)
+        largest[seq] = v_norm.amax(-1) / weights.sum(-1)
+    return spread, largest
+
+
 def row_errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     """(mean over rows of ‖out − ref‖ / ‖ref‖, mean over rows of ‖out‖ / ‖ref‖ − 1): error and signed shrink."""
     out64, ref64 = out.to(torch.float64), ref.to(torch.float64)

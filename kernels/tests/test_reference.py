@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from kvkernels.reference import attention_reference, gather_paged, paged_decode_reference, row_errors
+from kvkernels.reference import attention_reference, gather_paged, paged_decode_reference, row_errors, value_spread
 
 
 def test_equal_scores_average_the_values() -> None:
@@ -75,3 +75,13 @@ def test_row_errors_measure_shrink_and_error() -> None:
     assert error == pytest.approx(0.1)
     assert shrink == pytest.approx(-0.1)
     assert math.isclose(row_errors(ref, ref)[0], 0.0, abs_tol=1e-15)
+
+
+def test_value_spread_weights_value_norms_by_attention() -> None:
+    # Two tokens, one query head: equal scores give Σw‖v‖/Σw = the mean norm; w = (1, 1), so max‖v‖/Σw = 4 / 2.
+    keys = torch.zeros(2, 1, 1, 4)  # [blocks, page of 1 token, 1 KV head, head_dim 4]
+    values = torch.tensor([[[[3.0, 0.0, 0.0, 0.0]]], [[[0.0, 4.0, 0.0, 0.0]]]])
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    spread, largest = value_spread(torch.ones(1, 1, 4), keys, values, table, torch.tensor([2]))
+    torch.testing.assert_close(spread, torch.tensor([[3.5]], dtype=torch.float64))
+    torch.testing.assert_close(largest, torch.tensor([[2.0]], dtype=torch.float64))

@@ -1,0 +1,175 @@
+"""A CPU model of the CUDA decode kernel (csrc/paged_decode_fp8.cu), the oracle of its logic in tests.
+
+No interpreter runs CUDA C++, so this follows the .cu source step by step in torch: the launch comes from the
+package's own planning (`plan_launch`); every warp of every block is one worker with the kernel's index arithmetic
+(split and slice boundaries, the page of each 16-token chunk clamped to the sequence's last page, zero-filled copies
+past the end, the GQA head of each mma row); per tile, S = Q·K^T as the kernel's mma k-steps (16 permuted head_dim
+elements each, rounded to fp32 after each step), the mask, the online softmax in log2 units, P rounded to f16, a
+fresh P·V partial per tile summed 16 tokens (one mma) at a time, then out = out * alpha + partial (two-level); each
+lane's running sum over its own tokens, added over the quad at the end; then the reduce kernel's merge of the splits.
+
+The workers run side by side (tensors over all of them) and each stops after its own number of tiles. What the model
+leaves out does not change a value: copy stages, shared-memory swizzle, strides, and which lane holds which bytes.
+It differs from the GPU only in rounding: torch's exp2 for ex2.approx, and IEEE fp32 sums inside an mma.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from kvkernels._decode_mma import LaunchPlan, MmaDecodeConfig, plan_launch
+from kvkernels.decode import PagedKVCache, qk_log2_scale
+
+H200_MULTIPROCESSORS = 132
+MMA_K = 16  # head_dim elements of one Q·K^T mma step; tokens of one P·V mma step
+QUAD = 4  # lanes that share an mma row
+
+
+@dataclass(frozen=True)
+class Partials:
+    """What the partial kernel writes: [seqs, heads, parts, D] unnormalised outputs, [seqs, heads, parts] running
+    max (log2 units) and running sum."""
+
+    acc: torch.Tensor
+    max: torch.Tensor
+    sum: torch.Tensor
+
+
+def qk_step_order(head_dim: int) -> torch.Tensor:
+    """[K_STEPS, 16] head_dim indices of each Q·K^T mma step: lane j of a quad takes word s % 4 of its 16-byte piece
+    at 64 (s // 4) + 16 j, for q and k alike."""
+    return torch.tensor(
+        [
+            [64 * (s // 4) + 16 * j + 4 * (s % 4) + b for j in range(QUAD) for b in range(4)]
+            for s in range(head_dim // MMA_K)
+        ]
+    )
+
+
+def _fp32_add(acc: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """acc + exact with one rounding to fp32, as an mma or an fma adds."""
+    return (acc.double() + exact).float()
+
+
+def model_partials(
+    q: torch.Tensor, cache: PagedKVCache, plan: LaunchPlan, config: MmaDecodeConfig, qk_scale: float
+) -> Partials:
+    """The partial kernel's outputs for this launch, computed on the CPU."""
+    q, kc, vc = q.cpu(), cache.key_cache.cpu(), cache.value_cache.cpu()
+    table, seq_lens = cache.block_table.cpu().long(), cache.seq_lens.cpu().long()
+    seqs, heads, head_dim = q.shape
+    page_size = kc.shape[1]
+    tile, slices, group = config.tile, config.warps_per_head, plan.group
+    qk = torch.tensor(qk_scale, dtype=torch.float32)  # passed to the kernel as a C float
+
+    # One worker per warp of the grid: blockIdx = (split, KV-head block, sequence), warp = slice x heads_in_block.
+    warps = plan.threads // 32
+    blocks = [(bx, by, bz) for bz in range(plan.grid[2]) for by in range(plan.grid[1]) for bx in range(plan.grid[0])]
+    ids = torch.tensor([(bx, by, bz, w) for bx, by, bz in blocks for w in range(warps)])
+    split, seq, warp = ids[:, 0], ids[:, 2], ids[:, 3]
+    slice_ = warp // plan.heads_in_block
+    kv_head = ids[:, 1] * plan.heads_in_block + warp % plan.heads_in_block
+    seq_len = seq_lens[seq]
+    per_warp = plan.tokens_per_split // slices
+    start = split * plan.tokens_per_split + slice_ * per_warp
+    end = torch.minimum(seq_len, start + per_warp)
+    num_tiles = torch.where(end > start, (end - start + tile - 1) // tile, 0)
+    part = split * slices + slice_
+    last_page = torch.where(seq_len > 0, (seq_len - 1) // page_size, 0)
+    rows = torch.arange(group)
+    head = kv_head[:, None] * group + rows  # [W, G]: mma row -> query head
+    q_rows = q[seq[:, None], head].float()  # e4m3 -> f16 is exact, and so is f16 -> f32
+    steps = qk_step_order(head_dim)
+
+    workers = ids.shape[0]
+    out = torch.zeros(workers, group, head_dim)
+    m_run = torch.full((workers, group), float("-inf"))
+    l_run = torch.zeros(workers, group, QUAD)  # per lane of the quad
+    tok = torch.arange(tile)
+    for t in range(int(num_tiles.max())):
+        active = t < num_tiles
+        tile_start = start + t * tile
+        # The page of each 16-token chunk, never past the sequence's last page.
+        index = (tile_start[:, None] + MMA_K * torch.arange(tile // MMA_K)) // page_size
+        pages = table[seq[:, None], torch.minimum(index, last_page[:, None])]
+        page = pages[:, tok // MMA_K]
+        row_in_page = (tile_start[:, None] + tok) % page_size
+        valid = tile_start[:, None] + tok < end[:, None]  # copies past the end fill zeros, read nothing
+        k = torch.where(valid[..., None], kc[page, row_in_page, kv_head[:, None]].float(), 0.0)
+        v = torch.where(valid[..., None], vc[page, row_in_page, kv_head[:, None]].float(), 0.0)
+
+        s = torch.zeros(workers, group, tile)
+        for step in steps:
+            s = _fp32_add(s, torch.einsum("wgd,wtd->wgt", q_rows[..., step].double(), k[..., step].double()))
+        last_tile = (tile_start + tile > end)[:, None, None]  # only the last tile masks tokens past the end
+        s = torch.where(last_tile & ~valid[:, None, :], float("-inf"), s)
+        m_new = torch.maximum(m_run, s.amax(-1) * qk)
+        alpha = torch.exp2(m_run - m_new)
+        p = torch.exp2((s.double() * qk.double() - m_new.double()[..., None]).float())  # fmaf(s, qk_scale, -m_new)
+        # Lane j of the quad holds tokens 8 nb + 2 j and 8 nb + 2 j + 1 of each 8-token block nb.
+        lane_p = p.view(workers, group, tile // 8, QUAD, 2)
+        lane_sum = torch.zeros(workers, group, QUAD)
+        for nb in range(tile // 8):
+            for pair in range(2):
+                lane_sum = lane_sum + lane_p[:, :, nb, :, pair]
+        l_new = _fp32_add(l_run.double() * alpha.double()[..., None], lane_sum.double())
+        p16 = p.half().double()  # cvt.rn.f16x2.f32
+        partial = torch.zeros(workers, group, head_dim)
+        for c in range(tile // MMA_K):
+            chunk = slice(MMA_K * c, MMA_K * (c + 1))
+            partial = _fp32_add(partial, torch.einsum("wgt,wtd->wgd", p16[..., chunk], v[:, chunk].double()))
+        out_new = _fp32_add(out.double() * alpha.double()[..., None], partial.double())
+        live = active[:, None]
+        out = torch.where(live[..., None], out_new, out)
+        l_run = torch.where(live[..., None], l_new, l_run)
+        m_run = torch.where(live, m_new, m_run)
+
+    l_sum = (l_run[..., 0] + l_run[..., 1]) + (l_run[..., 2] + l_run[..., 3])  # shfl_xor 1, then 2
+    acc = torch.zeros(seqs, heads, plan.num_parts, head_dim)
+    run_max = torch.zeros(seqs, heads, plan.num_parts)
+    run_sum = torch.zeros(seqs, heads, plan.num_parts)
+    where = (seq[:, None], head, part[:, None])
+    acc[where], run_max[where], run_sum[where] = out, m_run, l_sum
+    return Partials(acc, run_max, run_sum)
+
+
+def model_combine(partials: Partials, v_scale: float) -> torch.Tensor:
+    """The reduce kernel: splits weighted by exp2(max - overall max), splits that saw no token by 0."""
+    m = partials.max
+    weight = torch.where(m > float("-inf"), torch.exp2(m - m.amax(-1, keepdim=True)), 0.0)
+    scale = torch.tensor(v_scale, dtype=torch.float32) / (partials.sum * weight).sum(-1)
+    return (partials.acc * weight[..., None]).sum(-2) * scale[..., None]
+
+
+def model_launch(
+    q: torch.Tensor,
+    cache: PagedKVCache,
+    *,
+    max_seq_len: int,
+    config: MmaDecodeConfig,
+    num_splits: int | None = None,
+    multiprocessors: int = H200_MULTIPROCESSORS,
+) -> LaunchPlan:
+    kv_heads = cache.key_cache.shape[2]
+    return plan_launch(config, q.shape[0], q.shape[1], kv_heads, max_seq_len, multiprocessors, num_splits)
+
+
+def model_paged_decode(
+    q: torch.Tensor,
+    cache: PagedKVCache,
+    *,
+    max_seq_len: int,
+    config: MmaDecodeConfig,
+    q_scale: float = 1.0,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    num_splits: int | None = None,
+    multiprocessors: int = H200_MULTIPROCESSORS,
+) -> tuple[torch.Tensor, Partials]:
+    """`paged_decode(..., config=config)` as the CUDA kernel computes it: fp32 output [seqs, heads, D], partials."""
+    plan = model_launch(
+        q, cache, max_seq_len=max_seq_len, config=config, num_splits=num_splits, multiprocessors=multiprocessors
+    )
+    partials = model_partials(q, cache, plan, config, qk_log2_scale(q.shape[2], None, q_scale, k_scale))
+    return model_combine(partials, v_scale), partials

@@ -1,0 +1,227 @@
+"""The CUDA decode kernel's logic on the CPU, through its model (mma_decode_model.py) against the float64 reference.
+
+Every case builds a cache the way a server leaves it: pages shuffled, NaN in every slot past a sequence's end, the
+block table a slice of a wider one (row stride != width) with poison page ids past each sequence's pages. The model
+must then match the reference within a bound derived from its roundings, per row. test_gpu.py ties the model to the
+kernel on a GPU (same grid), and the mutation test shows that this grid catches small slips in the model's indexing.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mma_decode_model
+import pytest
+import torch
+from kvkernels._decode_mma import MmaDecodeConfig
+from kvkernels.decode import PagedKVCache, build_paged_cache, combine_partials
+from kvkernels.quant import FP8_DTYPE, quantize_fp8
+from kvkernels.reference import paged_decode_reference, value_spread
+
+POISON_PAGE = 2**30  # a page id no cache has: reading it fails (model: IndexError; GPU: illegal address)
+F16_UNIT = 2.0**-11  # largest relative rounding error of P's f32 -> f16 conversion
+F16_SUBNORMAL_STEP = 2.0**-25  # absolute error below f16's smallest normal (2^-14)
+FP32_UNIT = 2.0**-24
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    lengths: tuple[int, ...]
+    page: int = 16
+    kv_heads: int = 2
+    group: int = 4
+    head_dim: int = 128
+    config: MmaDecodeConfig = field(default_factory=MmaDecodeConfig)
+    num_splits: int | None = None  # None: the kernel's own choice for an H200's 132 SMs
+
+
+# Lengths around pages (1, P-1, P, P+1), around split and slice boundaries, odd ones; few, one and many splits.
+CASES = [
+    Case("page-edges-auto-splits", (1, 15, 16, 17, 31, 33, 77)),
+    Case("page-32", (1, 31, 32, 33, 95), page=32, num_splits=2),
+    Case("split-boundaries-112", (111, 112, 113, 224, 225, 300), num_splits=3),
+    Case("one-split-long", (1, 700, 1201), num_splits=1),
+    Case("many-splits-mostly-empty", (5, 400, 1023), num_splits=64),
+    Case("two-slices-tile-64", (1, 63, 64, 65, 129, 200, 401), num_splits=2,
+         config=MmaDecodeConfig(tile=64, heads_per_block=1, warps_per_head=2)),
+    Case("three-slices", (1, 47, 48, 49, 150), config=MmaDecodeConfig(heads_per_block=2, warps_per_head=3)),
+    Case("gqa-1", (1, 17, 260), kv_heads=4, group=1, config=MmaDecodeConfig(stages=4)),
+    Case("gqa-8", (3, 16, 333), group=8),
+    Case("gqa-12-rows16", (1, 16, 17, 290), group=12),
+    Case("gqa-3-kv12-three-blocks", (1, 33, 129), kv_heads=12, group=3, num_splits=2),
+    Case("head-dim-256-gqa-16", (1, 15, 17, 250), group=16, head_dim=256, config=MmaDecodeConfig(tile=16)),
+    Case("head-dim-256-page-32-tile-32", (2, 32, 97, 161), page=32, head_dim=256, num_splits=3,
+         config=MmaDecodeConfig(tile=32)),
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Inputs:
+    q: torch.Tensor
+    cache: PagedKVCache
+    q_scale: float
+    k_scale: float
+    v_scale: float
+
+
+def make_inputs(case: Case, seed: int = 0, device: str = "cpu") -> Inputs:
+    """Keys and values as a server's cache holds them (V with mean 1, as real V rows have), FP8 with per-tensor
+    scales, in shuffled pages; NaN past every end; the table a slice of a wider one, poison past each end."""
+    gen = torch.Generator().manual_seed(seed)
+    hk, d = case.kv_heads, case.head_dim
+    keys = [torch.randn(hk, n, d, generator=gen) for n in case.lengths]
+    values = [torch.randn(hk, n, d, generator=gen) + 1.0 for n in case.lengths]
+    _, ks = quantize_fp8(torch.cat(keys, 1))
+    _, vs = quantize_fp8(torch.cat(values, 1))
+    packed = build_paged_cache(
+        [quantize_fp8(k, ks)[0] for k in keys], [quantize_fp8(v, vs)[0] for v in values], case.page, gen
+    )
+    nan = torch.tensor(float("nan")).to(FP8_DTYPE)
+    pages = packed.block_table.shape[1]
+    wide = torch.full((len(case.lengths), pages + 3), POISON_PAGE, dtype=torch.int32)
+    for seq, n in enumerate(case.lengths):
+        used = -(-n // case.page)
+        wide[seq, :used] = packed.block_table[seq, :used]
+        last = int(wide[seq, used - 1])
+        packed.key_cache[last, n - (used - 1) * case.page :] = nan
+        packed.value_cache[last, n - (used - 1) * case.page :] = nan
+    table = wide[:, :pages]
+    assert table.stride(0) != table.shape[1]
+    q8, qs = quantize_fp8(torch.randn(len(case.lengths), hk * case.group, d, generator=gen))
+    cache = PagedKVCache(*(t.to(device) for t in (packed.key_cache, packed.value_cache)), table.to(device),
+                         packed.seq_lens.to(device))  # fmt: skip
+    return Inputs(q8.to(device), cache, qs, ks, vs)
+
+
+def rounding_bound(inputs: Inputs, num_parts: int) -> torch.Tensor:
+    """[seqs, heads] bound on ‖model - reference‖ from the kernel's roundings: P rounded to f16 (relative error
+    ≤ 2^-11, or ≤ 2^-25 absolute below 2^-14) while the row sum keeps the fp32 P (`value_spread`), plus fp32 terms
+    (score, exp2, the row sum, one rounding per mma, per tile and per merged split)."""
+    c = inputs.cache
+    spread, largest = value_spread(
+        inputs.q, c.key_cache, c.value_cache, c.block_table, c.seq_lens,
+        q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
+    )  # fmt: skip
+    n = c.seq_lens.cpu().double()[:, None]
+    fp32_terms = (n / 16 + n + num_parts + 2 * inputs.q.shape[2]) * FP32_UNIT
+    return spread * (F16_UNIT + fp32_terms) + n * F16_SUBNORMAL_STEP * largest
+
+
+def check_model(model: types.ModuleType, case: Case, seed: int = 0) -> None:
+    """The model of `case` against the float64 reference: every row within its rounding bound, and far from the
+    output of another sequence (each sequence sees its own pages only)."""
+    inputs = make_inputs(case, seed)
+    c = inputs.cache
+    out, partials = model.model_paged_decode(
+        inputs.q, c, max_seq_len=max(case.lengths), config=case.config, num_splits=case.num_splits,
+        q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
+    )  # fmt: skip
+    ref = paged_decode_reference(
+        inputs.q, c.key_cache, c.value_cache, c.block_table, c.seq_lens,
+        q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
+    )  # fmt: skip
+    error = (out.double() - ref).norm(dim=-1)
+    bound = rounding_bound(inputs, partials.acc.shape[2])
+    worst = int((error / bound).argmax())
+    assert bool((error <= bound).all()), (
+        f"{case.name}: row {divmod(worst, error.shape[1])} off by {error.flatten()[worst]:.3e}, "
+        f"bound {bound.flatten()[worst]:.3e}"
+    )
+    assert bool(((ref.roll(1, 0) - ref).norm(dim=-1) > 20 * bound).all())  # the check can tell sequences apart
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_model_matches_float64_reference(case: Case) -> None:
+    check_model(mma_decode_model, case)
+
+
+def test_model_uses_the_kernels_launch_plan() -> None:
+    case = CASES[0]
+    inputs = make_inputs(case)
+    plan = mma_decode_model.model_launch(inputs.q, inputs.cache, max_seq_len=77, config=case.config)
+    # 7 sequences x one block of both KV heads; 4 blocks per SM on 132 SMs -> 76 wanted, 5 tiles of 16 at most.
+    assert (plan.grid, plan.tokens_per_split, plan.num_parts, plan.threads) == ((5, 1, 7), 16, 5, 64)
+
+
+def test_model_merge_is_the_reduce_kernel(device: str) -> None:
+    """The model's merge of the splits against the package's reduce kernel (Triton; the interpreter on a CPU) on the
+    same partials, with empty splits (running max -inf) among them."""
+    case = CASES[4]
+    inputs = make_inputs(case)
+    out, partials = mma_decode_model.model_paged_decode(
+        inputs.q, inputs.cache, max_seq_len=max(case.lengths), config=case.config, num_splits=case.num_splits,
+        q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
+    )  # fmt: skip
+    assert bool((partials.max == float("-inf")).any())
+    acc, run_max, run_sum = (t.to(device) for t in (partials.acc, partials.max, partials.sum))
+    reduced = combine_partials(acc, run_max, run_sum, inputs.v_scale, torch.float32)
+    torch.testing.assert_close(out, reduced.cpu(), rtol=1e-5, atol=1e-5)
+
+
+def test_qk_step_order_covers_head_dim_once() -> None:
+    for head_dim in (128, 256):
+        order = mma_decode_model.qk_step_order(head_dim)
+        assert order.shape == (head_dim // 16, 16)
+        assert sorted(order.flatten().tolist()) == list(range(head_dim))
+
+
+# Slips in the kernel's index arithmetic, written into a copy of the model; the grid above must catch each.
+MUTANTS = {
+    "row in page off by one": (
+        "(tile_start[:, None] + tok) % page_size",
+        "(tile_start[:, None] + tok + 1) % page_size",
+    ),
+    "page index off by one": (
+        "* torch.arange(tile // MMA_K)) // page_size",
+        "* torch.arange(tile // MMA_K) - 1) // page_size",
+    ),
+    "no clamp to the last page": ("torch.minimum(index, last_page[:, None])", "index"),
+    "last page off by one": ("(seq_len - 1) // page_size", "seq_len // page_size"),
+    "splits overlap by a token": (
+        "end = torch.minimum(seq_len, start + per_warp)",
+        "end = torch.minimum(seq_len, start + per_warp + 1)",
+    ),
+    "partial last tile dropped": ("(end - start + tile - 1) // tile", "(end - start) // tile"),
+    "one token past the end": ("tile_start[:, None] + tok < end[:, None]", "tile_start[:, None] + tok <= end[:, None]"),
+    "slice start ignores the split": (
+        "start = split * plan.tokens_per_split + slice_ * per_warp",
+        "start = split * plan.tokens_per_split + slice_ * tile",
+    ),
+    "GQA heads interleaved": (
+        "head = kv_head[:, None] * group + rows",
+        "head = kv_head[:, None] + rows * (heads // group)",
+    ),
+    "KV head of a warp": ("+ warp % plan.heads_in_block", "+ warp // plan.heads_in_block"),
+    "running output not rescaled": (
+        "out_new = _fp32_add(out.double() * alpha.double()[..., None]",
+        "out_new = _fp32_add(out.double()",
+    ),
+    "running sum not rescaled": ("_fp32_add(l_run.double() * alpha.double()[..., None]", "_fp32_add(l_run.double()"),
+    "splits merged unweighted": ("(partials.acc * weight[..., None])", "partials.acc"),
+    "split sums merged unweighted": ("(partials.sum * weight).sum(-1)", "partials.sum.sum(-1)"),
+    "last tile unmasked": ("last_tile & ~valid[:, None, :]", "last_tile & False"),
+}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=list(MUTANTS))
+def test_grid_catches_a_slip_in_the_model(mutant: str) -> None:
+    original, mutated = MUTANTS[mutant]
+    source = Path(mma_decode_model.__file__).read_text()
+    assert source.count(original) == 1, f"mutant {mutant!r} no longer applies to the model's source"
+    name = f"mma_decode_model_mutant_{abs(hash(mutant))}"
+    module = types.ModuleType(name)
+    sys.modules[name] = module  # dataclasses look their module up
+    try:
+        exec(compile(source.replace(original, mutated), name, "exec"), module.__dict__)
+        for case in CASES:
+            try:
+                check_model(module, case)
+            except (AssertionError, IndexError):
+                return
+    finally:
+        del sys.modules[name]
+    pytest.fail(f"no case of the grid caught the mutant {mutant!r}")
