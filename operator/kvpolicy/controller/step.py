@@ -6,7 +6,7 @@ after a crash or an operator restart repeats nothing harmful and loses nothing.
 
 The phases (`Phase` in the API) are handled here, except the Job gates' (gate_phase.py, one table entry each in
 jobgates.py) and LatencyAnalysis (latency_phase.py); `Tick` and the transitions are in tick.py, the spec-derived rules
-in rules.py.
+in rules.py. Metrics checks (metricchecks.py) are reacted to by their stage: VERIFY ones here, before any gate.
 """
 
 from __future__ import annotations
