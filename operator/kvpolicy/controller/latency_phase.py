@@ -118,7 +118,7 @@ def _live(t: Tick) -> None:
     config = latency_gate_config(t.spec)
     verdict = t.obs.analysis_verdict()
     if verdict is not None:
-        if verdict.needs_attention and t.condition_reason(GATE) != verdict.reason:
+        if verdict.needs_attention and (latency.last is None or latency.last.reason != verdict.reason):
             # Waiting will not fix it (a query Prometheus rejects): say so once, as it appears.
             t.event("Warning", verdict.reason, verdict.message)
         state, outcome = next_analysis_state(config, analysis_state(latency), verdict, t.now)
