@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 
 from kvpolicy.analysis.check import MetricsProvider
 from kvpolicy.analysis.model import ProviderUnavailableError, SideSelector, Verdict
+from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import ConditionType, KVPolicy, VerdictKind
 
 Reading = TypeVar("Reading")
@@ -42,8 +43,8 @@ class Verification:
     """How a VERIFY entry shows in status: its condition, and the words of its waiting and deadline messages."""
 
     condition: ConditionType
-    passed_event: str  # the Normal event's reason once verified
-    waiting_reason: str  # the condition's reason while the reading is missing
+    passed_event: Reason  # the Normal event's reason once verified
+    waiting_reason: Reason  # the condition's reason while the reading is missing
     waiting: str  # "waiting for <what>: <verdict message>"
     unverified: str  # "<what> could not be verified within N s: <verdict message>"
 
