@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from kopf.testing import KopfRunner
+from kvpolicy_dev.demo.traffic import Route, TrafficGenerator
 from kvpolicy_dev.devcluster import POOL_LABEL, ThreadedDevCluster
 from operator_helpers import set_paths
 
@@ -164,3 +167,27 @@ def kubectl(cluster: ThreadedDevCluster, *args: str, stdin: str = "", env: Mappi
     result = kubectl_run(cluster, *args, stdin=stdin, env=env)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+@contextlib.contextmanager
+def users(devcluster: ThreadedDevCluster, namespace: str) -> Iterator[TrafficGenerator]:
+    """Steady requests to the pods behind the target's Service (app=llama), canary included once it joins."""
+    route = Route(namespace, "llama", {"app": "llama"}, 8000, MODEL, CONTEXT // 4)
+    generator = TrafficGenerator(
+        [route], lambda: devcluster.list("v1", "Pod", namespace), requests_per_second=20, max_tokens=8
+    )
+
+    async def drive() -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await generator.run()
+
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(drive())
+    thread = threading.Thread(target=loop.run_until_complete, args=(task,), daemon=True)
+    thread.start()
+    try:
+        yield generator
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
+        thread.join(timeout=30)
+        loop.close()

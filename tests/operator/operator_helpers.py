@@ -11,7 +11,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jsonpatch
+from kvpolicy.analysis import Verdict
+from kvpolicy.analysis.checks import CheckVerdict
+from kvpolicy.analysis.served import CANARY_CONFIG, ServedReading
 from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy, Phase
+from kvpolicy.controller.metricchecks import LATENCY
 from kvpolicy.controller.observe import PHASE_NEEDS
 from kvpolicy.controller.rules import rollout_hash
 from kvpolicy.controller.state import (
@@ -224,7 +228,20 @@ class Driver:
             result = self._pass()
         return first
 
-    def _pass(self, **extra: Any) -> StepResult:
+    def _checks(self, canary_served: ServedReading | None, latency_verdict: Verdict | None) -> dict[str, Any]:
+        """What the observer's metrics checks would say: the canary configuration check on a served reading, the
+        TTFT/ITL check's verdict as given."""
+        checks = []
+        if canary_served is not None:
+            checks.append(CheckVerdict(CANARY_CONFIG, CANARY_CONFIG.assess(self.policy, canary_served)))
+        if latency_verdict is not None:
+            checks.append(CheckVerdict(LATENCY, latency_verdict))
+        return {"checks": tuple(checks)} if checks else {}
+
+    def _pass(
+        self, canary_served: ServedReading | None = None, latency_verdict: Verdict | None = None, **extra: Any
+    ) -> StepResult:
+        extra.update(self._checks(canary_served, latency_verdict))
         status = self.policy.status
         planning = status.spec_hash != rollout_hash(self.policy.spec) or not status.phase
         phase = "Planning" if planning else status.phase

@@ -3,49 +3,18 @@ the operator compares it with the target's pods by scraping their /metrics (prov
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
-from collections.abc import Iterator
-
 import pytest
 from e2e_helpers import (
-    CONTEXT,
-    MODEL,
     PATCHED_IMAGE,
     OperatorFactory,
     container,
     event_reasons,
     policy,
     target,
+    users,
     wait_decided,
 )
-from kvpolicy_dev.demo.traffic import Route, TrafficGenerator
 from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
-
-
-@contextlib.contextmanager
-def users(devcluster: ThreadedDevCluster, namespace: str) -> Iterator[TrafficGenerator]:
-    """Steady requests to the pods behind the target's Service (app=llama), canary included once it joins."""
-    route = Route(namespace, "llama", {"app": "llama"}, 8000, MODEL, CONTEXT // 4)
-    generator = TrafficGenerator(
-        [route], lambda: devcluster.list("v1", "Pod", namespace), requests_per_second=20, max_tokens=8
-    )
-
-    async def drive() -> None:
-        with contextlib.suppress(asyncio.CancelledError):
-            await generator.run()
-
-    loop = asyncio.new_event_loop()
-    task = loop.create_task(drive())
-    thread = threading.Thread(target=loop.run_until_complete, args=(task,), daemon=True)
-    thread.start()
-    try:
-        yield generator
-    finally:
-        loop.call_soon_threadsafe(task.cancel)
-        thread.join(timeout=30)
-        loop.close()
 
 
 def live_policy(namespace: str, ttft_max_ratio: str) -> dict[str, object]:

@@ -1,7 +1,8 @@
 """Latency analysis of a canary against its baseline: metrics providers, pure verdicts, and the analysis state machine.
 
-The operator builds a `LatencyGateConfig` from the KVPolicy spec and two `SideSelector`s, calls `run_check` every
-`interval_seconds`, and folds each verdict into the `AnalysisState` it keeps in status with `next_analysis_state`.
+The operator builds a `LatencyGateConfig` from the KVPolicy spec and two `SideSelector`s, evaluates the metrics checks
+(checks.py; the TTFT/ITL one is `run_check`'s reading and `assess`) every `interval_seconds`, and folds each combined
+verdict into the `AnalysisState` it keeps in status with `next_analysis_state`.
 """
 
 from kvpolicy.analysis.check import MetricsProvider, run_check

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
-from kvpolicy.api.v1alpha1 import OnInconclusive, VerdictKind
+from kvpolicy.api.v1alpha1 import KVPolicyStatus, OnInconclusive, VerdictKind
 
 DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.95)
 
@@ -29,10 +29,11 @@ class Action(StrEnum):
 class ProviderUnavailableError(Exception):
     """The metrics source could not answer (unreachable, 5xx, timeout, rejected query): the check is inconclusive."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, needs_attention: bool = False) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
+        self.needs_attention = needs_attention  # waiting will not help (a rejected query): someone must fix it
 
 
 def parse_ratio(text: str | float, field_name: str) -> float:
@@ -321,6 +322,12 @@ class MeanCheck(_Comparison):
         }
 
 
+class Evidence(Protocol):
+    """What a passing check found that the status keeps (e.g. the KV cache the canary serves)."""
+
+    def record(self, status: KVPolicyStatus) -> None: ...
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The result of one analysis check. `reason` is CamelCase (for conditions and events), `message` for humans."""
@@ -333,10 +340,15 @@ class Verdict:
     baseline: SideMetrics | None = None
     # Mean comparisons made where quantiles were unresolved (see RatioCheck.shared_bucket).
     mean_checks: tuple[MeanCheck, ...] = ()
+    # Other figures a check compared, by key (a custom check's value and ratio), kept in status with the ratios.
+    values: Mapping[str, float] = field(default_factory=dict)
+    # A problem only a person can fix (a query Prometheus rejects): the step posts a Warning event when it appears.
+    needs_attention: bool = False
+    evidence: Evidence | None = None
 
     @classmethod
     def provider_unavailable(cls, error: ProviderUnavailableError) -> Verdict:
-        return cls(VerdictKind.PROVIDER_UNAVAILABLE, error.reason, error.message)
+        return cls(VerdictKind.PROVIDER_UNAVAILABLE, error.reason, error.message, needs_attention=error.needs_attention)
 
     def ratio(self, metric: str, quantile: float) -> float | None:
         for check in self.checks:
@@ -360,6 +372,7 @@ class Verdict:
             "meanChecks": [check.to_dict() for check in self.mean_checks],
             "canary": self.canary.to_dict() if self.canary else None,
             "baseline": self.baseline.to_dict() if self.baseline else None,
+            **({"values": dict(self.values)} if self.values else {}),
         }
 
 

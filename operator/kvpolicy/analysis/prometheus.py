@@ -127,6 +127,10 @@ PROMETHEUS_ERROR_TYPES = frozenset(
 )
 
 
+class QueryRejectedError(ProviderUnavailableError):
+    """Prometheus answered, but refused the query itself (bad_data, a non-vector result): the query needs fixing."""
+
+
 class PrometheusProvider(HttpClient):
     """Reads both sides' latency over the window from Prometheus. Errors raise ProviderUnavailableError.
 
@@ -198,18 +202,22 @@ class PrometheusProvider(HttpClient):
             said = str(payload.get("error"))[:300]
             said = self.credentials.redact(said) if self.credentials is not None else said
             log.warning("Prometheus at %s rejected %r: %s", self.shown_url, promql, said)
-            raise ProviderUnavailableError(
+            raise QueryRejectedError(
                 "QueryRejected", f"Prometheus at {self.shown_url} rejected {promql!r} ({status_text(status)}{known})"
             )
         data = payload.get("data", {})
         if data.get("resultType") != "vector":
-            raise ProviderUnavailableError(
+            raise QueryRejectedError(
                 "QueryRejected", f"Prometheus at {self.shown_url} answered {promql!r} with something else than a vector"
             )
         return [(sample.get("metric", {}), float(sample["value"][1])) for sample in data.get("result", [])]
 
+    def matchers(self, side: SideSelector) -> str:
+        """The label matchers (without braces) that select one side's series, from the selector template."""
+        return render_selector(self.selector_template, side)
+
     async def served(self, side: SideSelector) -> ServedReading:
-        matchers = render_selector(self.selector_template, side)
+        matchers = self.matchers(side)
         samples = await self.query_samples(_vllm(CACHE_CONFIG, matchers))
         if not samples:
             return ServedReading(
@@ -245,7 +253,7 @@ class PrometheusProvider(HttpClient):
         if not side.pods:
             empty = dict.fromkeys(quantiles)
             return SideMetrics(side.role, False, 0.0, window_seconds, empty, empty)
-        matchers = render_selector(self.selector_template, side)
+        matchers = self.matchers(side)
         scalars = (
             series_query(matchers),
             requests_query(matchers, window_seconds),

@@ -7,6 +7,12 @@ import ast
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from kvpolicy.analysis.check import MetricsProvider
+from kvpolicy.analysis.checks import MetricsCheck, Sides, Stage, Verification
+from kvpolicy.analysis.model import Verdict
+from kvpolicy.api.reasons import DecisionReason, Reason
+from kvpolicy.api.v1alpha1 import ConditionType, KVPolicy, KVPolicyStatus, VerdictKind
+
 CACHE_CONFIG = "cache_config_info"  # without the vllm prefix (names.strip_vllm_prefix)
 
 
@@ -17,6 +23,16 @@ class ServedConfig:
 
     def describe(self) -> str:
         return f"KV cache dtype {self.kv_cache_dtype}, skip layers [{', '.join(self.skip_layers)}]"
+
+    def same_kv_cache(self, other: ServedConfig) -> bool:
+        return self.kv_cache_dtype == other.kv_cache_dtype and set(self.skip_layers) == set(other.skip_layers)
+
+    def record(self, status: KVPolicyStatus) -> None:
+        """Show in status.canary what the canary serves."""
+        if status.canary is not None:
+            status.canary = status.canary.model_copy(
+                update={"served_kv_cache_dtype": self.kv_cache_dtype, "served_skip_layers": list(self.skip_layers)}
+            )
 
 
 @dataclass(frozen=True)
@@ -48,3 +64,45 @@ def reading(found: Sequence[ServedConfig | None], where: str) -> ServedReading:
     if len(configs) < len(found):
         return ServedReading(missing=f"{len(found) - len(configs)} pod(s) publish no vllm:{CACHE_CONFIG} at {where}")
     return ServedReading(configs=configs)
+
+
+# --------------------------------------------------------------------------------- the canary configuration check
+
+
+async def read_served(provider: MetricsProvider, policy: KVPolicy, sides: Sides) -> ServedReading:
+    return await provider.served(sides.canary)
+
+
+def assess_served(policy: KVPolicy, served: ServedReading) -> Verdict:
+    """The ready canary's own vllm:cache_config_info against the plan: every pod must serve the planned KV cache
+    dtype and skip layers."""
+    plan = policy.status.plan
+    assert plan is not None, "a canary is verified only after planning"
+    planned = ServedConfig(plan.vllm_kv_cache_dtype, tuple(plan.skip_layers))
+    if served.missing is not None:
+        return Verdict(VerdictKind.NO_DATA, Reason.AWAITING_SERVED_CONFIG, served.missing)
+    wrong = [config for config in served.configs if not config.same_kv_cache(planned)]
+    if wrong:
+        message = (
+            f"planned {planned.describe()}, but the canary serves {wrong[0].describe()} (its vllm:cache_config_info): "
+            "does its image's entrypoint pass every argument on to vLLM?"
+        )
+        return Verdict(VerdictKind.BREACH, DecisionReason.CANARY_CONFIG_MISMATCH, message)
+    first = served.configs[0]
+    message = f"the canary serves the planned {first.describe()}"
+    return Verdict(VerdictKind.PASS, Reason.SERVED_AS_PLANNED, message, evidence=first)
+
+
+CANARY_CONFIG: MetricsCheck[ServedReading] = MetricsCheck(
+    name="canary-config",
+    stage=Stage.VERIFY,
+    read=read_served,
+    assess=assess_served,
+    verification=Verification(
+        condition=ConditionType.CANARY_CONFIG_VERIFIED,
+        passed_event=Reason.CANARY_CONFIG_VERIFIED,
+        waiting_reason=Reason.AWAITING_SERVED_CONFIG,
+        waiting=f"waiting for the canary's vllm:{CACHE_CONFIG}",
+        unverified="the canary's served KV cache could not be verified",
+    ),
+)

@@ -180,6 +180,10 @@ class AnalysisReason(StrEnum):
     QUERY_REJECTED = "QueryRejected"
     SCRAPE_FAILED = "ScrapeFailed"
     SCRAPE_UNPARSEABLE = "ScrapeUnparseable"
+    CUSTOM_CHECK_BREACHED = "CustomCheckBreached"  # a custom check's value or ratio left its range
+    CUSTOM_CHECK_NO_DATA = "CustomCheckNoData"  # a custom check's query returned no series, or NaN
+    CUSTOM_CHECK_QUERY_REJECTED = "CustomCheckQueryRejected"  # Prometheus refused the query, or it is not one value
+    CUSTOM_CHECK_NEEDS_PROMETHEUS = "CustomCheckNeedsPrometheus"  # custom checks run only through Prometheus
     ANALYSIS_PASSED = "AnalysisPassed"
     BAKING = "Baking"
     ANALYSIS_STALLED = "AnalysisStalled"
@@ -205,6 +209,7 @@ ANALYSIS_ROLLBACK_REASONS = frozenset(
         AnalysisReason.ITL_RATIO_EXCEEDED,
         AnalysisReason.LATENCY_RATIO_EXCEEDED,
         AnalysisReason.ERROR_RATIO_EXCEEDED,
+        AnalysisReason.CUSTOM_CHECK_BREACHED,
         AnalysisReason.ANALYSIS_STALLED,
     }
 )

@@ -501,6 +501,135 @@ class GatesSpec(_Model):
     gpu_preflight: GpuPreflightGate = Field(default_factory=GpuPreflightGate)
 
 
+# The placeholders of a custom check's query, spelled exactly so; every "{{" in a query must start one of them.
+CHECK_PLACEHOLDERS = ("canary", "baseline", "window")
+# RE2 (CEL) and Python read this alike: character classes instead of backslashes.
+CHECK_QUERY_PATTERN = "^([{]?[{][{] (canary|baseline|window) [}][}]|[{][^{]|[^{])*[{]?$"
+# The identifiers a selector template may use ($namespace or ${namespace}); `$$` is a literal dollar.
+SELECTOR_TEMPLATE_FIELDS = ("namespace", "pod_regex", "labels", "role")
+SELECTOR_TEMPLATE_PATTERN = (
+    "^([^$]|[$](namespace|pod_regex|labels|role)([^A-Za-z0-9_$]|$)|[$][{](namespace|pod_regex|labels|role)[}]|[$][$])*$"
+)
+CHECK_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+def _bounds_ordered(low: str | None, high: str | None) -> bool:
+    return (
+        low is None
+        or high is None
+        or not _DECIMAL_RE.match(low)
+        or not _DECIMAL_RE.match(high)
+        or (Decimal(low) <= Decimal(high))
+    )
+
+
+class Bounds(_Model):
+    """An inclusive range of decimal strings (no floats in spec): a value below `min` or above `max` breaches."""
+
+    rules = (
+        Rule(
+            cel="has(self.min) || has(self.max)",
+            message="a custom check's range needs min, max or both",
+            check=lambda m: m.min is not None or m.max is not None,
+        ),
+        Rule(
+            cel="!has(self.min) || !has(self.max) || double(self.min) <= double(self.max)",
+            message="a custom check's range must have min <= max",
+            check=lambda m: _bounds_ordered(m.min, m.max),
+            values=lambda m: f"got min {_quoted(m.min)} and max {_quoted(m.max)}",
+            values_cel="'got min \"' + self.min + '\" and max \"' + self.max + '\"'",
+        ),
+    )
+
+    min: str | None = Field(default=None, pattern=DECIMAL_PATTERN, description='Lowest value that passes, e.g. "0".')
+    max: str | None = Field(
+        default=None, pattern=DECIMAL_PATTERN, description='Highest value that passes, e.g. "0.01".'
+    )
+
+
+class CustomCheck(_Model):
+    """A named PromQL check beside TTFT/ITL (like Flagger's MetricTemplate, Argo's AnalysisTemplate), evaluated with
+    the latency analysis on every check: its query, with `{{ canary }}` standing for the canary's label matchers, must
+    return one value; `range` bounds the canary's value, `baselineRatio` the canary/baseline ratio of the same query
+    (evaluated again with the baseline's matchers in place of `{{ canary }}`)."""
+
+    rules = (
+        Rule(
+            cel="self.query.contains('{{ canary }}')",
+            message="a custom check's query must contain the {{ canary }} placeholder (the canary's label matchers)",
+            check=lambda m: "{{ canary }}" in m.query,
+        ),
+        Rule(
+            cel=f"self.query.matches('{CHECK_QUERY_PATTERN}')",
+            message="a custom check's query may use only the placeholders {{ canary }}, {{ baseline }} and "
+            "{{ window }}, spelled with one space inside the braces",
+            check=lambda m: re.fullmatch(CHECK_QUERY_PATTERN, m.query) is not None,
+        ),
+        Rule(
+            cel="has(self.range) || has(self.baselineRatio)",
+            message="a custom check needs range, baselineRatio or both",
+            check=lambda m: m.range is not None or m.baseline_ratio is not None,
+        ),
+    )
+
+    name: str = Field(
+        pattern=CHECK_NAME_PATTERN,
+        max_length=63,
+        description="Names the check in status, events and reasons' messages.",
+    )
+    query: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="PromQL returning one value; {{ canary }} is replaced by the canary's label matchers (the "
+        "baseline's for baselineRatio), {{ baseline }} by the baseline's, {{ window }} by gates.latency.windowSeconds "
+        "as a duration (300s).",
+    )
+    range: Bounds | None = Field(default=None, description="Inclusive bounds on the canary's value.")
+    baseline_ratio: Bounds | None = Field(
+        default=None, description="Inclusive bounds on canary value / baseline value."
+    )
+
+
+class AnalysisSpec(_Model):
+    """How the live latency analysis selects each side's series, and the custom checks it runs beside TTFT/ITL."""
+
+    rules = (
+        Rule(
+            cel="!has(self.checks) || self.checks.all(c, self.checks.exists_one(d, d.name == c.name))",
+            message="analysis.checks must have unique names",
+            check=lambda m: len({check.name for check in m.checks}) == len(m.checks),
+        ),
+        Rule(
+            cel=f"!has(self.selectorTemplate) || self.selectorTemplate.matches('{SELECTOR_TEMPLATE_PATTERN}')",
+            message="analysis.selectorTemplate may use only $namespace, $pod_regex, $labels and $role ($$ for a "
+            "dollar sign)",
+            check=lambda m: (
+                m.selector_template is None or re.fullmatch(SELECTOR_TEMPLATE_PATTERN, m.selector_template) is not None
+            ),
+        ),
+        Rule(
+            cel="!has(self.selectorTemplate) || self.selectorTemplate.contains('pod_regex') "
+            "|| self.selectorTemplate.contains('labels')",
+            message="analysis.selectorTemplate must tell the canary's pods from the baseline's: use $pod_regex or "
+            "$labels",
+            check=lambda m: (
+                m.selector_template is None or "pod_regex" in m.selector_template or "labels" in m.selector_template
+            ),
+        ),
+    )
+
+    selector_template: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="Prometheus label matchers (without braces) selecting one side's series; default: "
+        'namespace="$namespace", pod=~"$pod_regex". $labels expands to the side\'s pod labels as matchers.',
+    )
+    checks: list[CustomCheck] = Field(
+        default_factory=list, max_length=16, description="Custom PromQL checks (provider Prometheus only)."
+    )
+
+
 ROLLOUT_ID_PATTERN = r"^[0-9]+-[0-9a-f]{6}$"
 
 
@@ -630,6 +759,28 @@ class KVPolicySpec(_Model):
             values=lambda m: f"{m.model.sliding_window.count} > {m.model.num_layers}",
             values_cel="string(self.model.slidingWindow.count) + ' > ' + string(self.model.numLayers)",
         ),
+        Rule(
+            cel="!has(self.analysis) || !has(self.analysis.checks) || size(self.analysis.checks) == 0 "
+            "|| (has(self.gates) && has(self.gates.latency) && has(self.gates.latency.provider) "
+            "&& self.gates.latency.provider == 'Prometheus')",
+            message="analysis.checks need gates.latency.provider Prometheus (and its prometheusURL)",
+            check=lambda m: (
+                m.analysis is None or not m.analysis.checks or m.gates.latency.provider == LatencyProvider.PROMETHEUS
+            ),
+        ),
+        Rule(
+            cel="!has(self.analysis) || !has(self.analysis.checks) || size(self.analysis.checks) == 0 "
+            "|| ((!has(self.rollout) || !has(self.rollout.traffic) || self.rollout.traffic == 'ReplicaRatio') "
+            "&& (!has(self.gates) || !has(self.gates.latency) || !has(self.gates.latency.enabled) "
+            "|| self.gates.latency.enabled))",
+            message="analysis.checks run in the live latency analysis: they need rollout.traffic ReplicaRatio and "
+            "gates.latency.enabled",
+            check=lambda m: (
+                m.analysis is None
+                or not m.analysis.checks
+                or (m.rollout.traffic == Traffic.REPLICA_RATIO and m.gates.latency.enabled)
+            ),
+        ),
     )
 
     target_ref: TargetRef
@@ -639,6 +790,9 @@ class KVPolicySpec(_Model):
     images: ImagesSpec = Field(default_factory=ImagesSpec)
     gates: GatesSpec = Field(default_factory=GatesSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    analysis: AnalysisSpec | None = Field(
+        default=None, description="The live latency analysis' series selector and custom checks."
+    )
     gpu_node_selector: dict[str, str] | None = Field(
         default=None,
         description="Labels of the nodes the target runs on; defaults to the target's pod nodeSelector, "
@@ -753,6 +907,9 @@ class LatencyCheck(_Model):
     reason: str = ""
     message: str = ""
     ratios: dict[str, float] = Field(default_factory=dict, description="e.g. ttft_p95: canary/baseline.")
+    values: dict[str, float] = Field(
+        default_factory=dict, description="Custom checks' figures: <name> (the canary's value), <name>_ratio."
+    )
     canary_requests: int | None = None
     baseline_requests: int | None = None
     at: str | None = None

@@ -105,6 +105,7 @@ def record_check(latency: LatencyAnalysis, state: AnalysisState, verdict: Verdic
         message=verdict.message,
         # What the gate compared: resolved quantiles, and means where both sides' quantiles shared a bucket.
         ratios={c.key: round(c.ratio, 4) for c in (*(q for q in verdict.checks if q.resolved), *verdict.mean_checks)},
+        values=dict(verdict.values),
         canary_requests=int(verdict.canary.requests) if verdict.canary else None,
         baseline_requests=int(verdict.baseline.requests) if verdict.baseline else None,
         at=timestamp(now),
@@ -115,8 +116,11 @@ def _live(t: Tick) -> None:
     latency = t.status.latency
     assert latency is not None
     config = latency_gate_config(t.spec)
-    verdict = t.obs.latency_verdict
+    verdict = t.obs.analysis_verdict()
     if verdict is not None:
+        if verdict.needs_attention and (latency.last is None or latency.last.reason != verdict.reason):
+            # Waiting will not fix it (a query Prometheus rejects): say so once, as it appears.
+            t.event("Warning", verdict.reason, verdict.message)
         state, outcome = next_analysis_state(config, analysis_state(latency), verdict, t.now)
         record_check(latency, state, verdict, t.now)
         if verdict.kind == VerdictKind.BREACH and outcome.action != AnalysisAction.ROLLBACK:

@@ -8,21 +8,20 @@ from datetime import datetime
 from typing import Any
 
 from kvpolicy.analysis import (
+    DEFAULT_SELECTOR_TEMPLATE,
     MetricsProvider,
     PrometheusProvider,
-    ProviderUnavailableError,
     ScrapeProvider,
     SideSelector,
-    Verdict,
-    run_check,
 )
-from kvpolicy.analysis.served import ServedReading
-from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, ConditionStatus, ConditionType, KVPolicy, LatencyProvider, Phase
+from kvpolicy.analysis.checks import AnyCheck, CheckVerdict, Sides
+from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, KVPolicy, LatencyProvider, Phase
 from kvpolicy.controller import builders as b
 from kvpolicy.controller.jobgates import PHASE_GATES
 from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, SERVICES, KubeApi, label_selector
+from kvpolicy.controller.metricchecks import check_due, checks_for, needs_baseline
 from kvpolicy.controller.ownership import governing_policy
-from kvpolicy.controller.rules import latency_check_due, latency_gate_config, rollout_hash
+from kvpolicy.controller.rules import rollout_hash
 from kvpolicy.controller.state import JobView, Observations, PodView
 from kvpolicy.controller.tick import REPLAN_PHASES
 from kvpolicy.gpu import PRESENT_LABEL, gpu_facts
@@ -136,18 +135,21 @@ def gpu_node_selector(policy: KVPolicy, target: Mapping[str, Any]) -> dict[str, 
 
 @dataclass
 class LatencyAnalyser:
-    """Runs one latency check of a canary against the target's own pods, through the configured provider."""
+    """Evaluates the metrics checks (metricchecks.py) of a canary against the target's own pods, through the
+    configured provider."""
 
     scrape: ScrapeProvider = field(default_factory=ScrapeProvider)
-    _prometheus: dict[str, PrometheusProvider] = field(default_factory=dict)
+    _prometheus: dict[tuple[str, str], PrometheusProvider] = field(default_factory=dict)
 
     def provider(self, policy: KVPolicy) -> MetricsProvider:
         latency = policy.spec.gates.latency
         if latency.provider == LatencyProvider.PROMETHEUS and latency.prometheus_url:
-            url = latency.prometheus_url
-            if url not in self._prometheus:
-                self._prometheus[url] = PrometheusProvider(url)
-            return self._prometheus[url]
+            analysis = policy.spec.analysis
+            template = (analysis.selector_template if analysis else None) or DEFAULT_SELECTOR_TEMPLATE
+            key = (latency.prometheus_url, template)
+            if key not in self._prometheus:
+                self._prometheus[key] = PrometheusProvider(latency.prometheus_url, selector_template=template)
+            return self._prometheus[key]
         return self.scrape
 
     @staticmethod
@@ -162,36 +164,23 @@ class LatencyAnalyser:
             endpoints=tuple(f"http://{pod.ip}:{port}" for pod in ready),
         )
 
-    async def check(
-        self, policy: KVPolicy, target: Mapping[str, Any], canary: Sequence[PodView], baseline: Sequence[PodView]
-    ) -> Verdict:
-        config = latency_gate_config(policy.spec)
-        canary_side, baseline_side = (
-            self.side(policy, target, "canary", canary),
-            self.side(policy, target, "baseline", baseline),
-        )
-        return await run_check(self.provider(policy), config, canary_side, baseline_side)
-
-    async def served(self, policy: KVPolicy, target: Mapping[str, Any], canary: Sequence[PodView]) -> ServedReading:
-        """What the canary's pods serve, through the same provider as the latency analysis."""
-        try:
-            return await self.provider(policy).served(self.side(policy, target, "canary", canary))
-        except ProviderUnavailableError as error:
-            return ServedReading(missing=error.message)
+    async def evaluate(
+        self,
+        policy: KVPolicy,
+        target: Mapping[str, Any],
+        checks: Sequence[AnyCheck],
+        canary: Sequence[PodView],
+        baseline: Sequence[PodView],
+    ) -> tuple[CheckVerdict, ...]:
+        """Each check's verdict, in order; an unavailable provider is a verdict, never an exception."""
+        provider = self.provider(policy)
+        sides = Sides(self.side(policy, target, "canary", canary), self.side(policy, target, "baseline", baseline))
+        return tuple([CheckVerdict(check, await check.evaluate(provider, policy, sides)) for check in checks])
 
     async def close(self) -> None:
         await self.scrape.close()
         for provider in self._prometheus.values():
             await provider.close()
-
-
-def _verifies_served(policy: KVPolicy, canary_pods: Sequence[PodView]) -> bool:
-    """A ready canary whose served configuration is not verified yet (step.py checks it before the gates)."""
-    status = policy.status
-    verified = any(
-        c.type == ConditionType.CANARY_CONFIG_VERIFIED and c.status == ConditionStatus.TRUE for c in status.conditions
-    )
-    return status.phase == Phase.CANARY_STARTING and not verified and any(pod.ready for pod in canary_pods)
 
 
 @dataclass
@@ -237,32 +226,38 @@ class Observer:
             job_name = job["metadata"]["name"]
             job_pods = [pod for pod in all_pods if pod["metadata"].get("labels", {}).get(JOB_NAME_LABEL) == job_name]
             jobs[job_name] = job_view(job, job_pods)
-        verdict = None
-        if self.analyser is not None and target is not None and latency_check_due(policy, now):
-            verdict = await self._latency(policy, target, canary_pods)
-        served = None
-        if self.analyser is not None and target is not None and _verifies_served(policy, canary_pods):
-            served = await self.analyser.served(policy, target, canary_pods)
+        checks = await self._checks(policy, target, canary_pods, now) if target is not None else ()
         return Observations(
             now=now,
             target=target,
             gpu=gpu,
-            canary_served=served,
+            checks=checks,
             canary=next(iter(live([canary] if canary else [])), None),
             canary_pods=canary_pods,
             services=services,
             jobs=jobs,
-            latency_verdict=verdict,
         )
 
-    async def _latency(self, policy: KVPolicy, target: Obj, canary_pods: Sequence[PodView]) -> Verdict:
-        assert self.analyser is not None
+    async def _checks(
+        self, policy: KVPolicy, target: Obj, canary_pods: Sequence[PodView], now: datetime
+    ) -> tuple[CheckVerdict, ...]:
+        """The metrics checks due this pass, evaluated (none without an analyser)."""
+        if self.analyser is None:
+            return ()
+        canary_ready = any(pod.ready for pod in canary_pods)
+        due = [check for check in checks_for(policy) if check_due(check, policy, canary_ready, now)]
+        if not due:
+            return ()
+        baseline = await self._baseline(policy, target) if needs_baseline(due) else []
+        return await self.analyser.evaluate(policy, target, due, canary_pods, baseline)
+
+    async def _baseline(self, policy: KVPolicy, target: Obj) -> list[PodView]:
+        """The target's own pods (not the canary's that joined its Service)."""
         namespace = str(policy.metadata.get("namespace", ""))
         selector = target["spec"]["selector"].get("matchLabels") or {}
         target_pods = live(await self.api.list_objects(PODS, namespace, label_selector(selector)))
-        baseline = [
+        return [
             pod_view(pod)
             for pod in target_pods
             if (pod["metadata"].get("labels") or {}).get(b.ROLE_LABEL) != b.ROLE_CANARY
         ]
-        return await self.analyser.check(policy, target, canary_pods, baseline)

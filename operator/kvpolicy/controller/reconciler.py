@@ -306,8 +306,9 @@ class Reconciler:
         updated = policy.model_copy(update={"status": after})
         deadline = phase_deadline(updated)
         metrics.set_phase_deadline(namespace, name, after.phase or "", deadline.timestamp() if deadline else None)
-        if observations.latency_verdict is not None:
-            metrics.record_analysis(namespace, name, observations.latency_verdict)
+        analysed = observations.analysis_verdict()
+        if analysed is not None:
+            metrics.record_analysis(namespace, name, analysed)
         elif after.phase != Phase.LATENCY_ANALYSIS and before.phase == Phase.LATENCY_ANALYSIS:
             metrics.clear_analysis(namespace, name)
 

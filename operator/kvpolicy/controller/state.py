@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from kvpolicy.analysis import Verdict
-from kvpolicy.analysis.served import ServedReading
+from kvpolicy.analysis.checks import CheckVerdict, Stage, combine
 from kvpolicy.api.v1alpha1 import Decision, Difference, GpuFacts, KVPolicyStatus, NotificationEvent, Phase
 
 Obj = dict[str, Any]
@@ -65,8 +65,15 @@ class Observations:
     canary_pods: tuple[PodView, ...] = ()
     services: frozenset[str] = frozenset()
     jobs: Mapping[str, JobView] = field(default_factory=dict)
-    latency_verdict: Verdict | None = None
-    canary_served: ServedReading | None = None  # what the ready canary serves; None: not read this pass
+    checks: tuple[CheckVerdict, ...] = ()  # the metrics checks evaluated this pass (metricchecks.py)
+
+    def verdicts(self, stage: Stage) -> tuple[CheckVerdict, ...]:
+        return tuple(result for result in self.checks if result.check.stage is stage)
+
+    def analysis_verdict(self) -> Verdict | None:
+        """This pass's latency analysis check, every ANALYSIS entry's verdict combined; None: no check was due."""
+        verdicts = [result.verdict for result in self.verdicts(Stage.ANALYSIS)]
+        return combine(verdicts) if verdicts else None
 
 
 # ----------------------------------------------------------------------------------------------------------- actions

@@ -6,14 +6,15 @@ after a crash or an operator restart repeats nothing harmful and loses nothing.
 
 The phases (`Phase` in the API) are handled here, except the Job gates' (gate_phase.py, one table entry each in
 jobgates.py) and LatencyAnalysis (latency_phase.py); `Tick` and the transitions are in tick.py, the spec-derived rules
-in rules.py.
+in rules.py. Metrics checks (metricchecks.py) are reacted to by their stage: VERIFY ones here, before any gate.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvpolicy.analysis.served import ServedConfig
+from kvpolicy.analysis import Verdict
+from kvpolicy.analysis.checks import Stage, Verification
 from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import (
     CanaryRef,
@@ -26,6 +27,7 @@ from kvpolicy.api.v1alpha1 import (
     OnDrift,
     Phase,
     PodTemplateRecord,
+    VerdictKind,
 )
 from kvpolicy.controller import builders as b
 from kvpolicy.controller import drift
@@ -121,7 +123,7 @@ def _canary_starting(t: Tick) -> None:
     replicas = t.spec.rollout.canary_replicas
     if t.observed_canary is not None and t.ready_canary_pods(joined=False) >= replicas:
         _ensure_canary_objects(t)
-        if not _serves_the_plan(t):
+        if not _verified(t):
             return
         scheduled = "the canary's pods are scheduled"
         t.condition(ConditionType.CAPACITY_AVAILABLE, ConditionStatus.TRUE, Reason.SCHEDULED, scheduled)
@@ -138,49 +140,42 @@ def _canary_starting(t: Tick) -> None:
     t.condition(ConditionType.CANARY_READY, ConditionStatus.FALSE, Reason.CANARY_STARTING, waiting)
 
 
-def _serves_the_plan(t: Tick) -> bool:
-    """The ready canary's own vllm:cache_config_info against the plan, before any gate: True once verified; a
-    mismatch rolls back, and an unreadable one waits up to progressDeadlineSeconds. Not read (no metrics provider
-    configured for the step): not checked."""
-    reading = t.obs.canary_served
-    if reading is None or t.condition_is(ConditionType.CANARY_CONFIG_VERIFIED, ConditionStatus.TRUE):
-        return True
-    planned = ServedConfig(t.plan.vllm_kv_cache_dtype, tuple(t.plan.skip_layers))
-    if reading.missing is not None:
-        deadline = t.spec.rollout.progress_deadline_seconds
-        if t.phase_age() > deadline:
-            reason = DecisionReason.PROGRESS_DEADLINE_EXCEEDED
-            message = f"the canary's served KV cache could not be verified within {deadline} s: {reading.missing}"
-            t.condition(ConditionType.CANARY_CONFIG_VERIFIED, ConditionStatus.FALSE, reason, message)
-            rollback(t, reason, message)
+def _verified(t: Tick) -> bool:
+    """The ready canary's VERIFY checks (metricchecks.py), before any gate: True once every check read this pass has
+    passed (or passed before). Not read (no metrics provider configured for the step): not checked."""
+    for result in t.obs.verdicts(Stage.VERIFY):
+        verification = result.check.verification
+        if verification is None or t.condition_is(verification.condition, ConditionStatus.TRUE):
+            continue
+        if not _verify(t, verification, result.verdict):
             return False
-        waiting = f"waiting for the canary's vllm:cache_config_info: {reading.missing}"
-        t.condition(
-            ConditionType.CANARY_CONFIG_VERIFIED, ConditionStatus.UNKNOWN, Reason.AWAITING_SERVED_CONFIG, waiting
-        )
-        return False
-    wrong = [served for served in reading.configs if not _same_kv_cache(served, planned)]
-    if wrong:
-        reason = DecisionReason.CANARY_CONFIG_MISMATCH
-        message = (
-            f"planned {planned.describe()}, but the canary serves {wrong[0].describe()} (its vllm:cache_config_info): "
-            "does its image's entrypoint pass every argument on to vLLM?"
-        )
-        t.condition(ConditionType.CANARY_CONFIG_VERIFIED, ConditionStatus.FALSE, reason, message)
-        rollback(t, reason, message)
-        return False
-    served = reading.configs[0]
-    t.status.canary = t.canary.model_copy(
-        update={"served_kv_cache_dtype": served.kv_cache_dtype, "served_skip_layers": list(served.skip_layers)}
-    )
-    message = f"the canary serves the planned {served.describe()}"
-    t.condition(ConditionType.CANARY_CONFIG_VERIFIED, ConditionStatus.TRUE, Reason.SERVED_AS_PLANNED, message)
-    t.event("Normal", Reason.CANARY_CONFIG_VERIFIED, message)
     return True
 
 
-def _same_kv_cache(served: ServedConfig, planned: ServedConfig) -> bool:
-    return served.kv_cache_dtype == planned.kv_cache_dtype and set(served.skip_layers) == set(planned.skip_layers)
+def _verify(t: Tick, verification: Verification, verdict: Verdict) -> bool:
+    """One VERIFY check's verdict: a pass records its evidence, a breach rolls back, and no data waits up to
+    progressDeadlineSeconds."""
+    condition = verification.condition
+    if verdict.kind is VerdictKind.PASS:
+        if verdict.evidence is not None:
+            verdict.evidence.record(t.status)
+        t.condition(condition, ConditionStatus.TRUE, verdict.reason, verdict.message)
+        t.event("Normal", verification.passed_event, verdict.message)
+        return True
+    if verdict.kind is VerdictKind.BREACH:
+        t.condition(condition, ConditionStatus.FALSE, verdict.reason, verdict.message)
+        rollback(t, verdict.reason, verdict.message)
+        return False
+    deadline = t.spec.rollout.progress_deadline_seconds
+    if t.phase_age() > deadline:
+        reason = DecisionReason.PROGRESS_DEADLINE_EXCEEDED
+        message = f"{verification.unverified} within {deadline} s: {verdict.message}"
+        t.condition(condition, ConditionStatus.FALSE, reason, message)
+        rollback(t, reason, message)
+        return False
+    waiting = f"{verification.waiting}: {verdict.message}"
+    t.condition(condition, ConditionStatus.UNKNOWN, verification.waiting_reason, waiting)
+    return False
 
 
 def _awaiting_approval(t: Tick) -> None:
