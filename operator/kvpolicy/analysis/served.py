@@ -26,6 +26,7 @@ class ServedReading:
 
     configs: tuple[ServedConfig, ...] = ()
     missing: str | None = None
+    reason: str | None = None  # a provider that could not answer: its ProviderUnavailableError's reason
 
 
 def served_config(labels: Mapping[str, str]) -> ServedConfig:

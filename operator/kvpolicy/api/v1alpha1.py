@@ -655,7 +655,7 @@ class TlsConfig(_Model):
         ),
     )
 
-    ca: SecretOrConfigMap | None = Field(default=None, description="PEM CA bundle that signed the server's certificate.")
+    ca: SecretOrConfigMap | None = Field(default=None, description="PEM CA bundle that signed the server certificate.")
     cert: SecretOrConfigMap | None = Field(default=None, description="PEM client certificate.")
     key_secret: SecretKeySelector | None = Field(default=None, description="The Secret key holding the client key.")
     insecure_skip_verify: Bool = Field(

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from kvpolicy.analysis import Action as AnalysisAction
 from kvpolicy.analysis import AnalysisState, Verdict, next_analysis_state
-from kvpolicy.api.reasons import Reason
+from kvpolicy.api.reasons import CREDENTIAL_PROBLEMS, Reason
 from kvpolicy.api.v1alpha1 import (
     ConditionStatus,
     ConditionType,
@@ -139,7 +139,10 @@ def _live(t: Tick) -> None:
                 holding = f"holding (onInconclusive Hold), {serving}; fix the metrics or set spec.rollout.abort"
                 t.event("Warning", outcome.reason, f"{outcome.message}; {holding}")
         else:
+            before = t.condition_reason(GATE)
             t.condition(GATE, ConditionStatus.UNKNOWN, outcome.reason, outcome.message)
+            if outcome.reason in CREDENTIAL_PROBLEMS and before != outcome.reason:  # once per streak
+                t.event("Warning", outcome.reason, outcome.message)
         t.status.message = outcome.message
     last = parse_timestamp(latency.last.at) if latency.last else None
     due = (last + timedelta(seconds=config.interval_seconds) - t.now).total_seconds() if last else 0.0

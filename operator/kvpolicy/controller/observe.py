@@ -17,14 +17,17 @@ from kvpolicy.analysis import (
     run_check,
 )
 from kvpolicy.analysis.served import ServedReading
+from kvpolicy.api.reasons import AnalysisReason
 from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, ConditionStatus, ConditionType, KVPolicy, LatencyProvider, Phase
 from kvpolicy.controller import builders as b
 from kvpolicy.controller.jobgates import PHASE_GATES
 from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, SERVICES, KubeApi, label_selector
 from kvpolicy.controller.ownership import governing_policy
+from kvpolicy.controller.references import ReferenceReader, prometheus_credentials
 from kvpolicy.controller.rules import latency_check_due, latency_gate_config, rollout_hash
 from kvpolicy.controller.state import JobView, Observations, PodView
 from kvpolicy.controller.tick import REPLAN_PHASES
+from kvpolicy.credentials import Credentials
 from kvpolicy.gpu import PRESENT_LABEL, gpu_facts
 
 Obj = dict[str, Any]
@@ -136,19 +139,43 @@ def gpu_node_selector(policy: KVPolicy, target: Mapping[str, Any]) -> dict[str, 
 
 @dataclass
 class LatencyAnalyser:
-    """Runs one latency check of a canary against the target's own pods, through the configured provider."""
+    """Runs one latency check of a canary against the target's own pods, through the configured provider.
+
+    Prometheus providers are kept per URL, and per policy where `prometheusAuth` gives credentials: a rotated Secret
+    (seen through `references`, within its TTL) replaces the policy's provider. Credentials that cannot be read are
+    a ProviderUnavailableError, like any provider that cannot answer."""
 
     scrape: ScrapeProvider = field(default_factory=ScrapeProvider)
-    _prometheus: dict[str, PrometheusProvider] = field(default_factory=dict)
+    references: ReferenceReader | None = None  # None: policies with prometheusAuth get ProviderUnavailable
+    _prometheus: dict[str, tuple[str, PrometheusProvider]] = field(default_factory=dict)
 
-    def provider(self, policy: KVPolicy) -> MetricsProvider:
+    async def provider(self, policy: KVPolicy) -> MetricsProvider:
         latency = policy.spec.gates.latency
-        if latency.provider == LatencyProvider.PROMETHEUS and latency.prometheus_url:
-            url = latency.prometheus_url
-            if url not in self._prometheus:
-                self._prometheus[url] = PrometheusProvider(url)
-            return self._prometheus[url]
-        return self.scrape
+        if latency.provider != LatencyProvider.PROMETHEUS or not latency.prometheus_url:
+            return self.scrape
+        url, auth = latency.prometheus_url, latency.prometheus_auth
+        if auth is None:
+            return await self._prometheus_for(url, "", None)
+        if self.references is None:
+            raise ProviderUnavailableError(
+                AnalysisReason.CREDENTIALS_SECRET_UNREADABLE, "this operator reads no Secrets for prometheusAuth"
+            )
+        namespace = str(policy.metadata.get("namespace", ""))
+        resolved = await prometheus_credentials(self.references, namespace, auth)
+        key = f"{namespace}/{policy.metadata.get('name', '')} {url}"
+        return await self._prometheus_for(key, resolved.digest, resolved.credentials, url)
+
+    async def _prometheus_for(
+        self, key: str, digest: str, credentials: Credentials | None, url: str | None = None
+    ) -> PrometheusProvider:
+        kept = self._prometheus.get(key)
+        if kept is not None and kept[0] == digest:
+            return kept[1]
+        if kept is not None:  # rotated credentials: a new session with the new TLS context and headers
+            await kept[1].close()
+        provider = PrometheusProvider(url or key, credentials=credentials)
+        self._prometheus[key] = (digest, provider)
+        return provider
 
     @staticmethod
     def side(policy: KVPolicy, target: Mapping[str, Any], role: str, pods: Sequence[PodView]) -> SideSelector:
@@ -170,18 +197,23 @@ class LatencyAnalyser:
             self.side(policy, target, "canary", canary),
             self.side(policy, target, "baseline", baseline),
         )
-        return await run_check(self.provider(policy), config, canary_side, baseline_side)
+        try:
+            provider = await self.provider(policy)
+        except ProviderUnavailableError as error:
+            return Verdict.provider_unavailable(error)
+        return await run_check(provider, config, canary_side, baseline_side)
 
     async def served(self, policy: KVPolicy, target: Mapping[str, Any], canary: Sequence[PodView]) -> ServedReading:
         """What the canary's pods serve, through the same provider as the latency analysis."""
         try:
-            return await self.provider(policy).served(self.side(policy, target, "canary", canary))
+            provider = await self.provider(policy)
+            return await provider.served(self.side(policy, target, "canary", canary))
         except ProviderUnavailableError as error:
-            return ServedReading(missing=error.message)
+            return ServedReading(missing=error.message, reason=error.reason)
 
     async def close(self) -> None:
         await self.scrape.close()
-        for provider in self._prometheus.values():
+        for _, provider in self._prometheus.values():
             await provider.close()
 
 

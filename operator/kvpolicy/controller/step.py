@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvpolicy.analysis.served import ServedConfig
-from kvpolicy.api.reasons import DecisionReason, Reason
+from kvpolicy.api.reasons import CREDENTIAL_PROBLEMS, DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import (
     CanaryRef,
     ConditionStatus,
@@ -155,9 +155,13 @@ def _serves_the_plan(t: Tick) -> bool:
             rollback(t, reason, message)
             return False
         waiting = f"waiting for the canary's vllm:cache_config_info: {reading.missing}"
-        t.condition(
-            ConditionType.CANARY_CONFIG_VERIFIED, ConditionStatus.UNKNOWN, Reason.AWAITING_SERVED_CONFIG, waiting
-        )
+        # A credential the spec references that cannot be used says so by its own reason, with one event.
+        credentials = reading.reason if reading.reason in CREDENTIAL_PROBLEMS else None
+        before = t.condition_reason(ConditionType.CANARY_CONFIG_VERIFIED)
+        waiting_reason = credentials or Reason.AWAITING_SERVED_CONFIG
+        t.condition(ConditionType.CANARY_CONFIG_VERIFIED, ConditionStatus.UNKNOWN, waiting_reason, waiting)
+        if credentials is not None and before != credentials:
+            t.event("Warning", credentials, waiting)
         return False
     wrong = [served for served in reading.configs if not _same_kv_cache(served, planned)]
     if wrong:
