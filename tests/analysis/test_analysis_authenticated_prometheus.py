@@ -6,10 +6,12 @@ Credentials come from files laid out as a mounted Secret; no secret value may ap
 
 from __future__ import annotations
 
+import base64
 import logging
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -23,6 +25,12 @@ from kvpolicy.analysis import (
     VerdictKind,
     run_check,
 )
+from kvpolicy.api.v1alpha1 import KVPolicy
+from kvpolicy.controller.kube import SECRETS as SECRETS_RESOURCE
+from kvpolicy.controller.kube import Resource
+from kvpolicy.controller.observe import LatencyAnalyser
+from kvpolicy.controller.references import ReferenceReader
+from kvpolicy.controller.state import PodView
 from kvpolicy.credentials import CredentialsSource, SecretValue, TlsSource
 from live_fleet import Fleet
 
@@ -196,3 +204,73 @@ async def test_the_scrape_provider_sends_the_api_key_to_the_pods(
         assert BODY_MARKER not in raised.value.message
     finally:
         await proxy.stop()
+
+
+class SecretsOnly:
+    """The one KubeApi verb the operator's ReferenceReader uses: get, over Secrets kept here."""
+
+    def __init__(self) -> None:
+        self.secrets: dict[str, dict[str, Any]] = {}
+
+    def put(self, name: str, **data: str) -> None:
+        encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
+        self.secrets[name] = {"metadata": {"name": name, "namespace": "llm"}, "data": encoded}
+
+    async def get(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
+        assert (resource, namespace) == (SECRETS_RESOURCE, "llm")
+        return self.secrets.get(name)
+
+
+async def test_the_operator_reads_the_credentials_from_secrets_and_picks_up_a_rotated_token(
+    proxied_prometheus: AuthProxy, pki: Pki, no_secret_logged: None
+) -> None:
+    """The operator's analyser, as it runs in a rollout: prometheusAuth's Secrets through its Kubernetes client, a
+    wrong token refused by the proxy (ProviderUnavailable/PrometheusUnauthorized), then the fixed Secret used once the
+    reader's TTL has passed, with no restart."""
+    api, now = SecretsOnly(), [0.0]
+    api.put("prometheus-reader", token=WRONG)
+    client = {"ca.crt": pki.ca_cert, "tls.crt": pki.client_cert, "tls.key": pki.client_key}
+    api.put("prometheus-client", **{key: path.read_text() for key, path in client.items()})
+    latency = {
+        "provider": "Prometheus",
+        "prometheusURL": proxied_prometheus.url,
+        "ttftMaxRatio": "1.2",
+        "itlMaxRatio": "1.2",
+        "windowSeconds": 600,
+        "minRequests": 20,
+        "prometheusAuth": {
+            "bearerTokenSecretRef": {"name": "prometheus-reader", "key": "token"},
+            "headers": [{"name": name, "value": value} for name, value in TENANT.items()],
+            "tls": {
+                "ca": {"secret": {"name": "prometheus-client", "key": "ca.crt"}},
+                "cert": {"secret": {"name": "prometheus-client", "key": "tls.crt"}},
+                "keySecret": {"name": "prometheus-client", "key": "tls.key"},
+            },
+        },
+    }
+    policy = KVPolicy.model_validate(
+        {
+            "metadata": {"name": "m-fp8", "namespace": "llm"},
+            "spec": {
+                "targetRef": {"name": "m"},
+                "model": {"servedModelName": "m", "headDim": 128, "numLayers": 32, "maxModelLen": 8192},
+                "workload": {"maxContextTokens": 8192},
+                "gates": {"latency": latency},
+            },
+        }
+    )
+    target = {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "ports": [{"containerPort": 8000}]}]}}}}
+    canary, baseline = [PodView("m-canary-0", "127.0.0.1", True)], [PodView("m-baseline-0", "127.0.0.1", True)]
+    analyser = LatencyAnalyser(references=ReferenceReader(api, ttl_seconds=30, clock=lambda: now[0]))
+    try:
+        refused = await analyser.check(policy, target, canary, baseline)
+        assert (refused.kind, refused.reason) == (VerdictKind.PROVIDER_UNAVAILABLE, "PrometheusUnauthorized")
+        assert "the credentials sent were refused" in refused.message and BODY_MARKER not in refused.message
+        api.put("prometheus-reader", token=TOKEN)  # the fixed (rotated) Secret
+        now[0] = 31
+        verdict = await analyser.check(policy, target, canary, baseline)
+        assert (verdict.kind, verdict.reason) == (VerdictKind.PASS, "WithinThresholds"), verdict.message
+        served = await analyser.served(policy, target, canary)
+        assert served.missing is None and served.configs, "vllm:cache_config_info through the proxy"
+    finally:
+        await analyser.close()
