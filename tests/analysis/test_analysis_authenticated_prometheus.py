@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from auth_proxy import BODY_MARKER, AuthProxy, Pki, basic_authorization
+from auth_proxy import BODY_MARKER, AuthProxy, Pki, basic_authorization, prometheus_auth_spec
 from kvpolicy.analysis import (
     LatencyGateConfig,
     PrometheusProvider,
@@ -238,15 +238,7 @@ async def test_the_operator_reads_the_credentials_from_secrets_and_picks_up_a_ro
         "itlMaxRatio": "1.2",
         "windowSeconds": 600,
         "minRequests": 20,
-        "prometheusAuth": {
-            "bearerTokenSecretRef": {"name": "prometheus-reader", "key": "token"},
-            "headers": [{"name": name, "value": value} for name, value in TENANT.items()],
-            "tls": {
-                "ca": {"secret": {"name": "prometheus-client", "key": "ca.crt"}},
-                "cert": {"secret": {"name": "prometheus-client", "key": "tls.crt"}},
-                "keySecret": {"name": "prometheus-client", "key": "tls.key"},
-            },
-        },
+        "prometheusAuth": prometheus_auth_spec(TENANT),
     }
     policy = KVPolicy.model_validate(
         {

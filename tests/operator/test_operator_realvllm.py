@@ -30,7 +30,7 @@ from urllib.request import Request, urlopen
 
 import pytest
 from analysis.live_fleet import PROMETHEUS, PrometheusServer
-from auth_proxy import AuthProxy, Pki
+from auth_proxy import AuthProxy, Pki, prometheus_auth_spec
 from e2e_helpers import KVP, OperatorFactory, container, event_reasons, wait_until
 from kvpolicy.controller.builders import API_KEY_ENV
 from kvpolicy_dev.devcluster import POOL_LABEL, ThreadedDevCluster
@@ -267,15 +267,7 @@ def test_rollout_with_real_vllm_runs_the_plans_arguments_and_promotes(
         "latency": {
             "provider": "Prometheus",
             "prometheusURL": loop.run(proxy.start()),
-            "prometheusAuth": {
-                "bearerTokenSecretRef": {"name": "prometheus-reader", "key": "token"},
-                "headers": [{"name": name, "value": value} for name, value in TENANT.items()],
-                "tls": {
-                    "ca": {"secret": {"name": "prometheus-client", "key": "ca.crt"}},
-                    "cert": {"secret": {"name": "prometheus-client", "key": "tls.crt"}},
-                    "keySecret": {"name": "prometheus-client", "key": "tls.key"},
-                },
-            },
+            "prometheusAuth": prometheus_auth_spec(TENANT),
         },
     }
     try:
@@ -321,7 +313,7 @@ def test_rollout_with_real_vllm_runs_the_plans_arguments_and_promotes(
         prometheus.stop()
     assert "LatencyAnalysisStarted" in event_reasons(devcluster, ns, "tiny-fp8")
     (probe,) = [job for job in jobs if job["metadata"]["name"].startswith("tiny-fp8-latency")]
-    env = {e["name"]: e for e in container(probe["spec"]["template"])["env"]}
+    env = {e["name"]: e for e in probe["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env[API_KEY_ENV]["valueFrom"] == {"secretKeyRef": {"name": "vllm-api-key", "key": "token"}}
     assert gate_logs and all(gate_logs), "the gate Jobs' logs were read"
     operator_log = runner.output + "\n".join(record.getMessage() for record in caplog.records)
