@@ -155,7 +155,7 @@ class LatencyAnalyser:
             return self.scrape
         url, auth = latency.prometheus_url, latency.prometheus_auth
         if auth is None:
-            return await self._prometheus_for(url, "", None)
+            return await self._prometheus_for(url, url, "", None)
         if self.references is None:
             raise ProviderUnavailableError(
                 AnalysisReason.CREDENTIALS_SECRET_UNREADABLE, "this operator reads no Secrets for prometheusAuth"
@@ -163,17 +163,17 @@ class LatencyAnalyser:
         namespace = str(policy.metadata.get("namespace", ""))
         resolved = await prometheus_credentials(self.references, namespace, auth)
         key = f"{namespace}/{policy.metadata.get('name', '')} {url}"
-        return await self._prometheus_for(key, resolved.digest, resolved.credentials, url)
+        return await self._prometheus_for(key, url, resolved.digest, resolved.credentials)
 
     async def _prometheus_for(
-        self, key: str, digest: str, credentials: Credentials | None, url: str | None = None
+        self, key: str, url: str, digest: str, credentials: Credentials | None
     ) -> PrometheusProvider:
         kept = self._prometheus.get(key)
         if kept is not None and kept[0] == digest:
             return kept[1]
         if kept is not None:  # rotated credentials: a new session with the new TLS context and headers
             await kept[1].close()
-        provider = PrometheusProvider(url or key, credentials=credentials)
+        provider = PrometheusProvider(url, credentials=credentials)
         self._prometheus[key] = (digest, provider)
         return provider
 
