@@ -13,6 +13,7 @@ import ipaddress
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -173,3 +174,19 @@ class AuthProxy:
 
 def basic_authorization(username: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+
+
+def prometheus_auth_spec(headers: dict[str, str]) -> dict[str, Any]:
+    """A KVPolicy's gates.latency.prometheusAuth for this proxy: the bearer token in Secret `prometheus-reader` (key
+    `token`), `headers` as plain values, and the PKI's CA and client pair in Secret `prometheus-client` (keys
+    `ca.crt`, `tls.crt`, `tls.key`, as a kubernetes.io/tls Secret names them)."""
+    client = "prometheus-client"
+    return {
+        "bearerTokenSecretRef": {"name": "prometheus-reader", "key": "token"},
+        "headers": [{"name": name, "value": value} for name, value in headers.items()],
+        "tls": {
+            "ca": {"secret": {"name": client, "key": "ca.crt"}},
+            "cert": {"secret": {"name": client, "key": "tls.crt"}},
+            "keySecret": {"name": client, "key": "tls.key"},
+        },
+    }

@@ -14,10 +14,11 @@ import base64
 import contextlib
 import os
 import ssl
+import tempfile
 from pathlib import Path
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, SecretStr, model_validator
 
 TOKEN_KEY = "token"
 USERNAME_KEY = "username"
@@ -36,19 +37,24 @@ class _Source(BaseModel):
 
 
 class SecretValue(_Source):
-    """Where one secret value is: a file (a key of a mounted Secret) or an environment variable."""
+    """Where one secret value is: a file (a key of a mounted Secret), an environment variable, or held in memory
+    (`value`, as the operator reads it from a Kubernetes Secret; `origin` names that Secret key in messages)."""
 
     file: Path | None = None
     env: str | None = None
+    value: SecretStr | None = None  # shown as '**********' by repr and str
+    origin: str = "a value given in memory"
 
     @model_validator(mode="after")
     def _one_place(self) -> Self:
-        if (self.file is None) == (self.env is None):
-            raise ValueError("a secret value comes from exactly one of a file or an environment variable")
+        if sum(place is not None for place in (self.file, self.env, self.value)) != 1:
+            raise ValueError("a secret value comes from exactly one of a file, an environment variable or a value")
         return self
 
     def describe(self) -> str:
-        return f"file {self.file}" if self.file is not None else f"environment variable {self.env}"
+        if self.file is not None:
+            return f"file {self.file}"
+        return f"environment variable {self.env}" if self.env is not None else self.origin
 
     def read(self, what: str) -> str:
         """The value, without the trailing newline secret files often end with."""
@@ -59,8 +65,10 @@ class SecretValue(_Source):
                 raise CredentialsError(f"cannot read the {what} from {self.describe()}: {error.strerror}") from None
             except UnicodeDecodeError:
                 raise CredentialsError(f"the {what} in {self.describe()} is not UTF-8 text") from None
+        elif self.env is not None:
+            value = os.environ.get(self.env, "")
         else:
-            value = os.environ.get(self.env or "", "")
+            value = self.value.get_secret_value().rstrip("\r\n") if self.value is not None else ""
         if not value:
             raise CredentialsError(f"the {what} in {self.describe()} is empty or missing")
         if any(char in value for char in "\r\n\0"):
@@ -103,6 +111,40 @@ class TlsSource(_Source):
         return context
 
 
+def tls_context_from_pem(
+    ca_pem: str | None,
+    cert_pem: str | None,
+    key_pem: SecretStr | None,
+    insecure_skip_verify: bool,
+    where: dict[str, str],
+) -> ssl.SSLContext:
+    """A TLS context from PEM text held in memory (as the operator reads it from Secrets and ConfigMaps): `ca_pem`
+    to trust (None: the system's CAs), an optional client certificate and key. `where` names each part's origin
+    ("ca", "cert", "key") for messages. The client pair goes through files in a private temporary directory, since
+    Python's ssl loads a certificate chain only from files; they are removed at once."""
+    try:
+        context = ssl.create_default_context(cadata=ca_pem) if ca_pem else ssl.create_default_context()
+    except (ssl.SSLError, ValueError):
+        raise CredentialsError(f"the CA bundle in {where.get('ca')} holds no PEM certificate") from None
+    if insecure_skip_verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if cert_pem is not None and key_pem is not None:
+        with tempfile.TemporaryDirectory(prefix="kvpolicy-tls-") as directory:  # mode 0700
+            cert_file, key_file = Path(directory) / "tls.crt", Path(directory) / "tls.key"
+            cert_file.write_text(cert_pem)
+            key_file.touch(mode=0o600)
+            key_file.write_text(key_pem.get_secret_value())
+            try:
+                context.load_cert_chain(cert_file, key_file)
+            except (ssl.SSLError, OSError):
+                raise CredentialsError(
+                    f"the client certificate in {where.get('cert')} and the key in {where.get('key')} are not a PEM "
+                    "pair that matches"
+                ) from None
+    return context
+
+
 class CredentialsSource(_Source):
     """Where an endpoint's credentials are: a bearer token (or vLLM API key), or basic auth; extra headers (not
     secret: a tenant such as X-Scope-OrgID); TLS settings."""
@@ -111,6 +153,7 @@ class CredentialsSource(_Source):
     username: SecretValue | None = None
     password: SecretValue | None = None
     headers: dict[str, str] = {}
+    secret_headers: dict[str, SecretValue] = {}  # headers whose values are secret (an API key header, say)
     tls: TlsSource = TlsSource()
 
     @model_validator(mode="after")
@@ -119,7 +162,7 @@ class CredentialsSource(_Source):
             raise ValueError("basic auth needs both a username and a password")
         if self.bearer_token is not None and self.username is not None:
             raise ValueError("give a bearer token or basic auth, not both")
-        if any(name.lower() == "authorization" for name in self.headers):
+        if any(name.lower() == "authorization" for name in (*self.headers, *self.secret_headers)):
             raise ValueError("the Authorization header comes from the bearer token or basic auth, not from headers")
         return self
 
@@ -170,6 +213,8 @@ class Credentials:
     def headers(self) -> dict[str, str]:
         """Headers for one request, the Authorization header included; CredentialsError when a secret is gone."""
         headers = dict(self.source.headers)
+        for name, secret in self.source.secret_headers.items():
+            headers[name] = secret.read(f"value of header {name}")
         if self.source.bearer_token is not None:
             headers["Authorization"] = f"Bearer {self.source.bearer_token.read('bearer token')}"
         elif self.source.username is not None and self.source.password is not None:
@@ -186,7 +231,7 @@ class Credentials:
 
     def _secret_values(self) -> list[str]:
         values = []
-        for secret in (self.source.bearer_token, self.source.password):
+        for secret in (self.source.bearer_token, self.source.password, *self.source.secret_headers.values()):
             if secret is not None:
                 with contextlib.suppress(CredentialsError):
                     values.append(secret.read("secret"))

@@ -6,14 +6,16 @@ Credentials come from files laid out as a mounted Secret; no secret value may ap
 
 from __future__ import annotations
 
+import base64
 import logging
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
-from auth_proxy import BODY_MARKER, AuthProxy, Pki, basic_authorization
+from auth_proxy import BODY_MARKER, AuthProxy, Pki, basic_authorization, prometheus_auth_spec
 from kvpolicy.analysis import (
     LatencyGateConfig,
     PrometheusProvider,
@@ -23,6 +25,14 @@ from kvpolicy.analysis import (
     VerdictKind,
     run_check,
 )
+from kvpolicy.analysis.served import CANARY_CONFIG
+from kvpolicy.api.v1alpha1 import KVPolicy
+from kvpolicy.controller.kube import SECRETS as SECRETS_RESOURCE
+from kvpolicy.controller.kube import Resource
+from kvpolicy.controller.metricchecks import LATENCY
+from kvpolicy.controller.observe import LatencyAnalyser
+from kvpolicy.controller.references import ReferenceReader
+from kvpolicy.controller.state import PodView
 from kvpolicy.credentials import CredentialsSource, SecretValue, TlsSource
 from live_fleet import Fleet
 
@@ -196,3 +206,68 @@ async def test_the_scrape_provider_sends_the_api_key_to_the_pods(
         assert BODY_MARKER not in raised.value.message
     finally:
         await proxy.stop()
+
+
+class SecretsOnly:
+    """The one KubeApi verb the operator's ReferenceReader uses: get, over Secrets kept here."""
+
+    def __init__(self) -> None:
+        self.secrets: dict[str, dict[str, Any]] = {}
+
+    def put(self, name: str, **data: str) -> None:
+        encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
+        self.secrets[name] = {"metadata": {"name": name, "namespace": "llm"}, "data": encoded}
+
+    async def get(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
+        assert (resource, namespace) == (SECRETS_RESOURCE, "llm")
+        return self.secrets.get(name)
+
+
+async def test_the_operator_reads_the_credentials_from_secrets_and_picks_up_a_rotated_token(
+    proxied_prometheus: AuthProxy, pki: Pki, no_secret_logged: None
+) -> None:
+    """The operator's analyser, as it runs in a rollout: prometheusAuth's Secrets through its Kubernetes client, a
+    wrong token refused by the proxy (ProviderUnavailable/PrometheusUnauthorized), then the fixed Secret used once the
+    reader's TTL has passed, with no restart."""
+    api, now = SecretsOnly(), [0.0]
+    api.put("prometheus-reader", token=WRONG)
+    client = {"ca.crt": pki.ca_cert, "tls.crt": pki.client_cert, "tls.key": pki.client_key}
+    api.put("prometheus-client", **{key: path.read_text() for key, path in client.items()})
+    latency = {
+        "provider": "Prometheus",
+        "prometheusURL": proxied_prometheus.url,
+        "ttftMaxRatio": "1.2",
+        "itlMaxRatio": "1.2",
+        "windowSeconds": 600,
+        "minRequests": 20,
+        "prometheusAuth": prometheus_auth_spec(TENANT),
+    }
+    policy = KVPolicy.model_validate(
+        {
+            "metadata": {"name": "m-fp8", "namespace": "llm"},
+            "spec": {
+                "targetRef": {"name": "m"},
+                "model": {"servedModelName": "m", "headDim": 128, "numLayers": 32, "maxModelLen": 8192},
+                "workload": {"maxContextTokens": 8192},
+                "gates": {"latency": latency},
+            },
+        }
+    )
+    target = {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "ports": [{"containerPort": 8000}]}]}}}}
+    canary, baseline = [PodView("m-canary-0", "127.0.0.1", True)], [PodView("m-baseline-0", "127.0.0.1", True)]
+    analyser = LatencyAnalyser(references=ReferenceReader(api, ttl_seconds=30, clock=lambda: now[0]))
+    try:
+        checks = (LATENCY, CANARY_CONFIG)
+        for refused in await analyser.evaluate(policy, target, checks, canary, baseline):
+            verdict = refused.verdict
+            assert (verdict.kind, verdict.reason) == (VerdictKind.PROVIDER_UNAVAILABLE, "PrometheusUnauthorized")
+            assert "the credentials sent were refused" in verdict.message and BODY_MARKER not in verdict.message
+        api.put("prometheus-reader", token=TOKEN)  # the fixed (rotated) Secret
+        now[0] = 31
+        (latency,) = await analyser.evaluate(policy, target, (LATENCY,), canary, baseline)
+        assert (latency.verdict.kind, latency.verdict.reason) == (VerdictKind.PASS, "WithinThresholds"), latency
+        provider = await analyser.provider(policy)
+        served = await provider.served(analyser.side(policy, target, "canary", canary))
+        assert served.missing is None and served.configs, "vllm:cache_config_info through the proxy"
+    finally:
+        await analyser.close()

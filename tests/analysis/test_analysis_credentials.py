@@ -82,8 +82,8 @@ def test_a_secret_deleted_after_opening_is_reported_on_the_next_request(tmp_path
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"bearer_token": {"file": "a", "env": "B"}}, "exactly one of a file or an environment variable"),
-        ({"bearer_token": {}}, "exactly one of a file or an environment variable"),
+        ({"bearer_token": {"file": "a", "env": "B"}}, "exactly one of a file, an environment variable or a value"),
+        ({"bearer_token": {}}, "exactly one of a file, an environment variable or a value"),
         ({"username": {"env": "U"}}, "basic auth needs both a username and a password"),
         (
             {"bearer_token": {"env": "T"}, "username": {"env": "U"}, "password": {"env": "P"}},

@@ -112,7 +112,7 @@ async def evaluate(fleet: Fleet, canary: str, *checks: dict[str, Any], template:
     analysed = policy(fleet.prometheus.url, *checks, selector_template=template)
     analyser = LatencyAnalyser()
     try:
-        provider = analyser.provider(analysed)
+        provider = await analyser.provider(analysed)
         return [await entry.evaluate(provider, analysed, sides(canary)) for entry in custom_checks(analysed)]
     finally:
         await analyser.close()
@@ -171,16 +171,20 @@ async def test_custom_checks_need_the_prometheus_provider() -> None:
     scraped = scraped.model_copy(update={"spec": scraped.spec.model_copy(update={"gates": type(scraped.spec.gates)()})})
     analyser = LatencyAnalyser()
     [entry] = custom_checks(scraped)
-    verdict = await entry.evaluate(analyser.provider(scraped), scraped, sides("m-canary-0"))
+    verdict = await entry.evaluate(await analyser.provider(scraped), scraped, sides("m-canary-0"))
     await analyser.close()
     assert (verdict.kind, verdict.reason) == (VerdictKind.PROVIDER_UNAVAILABLE, "CustomCheckNeedsPrometheus")
 
 
-def test_the_selector_template_in_the_spec_is_the_one_the_provider_uses() -> None:
-    analysed = policy("http://prometheus:9090", selector_template='kubernetes_pod_name=~"$pod_regex"')
-    provider = LatencyAnalyser().provider(analysed)
-    assert isinstance(provider, PrometheusProvider)
-    assert provider.matchers(SideSelector("canary", "llm", pods=("a0",))) == 'kubernetes_pod_name=~"a0"'
-    default = LatencyAnalyser().provider(policy("http://prometheus:9090"))
-    assert isinstance(default, PrometheusProvider)
-    assert default.matchers(SideSelector("canary", "llm", pods=("a",))) == 'namespace="llm", pod=~"a"'
+async def test_the_selector_template_in_the_spec_is_the_one_the_provider_uses() -> None:
+    analyser = LatencyAnalyser()
+    try:
+        analysed = policy("http://prometheus:9090", selector_template='kubernetes_pod_name=~"$pod_regex"')
+        provider = await analyser.provider(analysed)
+        assert isinstance(provider, PrometheusProvider)
+        assert provider.matchers(SideSelector("canary", "llm", pods=("a0",))) == 'kubernetes_pod_name=~"a0"'
+        default = await analyser.provider(policy("http://prometheus:9090"))
+        assert isinstance(default, PrometheusProvider) and default is not provider
+        assert default.matchers(SideSelector("canary", "llm", pods=("a",))) == 'namespace="llm", pod=~"a"'
+    finally:
+        await analyser.close()

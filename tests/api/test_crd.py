@@ -152,6 +152,7 @@ def _mutated(path: str, value: Any) -> dict[str, Any]:
     return spec
 
 
+TOKEN_REF = {"name": "prometheus", "key": "token"}
 # (field to set, value, text the error must contain: the field and what to fix)
 BAD_SPECS = [
     ("workload.maxContextTokens", 262144, "workload.maxContextTokens must not exceed model.maxModelLen"),
@@ -165,6 +166,18 @@ BAD_SPECS = [
     ("model.slidingWindow", {"windowTokens": 128}, "set exactly one of slidingWindow.layers"),
     ("model.slidingWindow", {"windowTokens": 128, "layers": [1, 40]}, "layer indices below model.numLayers"),
     ("model.slidingWindow", {"windowTokens": 128, "count": 64}, "slidingWindow.count must not exceed model.numLayers"),
+    (
+        "gates.latency.prometheusAuth",
+        {"bearerTokenSecretRef": TOKEN_REF, "basicAuth": {"username": TOKEN_REF, "password": TOKEN_REF}},
+        "prometheusAuth takes bearerTokenSecretRef or basicAuth, not both",
+    ),
+    ("gates.latency.prometheusAuth", {"tls": {"insecureSkipVerify": True}}, "tls needs an https:// prometheusURL"),
+    ("gates.latency.prometheusAuth.tls", {"cert": {"secret": TOKEN_REF}}, "needs both tls.cert and tls.keySecret"),
+    (
+        "gates.latency.prometheusAuth.tls",
+        {"ca": {"secret": TOKEN_REF, "configMap": TOKEN_REF}},
+        "set exactly one of secret or configMap",
+    ),
 ]
 
 # (field, value, the whole message with its values: pydantic's and the CRD's messageExpression must both say it)

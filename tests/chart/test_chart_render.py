@@ -309,6 +309,17 @@ def test_policy_secrets_grant_get_on_secrets_where_policies_are_reconciled(rende
     assert all(("", "secrets", "get") in granted(role) for role in of_kind(namespaced, "Role"))
 
 
+def test_referenced_secrets_are_read_only_when_the_value_grants_it(render: Renderer) -> None:
+    reads = {("", "secrets", "get"), ("", "configmaps", "get")}
+    assert not reads & granted(only(render(), "ClusterRole")), "off by default"
+    cluster_wide = granted(only(render("--set", "auth.readReferencedSecrets=true"), "ClusterRole"))
+    assert reads <= cluster_wide
+    assert {t for t in cluster_wide if t[1] in ("secrets", "configmaps")} == reads, "get only: no list or watch"
+    namespaced = render("--values", CUSTOM_VALUES, "--set", "auth.readReferencedSecrets=true")
+    assert not reads & granted(only(namespaced, "ClusterRole"))
+    assert all(reads <= granted(role) for role in of_kind(namespaced, "Role") if "-notifications" not in str(role))
+
+
 def test_malformed_default_receivers_are_refused_at_install(render: Renderer) -> None:
     with pytest.raises(RenderError, match=re.escape("notifications.defaults.0: urlSecretRef is required")):
         render("--set-json", 'notifications.defaults=[{"name": "ops"}]')

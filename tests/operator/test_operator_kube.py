@@ -4,9 +4,12 @@ line."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from pathlib import Path
 
 import pytest
+from kvpolicy.analysis import ProviderUnavailableError
+from kvpolicy.api.v1alpha1 import ConfigMapKeySelector, SecretKeySelector
 from kvpolicy.controller import run
 from kvpolicy.controller.handlers import DEFAULT_PROBE_IMAGE, OperatorOptions
 from kvpolicy.controller.kube import (
@@ -21,6 +24,7 @@ from kvpolicy.controller.kube import (
     KubernetesApi,
 )
 from kvpolicy.controller.login import ClusterLogin
+from kvpolicy.controller.references import ReferenceReader
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 from kvpolicy_dev.devcluster.cluster import kubeconfig_text
 from operator_helpers import policy_spec, target_deployment
@@ -149,3 +153,27 @@ def test_options_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("KVPOLICY_IDLE_SECONDS", "-1")
     with pytest.raises(ValueError, match="must be above 0"):
         OperatorOptions.from_env()
+
+
+async def test_referenced_secret_and_configmap_keys_are_read_through_the_client(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str
+) -> None:
+    """What prometheusAuth names, read as the operator does (ReferenceReader over KubernetesApi): a Secret key, a
+    ConfigMap key (the generated client's `config_map` methods), and a clear reason for one that is not there."""
+    ns = devcluster_namespace
+    token = base64.b64encode(b"token-value").decode()
+    devcluster.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "prom", "namespace": ns},
+                       "data": {"token": token}})  # fmt: skip
+    devcluster.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ca", "namespace": ns},
+                       "data": {"ca.crt": "PEM"}})  # fmt: skip
+    api = await KubernetesApi.connect(ClusterLogin.discover(devcluster.environ()))
+    try:
+        reader = ReferenceReader(api)
+        assert await reader.secret(ns, SecretKeySelector(name="prom", key="token")) == "token-value"
+        assert await reader.config_map(ns, ConfigMapKeySelector(name="ca", key="ca.crt")) == "PEM"
+        with pytest.raises(ProviderUnavailableError) as caught:
+            await reader.secret(ns, SecretKeySelector(name="gone", key="token"))
+        missing = (caught.value.reason, caught.value.message)
+        assert missing == ("CredentialsSecretMissing", f"Secret {ns}/gone not found")
+    finally:
+        await api.close()

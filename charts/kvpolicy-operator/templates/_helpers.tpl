@@ -74,9 +74,15 @@ Granted cluster-wide (ClusterRole) without watchNamespaces, or per namespace (Ro
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-{{- if .Values.notifications.policySecrets }}
+{{- if or .Values.notifications.policySecrets .Values.auth.readReferencedSecrets }}
 - apiGroups: [""]
   resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
+{{- if .Values.auth.readReferencedSecrets }}
+# gates.latency.prometheusAuth may take a CA bundle from a ConfigMap.
+- apiGroups: [""]
+  resources: ["configmaps"]
   verbs: ["get"]
 {{- end }}
 {{- end -}}

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
+from kvpolicy.api.reasons import CREDENTIAL_PROBLEMS
 from kvpolicy.api.v1alpha1 import KVPolicyStatus, OnInconclusive, VerdictKind
 
 DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.95)
@@ -33,7 +34,9 @@ class ProviderUnavailableError(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
-        self.needs_attention = needs_attention  # waiting will not help (a rejected query): someone must fix it
+        # Waiting will not help (a rejected query, a credential the spec references that cannot be used): someone must
+        # fix it, so it is said at once.
+        self.needs_attention = needs_attention or reason in CREDENTIAL_PROBLEMS
 
 
 def parse_ratio(text: str | float, field_name: str) -> float:

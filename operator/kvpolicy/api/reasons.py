@@ -175,6 +175,10 @@ class AnalysisReason(StrEnum):
     PROMETHEUS_TLS_ERROR = "PrometheusTLSError"
     PROMETHEUS_UNAUTHORIZED = "PrometheusUnauthorized"
     CREDENTIALS_UNREADABLE = "CredentialsUnreadable"
+    # prometheusAuth names a Secret (or ConfigMap) the operator cannot use: not there, without the key, not readable.
+    CREDENTIALS_SECRET_MISSING = "CredentialsSecretMissing"
+    CREDENTIALS_KEY_MISSING = "CredentialsKeyMissing"
+    CREDENTIALS_SECRET_UNREADABLE = "CredentialsSecretUnreadable"
     PROMETHEUS_TIMEOUT = "PrometheusTimeout"
     PROMETHEUS_SERVER_ERROR = "PrometheusServerError"
     QUERY_REJECTED = "QueryRejected"
@@ -218,3 +222,14 @@ ANALYSIS_ROLLBACK_REASONS = frozenset(
 DECISION_REASONS: frozenset[str] = frozenset({*DecisionReason, *BF16_CAUSES, *ANALYSIS_ROLLBACK_REASONS})
 
 ALL_REASONS: frozenset[str] = frozenset({*Reason, *DecisionReason, *PlanCode, *GateReason, *AnalysisReason})
+
+# Latency check reasons that say a credential the spec references cannot be used: worth a Warning event at once.
+CREDENTIAL_PROBLEMS = frozenset(
+    {
+        AnalysisReason.CREDENTIALS_SECRET_MISSING,
+        AnalysisReason.CREDENTIALS_KEY_MISSING,
+        AnalysisReason.CREDENTIALS_SECRET_UNREADABLE,
+        AnalysisReason.CREDENTIALS_UNREADABLE,
+        AnalysisReason.PROMETHEUS_UNAUTHORIZED,
+    }
+)

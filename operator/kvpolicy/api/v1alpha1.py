@@ -453,6 +453,16 @@ class LatencyGate(_Model):
             check=lambda m: m.provider != LatencyProvider.PROMETHEUS or m.prometheus_url is not None,
         ),
         Rule(
+            cel="!has(self.prometheusAuth) || !has(self.prometheusAuth.tls) || (has(self.prometheusURL) "
+            "&& self.prometheusURL.startsWith('https://'))",
+            message="gates.latency.prometheusAuth.tls needs an https:// prometheusURL",
+            check=lambda m: (
+                m.prometheus_auth is None
+                or m.prometheus_auth.tls is None
+                or (m.prometheus_url or "").startswith("https://")
+            ),
+        ),
+        Rule(
             cel="self.quantiles.all(q, double(q) > 0.0 && double(q) < 1.0)",
             message='gates.latency.quantiles must be numbers in (0, 1), such as "0.95"',
             check=lambda m: all(_quantile(q) for q in m.quantiles),
@@ -468,6 +478,9 @@ class LatencyGate(_Model):
     )
     prometheus_url: str | None = Field(
         default=None, alias="prometheusURL", pattern=r"^https?://", description="Prometheus base URL."
+    )
+    prometheus_auth: PrometheusAuth | None = Field(
+        default=None, description="Credentials, headers and TLS for prometheusURL, from Secrets and ConfigMaps."
     )
     ttft_max_ratio: str = decimal_string("Largest allowed canary/baseline TTFT ratio per quantile.", "1.10")
     itl_max_ratio: str = decimal_string("Largest allowed canary/baseline ITL ratio per quantile.", "1.05")
@@ -685,7 +698,130 @@ class SecretKeySelector(_Model):
     """A key of a Secret in the policy's namespace (for the operator's defaults: in the operator's namespace)."""
 
     name: str = Field(min_length=1, max_length=253, description="Name of the Secret.")
-    key: str = Field(min_length=1, max_length=253, description="Key whose value is the webhook URL.")
+    key: str = Field(min_length=1, max_length=253, description="The key in the Secret's data.")
+
+
+class ConfigMapKeySelector(_Model):
+    """A key of a ConfigMap in the policy's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the ConfigMap.")
+    key: str = Field(min_length=1, max_length=253, description="The key in the ConfigMap's data.")
+
+
+# ---------------------------------------------------------------------------------------------- authentication
+# Credentials by reference only (Kubernetes' SecretKeySelector, as the Prometheus Operator's SafeTLSConfig and
+# BasicAuth spell them): a value never appears in the spec, the status, events, Job arguments or logs.
+
+
+class VllmAuth(_Model):
+    """How the gate Jobs authenticate to the canary and baseline servers (vLLM's `--api-key` / VLLM_API_KEY)."""
+
+    api_key_secret_ref: SecretKeySelector = Field(
+        description="The Secret key holding the servers' API key, sent as `Authorization: Bearer` by the gate Jobs "
+        "(given to them as an env var from the Secret, never as an argument). vLLM 0.32 checks it on /v1/* only, "
+        "so the operator's own reads of /metrics send no key."
+    )
+
+
+class SecretOrConfigMap(_Model):
+    """A PEM bundle from a Secret key or a ConfigMap key (exactly one)."""
+
+    rules = (
+        Rule(
+            cel="has(self.secret) != has(self.configMap)",
+            message="set exactly one of secret or configMap",
+            check=lambda m: (m.secret is None) != (m.config_map is None),
+        ),
+    )
+
+    secret: SecretKeySelector | None = None
+    config_map: ConfigMapKeySelector | None = None
+
+
+class BasicAuth(_Model):
+    """HTTP basic auth from two Secret keys."""
+
+    username: SecretKeySelector = Field(description="The Secret key holding the user name.")
+    password: SecretKeySelector = Field(description="The Secret key holding the password.")
+
+
+class HeaderValueSource(_Model):
+    secret_key_ref: SecretKeySelector = Field(description="The Secret key holding the header's value.")
+
+
+HEADER_NAME_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
+
+
+class HttpHeader(_Model):
+    """An extra request header: a plain value (a tenant such as X-Scope-OrgID) or one from a Secret (exactly one)."""
+
+    rules = (
+        Rule(
+            cel="has(self.value) != has(self.valueFrom)",
+            message="a header takes exactly one of value or valueFrom",
+            check=lambda m: (m.value is None) != (m.value_from is None),
+        ),
+        Rule(
+            cel="!self.name.matches('^(?i)authorization$')",
+            message="the Authorization header comes from bearerTokenSecretRef or basicAuth, not from headers",
+            check=lambda m: m.name.lower() != "authorization",
+        ),
+    )
+
+    name: str = Field(min_length=1, max_length=256, pattern=HEADER_NAME_PATTERN, description="Header name.")
+    value: str | None = Field(default=None, max_length=4096, description="Header value (not secret).")
+    value_from: HeaderValueSource | None = Field(default=None, description="Header value from a Secret key.")
+
+
+class TlsConfig(_Model):
+    """TLS to an https endpoint: the CA bundle to trust (default: the system's) and an optional client certificate."""
+
+    rules = (
+        Rule(
+            cel="has(self.cert) == has(self.keySecret)",
+            message="a client certificate needs both tls.cert and tls.keySecret",
+            check=lambda m: (m.cert is None) == (m.key_secret is None),
+        ),
+    )
+
+    ca: SecretOrConfigMap | None = Field(default=None, description="PEM CA bundle that signed the server certificate.")
+    cert: SecretOrConfigMap | None = Field(default=None, description="PEM client certificate.")
+    key_secret: SecretKeySelector | None = Field(default=None, description="The Secret key holding the client key.")
+    insecure_skip_verify: Bool = Field(
+        default=False, description="Do not verify the server's certificate (only when asked for; never the default)."
+    )
+
+
+class PrometheusAuth(_Model):
+    """How the operator authenticates to Prometheus (thanos-querier, Mimir, an ingress with a private CA)."""
+
+    rules = (
+        Rule(
+            cel="!(has(self.bearerTokenSecretRef) && has(self.basicAuth))",
+            message="prometheusAuth takes bearerTokenSecretRef or basicAuth, not both",
+            check=lambda m: m.bearer_token_secret_ref is None or m.basic_auth is None,
+        ),
+    )
+
+    bearer_token_secret_ref: SecretKeySelector | None = Field(
+        default=None, description="The Secret key holding a bearer token (`Authorization: Bearer`)."
+    )
+    basic_auth: BasicAuth | None = Field(default=None, description="Basic auth from Secret keys.")
+    headers: list[HttpHeader] = Field(
+        default_factory=list, max_length=16, description="Extra headers on every query (e.g. X-Scope-OrgID)."
+    )
+    tls: TlsConfig | None = Field(default=None, description="TLS settings; needs an https prometheusURL.")
+
+    def secret_refs(self) -> list[SecretKeySelector]:
+        """Every Secret key this configuration reads."""
+        refs = [self.bearer_token_secret_ref] if self.bearer_token_secret_ref else []
+        if self.basic_auth is not None:
+            refs += [self.basic_auth.username, self.basic_auth.password]
+        refs += [h.value_from.secret_key_ref for h in self.headers if h.value_from is not None]
+        if self.tls is not None:
+            refs += [source.secret for source in (self.tls.ca, self.tls.cert) if source and source.secret]
+            refs += [self.tls.key_secret] if self.tls.key_secret else []
+        return refs
 
 
 class NotificationSpec(_Model):
@@ -789,6 +925,9 @@ class KVPolicySpec(_Model):
     kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec)
     images: ImagesSpec = Field(default_factory=ImagesSpec)
     gates: GatesSpec = Field(default_factory=GatesSpec)
+    vllm_auth: VllmAuth | None = Field(
+        default=None, description="The API key the canary and baseline servers want (vLLM --api-key), by reference."
+    )
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     analysis: AnalysisSpec | None = Field(
         default=None, description="The live latency analysis' series selector and custom checks."

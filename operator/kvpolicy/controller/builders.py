@@ -424,6 +424,23 @@ def image_pull_secrets(target: Mapping[str, Any]) -> list[Obj]:
 PREFLIGHT_ENV: list[Obj] = [{"name": "HOME", "value": SCRATCH_DIR}]
 
 
+# The gate tools read the servers' API key from this variable, which the gate Job sets from spec.vllmAuth's Secret:
+# the Job's spec names the Secret and the variable, never the key itself.
+API_KEY_ENV = "KVPOLICY_VLLM_API_KEY"
+
+
+def api_key_env(spec: KVPolicySpec) -> list[Obj]:
+    """The gate container's env entry for the servers' API key (none without spec.vllmAuth)."""
+    if spec.vllm_auth is None:
+        return []
+    ref = spec.vllm_auth.api_key_secret_ref
+    return [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def _api_key_args(spec: KVPolicySpec) -> list[str]:
+    return ["--api-key-env", API_KEY_ENV] if spec.vllm_auth is not None else []
+
+
 def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]:
     accuracy = spec.gates.accuracy
     return [
@@ -444,6 +461,7 @@ def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> 
         accuracy.confidence,
         "--max-samples",
         str(accuracy.max_samples),
+        *_api_key_args(spec),
     ]
 
 
@@ -476,6 +494,7 @@ def latency_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> l
         latency.ttft_max_ratio,
         "--itl-max-ratio",
         latency.itl_max_ratio,
+        *_api_key_args(spec),
     ]
 
 

@@ -29,6 +29,7 @@ from kvpolicy.controller.login import ClusterLogin
 from kvpolicy.controller.notifications import DeliverySettings, Notifier, NotifierConfig
 from kvpolicy.controller.observe import LatencyAnalyser
 from kvpolicy.controller.reconciler import Reconciler
+from kvpolicy.controller.references import ReferenceReader
 from kvpolicy.controller.state import Event, StepConfig, default_gate_resources
 
 DEFAULT_GATE_IMAGE = f"ghcr.io/kvpolicy/kvpolicy-operator:{__version__}"
@@ -183,7 +184,9 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     if fence is not None:  # leader election (supervisor.py): write only while this replica holds the Lease
         api = LeaderFencedApi(api, fence)
     notifier = Notifier(api, options.notifications.receivers(), options.notifications.settings)
-    memo["reconciler"] = Reconciler(api, options.step_config(), LatencyAnalyser(), notifier=notifier)
+    memo["reconciler"] = Reconciler(
+        api, options.step_config(), LatencyAnalyser(references=ReferenceReader(api)), notifier=notifier
+    )
 
 
 @kopf.on.cleanup(registry=registry)

@@ -124,6 +124,7 @@ def _tool_job(inputs: JobInputs, command: Callable[[KVPolicySpec, str, str], lis
         resources=inputs.config.gate_resources,
         pod_placement={},
         image_pull_secrets=b.image_pull_secrets(inputs.target),
+        env=b.api_key_env(inputs.spec),
     )
 
 

@@ -43,6 +43,11 @@ class Resource:
     group: str  # "" for the core group
     version: str
     plural: str
+    snake_kind: str = ""  # the generated methods' name for a kind whose plural is not snake_case + "s"
+
+    @property
+    def method_kind(self) -> str:
+        return self.snake_kind or self.plural.removesuffix("s")
 
 
 DEPLOYMENTS = Resource("apps", "v1", "deployments")
@@ -52,6 +57,7 @@ PODS = Resource("", "v1", "pods")
 NODES = Resource("", "v1", "nodes")
 EVENTS = Resource("", "v1", "events")
 SECRETS = Resource("", "v1", "secrets")
+CONFIG_MAPS = Resource("", "v1", "configmaps", snake_kind="config_map")
 KVPOLICIES = Resource(GROUP, VERSION, PLURAL)
 
 
@@ -245,7 +251,7 @@ class KubernetesApi:
         builtin, custom = (self._watch_builtin, self._watch_custom) if watching else (self._builtin, self._custom)
         if resource.group in builtin:
             api = builtin[resource.group]
-            kind = resource.plural.removesuffix("s")
+            kind = resource.method_kind
             if namespace is not None:
                 return getattr(api, f"{verb}_namespaced_{kind}{suffix}"), {"namespace": namespace}
             all_namespaces = f"{verb}_{kind}_for_all_namespaces"

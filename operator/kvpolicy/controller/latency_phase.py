@@ -119,7 +119,7 @@ def _live(t: Tick) -> None:
     verdict = t.obs.analysis_verdict()
     if verdict is not None:
         if verdict.needs_attention and (latency.last is None or latency.last.reason != verdict.reason):
-            # Waiting will not fix it (a query Prometheus rejects): say so once, as it appears.
+            # Waiting will not fix it (a rejected query, an unusable credential): say so once, as it appears.
             t.event("Warning", verdict.reason, verdict.message)
         state, outcome = next_analysis_state(config, analysis_state(latency), verdict, t.now)
         record_check(latency, state, verdict, t.now)

@@ -15,15 +15,19 @@ from kvpolicy.analysis import (
     SideSelector,
 )
 from kvpolicy.analysis.checks import AnyCheck, CheckVerdict, Sides
+from kvpolicy.analysis.model import ProviderUnavailableError, Verdict
+from kvpolicy.api.reasons import AnalysisReason
 from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, KVPolicy, LatencyProvider, Phase
 from kvpolicy.controller import builders as b
 from kvpolicy.controller.jobgates import PHASE_GATES
 from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, SERVICES, KubeApi, label_selector
 from kvpolicy.controller.metricchecks import check_due, checks_for, needs_baseline
 from kvpolicy.controller.ownership import governing_policy
+from kvpolicy.controller.references import ReferenceReader, prometheus_credentials
 from kvpolicy.controller.rules import rollout_hash
 from kvpolicy.controller.state import JobView, Observations, PodView
 from kvpolicy.controller.tick import REPLAN_PHASES
+from kvpolicy.credentials import Credentials
 from kvpolicy.gpu import PRESENT_LABEL, gpu_facts
 
 Obj = dict[str, Any]
@@ -136,21 +140,45 @@ def gpu_node_selector(policy: KVPolicy, target: Mapping[str, Any]) -> dict[str, 
 @dataclass
 class LatencyAnalyser:
     """Evaluates the metrics checks (metricchecks.py) of a canary against the target's own pods, through the
-    configured provider."""
+    configured provider.
+
+    Prometheus providers are kept per URL and selector template, and per policy where `prometheusAuth` gives
+    credentials: a rotated Secret (seen through `references`, within its TTL) replaces the policy's provider.
+    Credentials that cannot be read are a ProviderUnavailableError, like any provider that cannot answer."""
 
     scrape: ScrapeProvider = field(default_factory=ScrapeProvider)
-    _prometheus: dict[tuple[str, str], PrometheusProvider] = field(default_factory=dict)
+    references: ReferenceReader | None = None  # None: policies with prometheusAuth get ProviderUnavailable
+    _prometheus: dict[str, tuple[str, PrometheusProvider]] = field(default_factory=dict)
 
-    def provider(self, policy: KVPolicy) -> MetricsProvider:
+    async def provider(self, policy: KVPolicy) -> MetricsProvider:
         latency = policy.spec.gates.latency
-        if latency.provider == LatencyProvider.PROMETHEUS and latency.prometheus_url:
-            analysis = policy.spec.analysis
-            template = (analysis.selector_template if analysis else None) or DEFAULT_SELECTOR_TEMPLATE
-            key = (latency.prometheus_url, template)
-            if key not in self._prometheus:
-                self._prometheus[key] = PrometheusProvider(latency.prometheus_url, selector_template=template)
-            return self._prometheus[key]
-        return self.scrape
+        if latency.provider != LatencyProvider.PROMETHEUS or not latency.prometheus_url:
+            return self.scrape
+        analysis = policy.spec.analysis
+        template = (analysis.selector_template if analysis else None) or DEFAULT_SELECTOR_TEMPLATE
+        url, auth = latency.prometheus_url, latency.prometheus_auth
+        if auth is None:
+            return await self._prometheus_for(f"{url} {template}", url, template, "", None)
+        if self.references is None:
+            raise ProviderUnavailableError(
+                AnalysisReason.CREDENTIALS_SECRET_UNREADABLE, "this operator reads no Secrets for prometheusAuth"
+            )
+        namespace = str(policy.metadata.get("namespace", ""))
+        resolved = await prometheus_credentials(self.references, namespace, auth)
+        key = f"{namespace}/{policy.metadata.get('name', '')} {url} {template}"
+        return await self._prometheus_for(key, url, template, resolved.digest, resolved.credentials)
+
+    async def _prometheus_for(
+        self, key: str, url: str, template: str, digest: str, credentials: Credentials | None
+    ) -> PrometheusProvider:
+        kept = self._prometheus.get(key)
+        if kept is not None and kept[0] == digest:
+            return kept[1]
+        if kept is not None:  # rotated credentials: a new session with the new TLS context and headers
+            await kept[1].close()
+        provider = PrometheusProvider(url, credentials=credentials, selector_template=template)
+        self._prometheus[key] = (digest, provider)
+        return provider
 
     @staticmethod
     def side(policy: KVPolicy, target: Mapping[str, Any], role: str, pods: Sequence[PodView]) -> SideSelector:
@@ -173,13 +201,17 @@ class LatencyAnalyser:
         baseline: Sequence[PodView],
     ) -> tuple[CheckVerdict, ...]:
         """Each check's verdict, in order; an unavailable provider is a verdict, never an exception."""
-        provider = self.provider(policy)
+        try:
+            provider = await self.provider(policy)
+        except ProviderUnavailableError as error:
+            unavailable = Verdict.provider_unavailable(error)
+            return tuple(CheckVerdict(check, unavailable) for check in checks)
         sides = Sides(self.side(policy, target, "canary", canary), self.side(policy, target, "baseline", baseline))
         return tuple([CheckVerdict(check, await check.evaluate(provider, policy, sides)) for check in checks])
 
     async def close(self) -> None:
         await self.scrape.close()
-        for provider in self._prometheus.values():
+        for _, provider in self._prometheus.values():
             await provider.close()
 
 

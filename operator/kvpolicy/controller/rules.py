@@ -26,7 +26,9 @@ from kvpolicy.controller.state import parse_timestamp
 # is gated: changing them must not restart the analysis (nor must notifications). A field added with a default must be
 # listed here too, or every stored policy would restart when the operator is upgraded.
 CONTROL_FIELDS = ("paused", "abort", "approval", "approved", "approvedRollout", "retryRollout", "applyMode", "onDrift")
-OUTSIDE_THE_ROLLOUT = ("notifications",)
+# Credentials by reference say how to reach the servers and Prometheus, not what is rolled out: fixing a wrong Secret
+# name lets a waiting rollout go on instead of restarting it.
+OUTSIDE_THE_ROLLOUT = ("notifications", "vllmAuth")
 
 
 def rollout_hash(spec: KVPolicySpec) -> str:
@@ -37,6 +39,7 @@ def rollout_hash(spec: KVPolicySpec) -> str:
         rollout.pop(name, None)
     for name in OUTSIDE_THE_ROLLOUT:
         data.pop(name, None)
+    data.get("gates", {}).get("latency", {}).pop("prometheusAuth", None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -174,7 +174,13 @@ def _verify(t: Tick, verification: Verification, verdict: Verdict) -> bool:
         rollback(t, reason, message)
         return False
     waiting = f"{verification.waiting}: {verdict.message}"
-    t.condition(condition, ConditionStatus.UNKNOWN, verification.waiting_reason, waiting)
+    # What waiting will not fix (a credential the spec references that cannot be used) says so by its own reason,
+    # with one Warning event when it appears.
+    waiting_reason = verdict.reason if verdict.needs_attention else verification.waiting_reason
+    before = t.condition_reason(condition)
+    t.condition(condition, ConditionStatus.UNKNOWN, waiting_reason, waiting)
+    if verdict.needs_attention and before != waiting_reason:
+        t.event("Warning", waiting_reason, waiting)
     return False
 
 
