@@ -140,8 +140,9 @@ def test_the_latency_gate_passes_with_the_key_from_a_variable(real_vllm: RealVll
     code, result, stderr = gate(
         *("latency", "--canary", real_vllm.url, "--baseline", real_vllm.url + "/v1", "--model", SERVED),
         *("--lengths", "128", "256", "512", "--requests-per-length", "3", "--output-tokens", "6"),
-        # Both sides are one server on a shared two-core machine: generous limits, so only an error could fail it.
-        *("--ttft-max-ratio", "4", "--itl-max-ratio", "4", "--api-key-env", "THE_KEY"),
+        # Both sides are one server on a shared two-core machine, where a stall of one side's few requests was seen to
+        # make an ITL ratio of 6.6: limits no noise reaches, so only an error could fail it.
+        *("--ttft-max-ratio", "50", "--itl-max-ratio", "50", "--api-key-env", "THE_KEY"),
         env={"THE_KEY": API_KEY},
     )
     assert (code, result["verdict"]) == (0, "Pass"), (result["message"], result["atWorkloadLengths"])
