@@ -5,8 +5,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from gate_fakes import MODEL, run_gate
+from kvpolicy.gates.client import StreamTiming, VllmClient
 from kvpolicy.gates.latency import (
     LEAD_TOKENS,
     Fit,
@@ -92,6 +94,19 @@ async def test_lengths_past_max_model_len_are_inconclusive(timed_simulators: dic
     )
     result = await run_latency_probe(options)
     assert (result["verdict"], result["reason"]) == ("Inconclusive", "LengthExceedsMaxModelLen")
+
+
+def test_the_itl_counts_tokens_not_chunks_when_several_come_together() -> None:
+    # A token every 10 ms after a 100 ms first one; the client fell behind once and vLLM sent tokens 3-5 together.
+    timing = StreamTiming(arrivals_s=(0.10, 0.11, 0.14, 0.15), tokens_so_far=(1, 2, 5, 6))
+    assert timing.ttft_s == 0.10
+    assert timing.itl_s == pytest.approx(0.01), "by chunk index it would be 0.018"
+
+
+async def test_the_probe_asks_for_and_reads_continuous_usage(timed_simulators: dict[str, str]) -> None:
+    async with aiohttp.ClientSession() as session:
+        timing = await VllmClient(session, timed_simulators["bf16"], MODEL, timeout_s=30).stream_timing("hi " * 9, 8)
+    assert timing.tokens_so_far == tuple(range(1, 9)) and len(timing.arrivals_s) == 8
 
 
 def test_fewer_than_three_lengths_is_a_usage_error() -> None:

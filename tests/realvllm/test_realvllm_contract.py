@@ -109,16 +109,23 @@ async def test_completions_have_the_same_fields_streamed_or_not(
     for reply in whole:
         assert reply.body["usage"]["prompt_tokens"] == 40 and reply.body["usage"]["completion_tokens"] == 6
         assert reply.body["choices"][0]["finish_reason"] == "length"
-    streamed = [
-        await stream(session, base, {**request, "stream_options": {"include_usage": True}}) for base in (real, sim)
-    ]
-    for payloads in streamed:
-        # One chunk per token (each with text: the latency gate times the chunks that carry text), a usage chunk, DONE.
-        assert len(payloads) == 6 + 2 and payloads[-1] == "[DONE]"
-        assert all(chunk["choices"][0]["text"] for chunk in payloads[:6])
-        assert payloads[-2]["choices"] == [] and payloads[-2]["usage"]["completion_tokens"] == 6
-    real_chunks, sim_chunks = streamed
-    assert [shape(chunk) for chunk in real_chunks[:-1]] == [shape(chunk) for chunk in sim_chunks[:-1]]
+    for options in ({"include_usage": True}, {"include_usage": True, "continuous_usage_stats": True}):
+        streamed = [await stream(session, base, {**request, "stream_options": options}) for base in (real, sim)]
+        for payloads, reply in zip(streamed, whole, strict=True):
+            # Chunks with text (up to one per token: vLLM sends the tokens made before the client read the last chunk
+            # together), a usage chunk, DONE. The latency gate times the chunks by their continuous usage.
+            chunks, usage, done = payloads[:-2], payloads[-2], payloads[-1]
+            assert 1 <= len(chunks) <= 6 and done == "[DONE]", payloads
+            # Greedy: the same text as the whole completion from that server.
+            assert "".join(chunk["choices"][0]["text"] for chunk in chunks) == reply.body["choices"][0]["text"]
+            assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 6
+            counts = [chunk["usage"]["completion_tokens"] for chunk in chunks if "usage" in chunk]
+            if options.get("continuous_usage_stats"):
+                assert len(counts) == len(chunks) and counts == sorted(set(counts)) and counts[-1] == 6, counts
+            else:
+                assert counts == []
+        real_chunks, sim_chunks = streamed
+        assert shape(real_chunks[0]) == shape(sim_chunks[0]) and shape(real_chunks[-2]) == shape(sim_chunks[-2])
 
 
 @pytest.mark.parametrize(

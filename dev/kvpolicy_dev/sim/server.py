@@ -231,6 +231,7 @@ class CompletionRequest:
     max_tokens: int
     stream: bool
     include_usage: bool
+    continuous_usage: bool  # stream_options.continuous_usage_stats: usage in every chunk (with include_usage)
     ignore_eos: bool
 
 
@@ -395,6 +396,9 @@ class Simulator:
             max_tokens=max_tokens,
             stream=bool(body.get("stream", False)),
             include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+            continuous_usage=bool(
+                isinstance(options, dict) and options.get("include_usage") and options.get("continuous_usage_stats")
+            ),
             ignore_eos=bool(body.get("ignore_eos", False)),
         )
 
@@ -484,6 +488,8 @@ class Simulator:
                 "created": created,
                 "model": self.config.served_model_name,
             }
+            if completion.continuous_usage:
+                chunk["usage"] = _usage(completion, generation, generated=index + 1)
             await response.write(_sse({**chunk, "choices": [choice]}))
         if completion.include_usage:
             usage_chunk = {"id": request_id, "object": "text_completion", "created": created}
@@ -555,8 +561,9 @@ class Simulator:
         m.success.labels(**labels, finished_reason=generation.finish_reason).inc()
 
 
-def _usage(completion: CompletionRequest, generation: Generation) -> dict[str, int]:
-    generated = len(generation.tokens)
+def _usage(completion: CompletionRequest, generation: Generation, generated: int | None = None) -> dict[str, int]:
+    """Token counts of a request: of the whole generation, or of its first `generated` tokens (continuous usage)."""
+    generated = len(generation.tokens) if generated is None else generated
     return {
         "prompt_tokens": completion.prompt_tokens,
         "completion_tokens": generated,

@@ -84,9 +84,13 @@ def base_url(text: str, flag: str) -> str:
 
 @dataclass(frozen=True)
 class StreamTiming:
-    """Client-side arrival times of one streamed completion's tokens, in seconds from sending the request."""
+    """Client-side arrival times of one streamed completion's chunks, in seconds from sending the request, and how
+    many tokens had been generated when each arrived. vLLM sends a chunk per token only while the client keeps up:
+    tokens generated before the last chunk was picked up are sent together (seen on a loaded 2-core machine), so a
+    chunk's index is not its token's."""
 
     arrivals_s: tuple[float, ...]
+    tokens_so_far: tuple[int, ...]
 
     @property
     def ttft_s(self) -> float:
@@ -94,12 +98,18 @@ class StreamTiming:
 
     @property
     def itl_s(self) -> float:
-        """Mean gap between tokens as the Theil-Sen slope of arrival time against token index (the median of all
+        """Mean gap between tokens as the Theil-Sen slope of arrival time against token count (the median of all
         pairwise slopes). A stalled client or server delays a run of chunks and then catches up in a burst; those
         late points bend a least-squares line or last - first, but not a median."""
-        times = np.asarray(self.arrivals_s)
+        times, counts = np.asarray(self.arrivals_s), np.asarray(self.tokens_so_far)
         first, second = np.triu_indices(len(times), k=1)
-        return float(np.median((times[second] - times[first]) / (second - first)))
+        return float(np.median((times[second] - times[first]) / (counts[second] - counts[first])))
+
+
+def _completion_tokens(usage: object, previous: int) -> int:
+    """Tokens generated so far by a chunk's continuous usage; one more than before from a server that sends none."""
+    count = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return count if isinstance(count, int) and count > previous else previous + 1
 
 
 def open_session(credentials: Credentials | None) -> aiohttp.ClientSession:
@@ -257,6 +267,8 @@ class VllmClient:
             "temperature": 0.0,
             "ignore_eos": True,
             "stream": True,
+            # vLLM's per-chunk usage: how many tokens a chunk completes, when several were sent together.
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
 
         # Serialised once, outside the timed span: a long prompt's JSON would otherwise count as prefill.
@@ -264,6 +276,7 @@ class VllmClient:
 
         async def attempt() -> StreamTiming:
             arrivals: list[float] = []
+            tokens_so_far: list[int] = []
             done = False
             headers = self._headers()
             start = time.perf_counter()
@@ -281,17 +294,20 @@ class VllmClient:
                         done = True
                         break
                     try:
-                        choices = json.loads(payload)["choices"]
+                        chunk = json.loads(payload)
+                        choices = chunk["choices"]
                         if choices and not isinstance(choices[0]["text"], str):
                             raise TypeError("text is not a string")
                     except (json.JSONDecodeError, KeyError, IndexError, TypeError) as error:
                         raise _Transient("malformed stream chunk") from error
-                    # vLLM sends a chunk per generated token, with empty text while a token ends inside a character
-                    # (byte-level BPE); a chunk without choices carries only the usage.
+                    # A chunk with choices carries new tokens (with empty text while a token ends inside a character,
+                    # byte-level BPE); one without choices carries only the final usage.
                     if choices:
+                        previous = tokens_so_far[-1] if tokens_so_far else 0
+                        tokens_so_far.append(_completion_tokens(chunk.get("usage"), previous))
                         arrivals.append(time.perf_counter() - start)
             if not done or len(arrivals) < 2:
-                raise _Transient("the stream ended without [DONE] or with fewer than two tokens")
-            return StreamTiming(tuple(arrivals))
+                raise _Transient("the stream ended without [DONE] or with fewer than two chunks of tokens")
+            return StreamTiming(tuple(arrivals), tuple(tokens_so_far))
 
         return await self._with_retries("streaming POST /v1/completions", attempt)
