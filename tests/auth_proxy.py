@@ -60,6 +60,9 @@ def _certificate(
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
+        # Key identifiers: the kubernetes client's in-cluster login verifies the chain strictly and wants them.
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False)
     )
     if issuer is None:
         builder = builder.add_extension(

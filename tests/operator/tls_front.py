@@ -1,4 +1,4 @@
-"""HTTPS on loopback in front of the dev cluster's HTTP API server, with a throwaway CA.
+"""HTTPS on loopback in front of the dev cluster's HTTP API server, with a throwaway CA (auth_proxy.Pki).
 
 The in-cluster configuration is https only and verifies the server against the service account's ca.crt, as in a
 pod; this front gives the dev cluster exactly that, so the service-account login runs unmodified in tests.
@@ -8,65 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
-import ipaddress
 import ssl
 import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
-
-def _certificate(
-    subject: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: x509.Certificate | None,
-    issuer_key: ec.EllipticCurvePrivateKey,
-) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(issuer.subject if issuer else name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False)
-    )
-    if issuer is None:
-        builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        usage = x509.KeyUsage(False, False, False, False, False, True, True, False, False)
-    else:
-        builder = builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
-        )
-        builder = builder.add_extension(x509.ExtendedKeyUsage([x509.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        usage = x509.KeyUsage(True, False, False, False, False, False, False, False, False)
-    return builder.add_extension(usage, critical=True).sign(issuer_key, hashes.SHA256())
-
-
-def write_certificates(directory: Path) -> tuple[Path, Path, Path]:
-    """A CA, and a server certificate for 127.0.0.1 it signed: (ca.crt, server.crt, server.key)."""
-    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca = _certificate("kvpolicy-test-ca", ca_key, None, ca_key)
-    server = _certificate("127.0.0.1", server_key, ca, ca_key)
-    paths = directory / "ca.crt", directory / "server.crt", directory / "server.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    key = server_key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    paths[2].write_bytes(key)
-    return paths
+from auth_proxy import Pki
 
 
 class TlsFront:
@@ -75,9 +23,10 @@ class TlsFront:
 
     def __init__(self, upstream_port: int, workdir: Path) -> None:
         self.upstream_port = upstream_port
-        self.ca_path, certificate, key = write_certificates(workdir)
+        pki = Pki.create(workdir)
+        self.ca_path = pki.ca_cert
         self._context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self._context.load_cert_chain(certificate, key)
+        self._context.load_cert_chain(pki.server_cert, pki.server_key)
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tls-front", daemon=True)
