@@ -220,7 +220,9 @@ def plan(spec: KVPolicySpec, gpu: GpuFacts) -> Plan:
     if skip:
         args += ["--kv-cache-dtype-skip-layers", *skip]
     args += ["--attention-backend", backend]
-    image = spec.images.fp8_patched if gpu.generation in TRUNCATING_ACCUMULATORS else spec.images.baseline
+    # Only a truncating GPU needs another image; elsewhere the canary runs the target's own image, whatever it is
+    # now (a hand-made hotfix included), so the gates compare the KV cache alone and promotion changes nothing else.
+    image = spec.images.fp8_patched if gpu.generation in TRUNCATING_ACCUMULATORS else None
 
     gates = []
     if spec.gates.gpu_preflight.enabled and gpu.generation in TRUNCATING_ACCUMULATORS:

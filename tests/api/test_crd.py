@@ -160,7 +160,7 @@ BAD_SPECS = [
     ("gates.accuracy.minRecovery", "1.5", "minRecovery must be a number in (0, 1]"),
     ("gates.accuracy.minRecovery", "0", "minRecovery must be a number in (0, 1]"),
     ("gates.accuracy.lengthTokens", 262144, "lengthTokens must not exceed model.maxModelLen"),
-    ("gates.latency.ttftMaxRatio", "0.0", "ttftMaxRatio and itlMaxRatio must be numbers > 0"),
+    ("gates.latency.ttftMaxRatio", "0.0", "ttftMaxRatio and itlMaxRatio must be numbers in (0, 100]"),
     ("gates.latency.quantiles", ["0.5", "1.0"], "quantiles must be numbers in (0, 1)"),
     ("kvCache.scales", "Calibrated", "scalesSource is required when kvCache.scales is Calibrated"),
     ("model.slidingWindow", {"windowTokens": 128}, "set exactly one of slidingWindow.layers"),
@@ -210,7 +210,7 @@ VALUED_MESSAGES = [
     (
         "gates.latency",
         {"ttftMaxRatio": "1.10", "itlMaxRatio": "0"},
-        'gates.latency.ttftMaxRatio and itlMaxRatio must be numbers > 0, such as "1.10" (got "1.10" and "0")',
+        'gates.latency.ttftMaxRatio and itlMaxRatio must be numbers in (0, 100], such as "1.10" (got "1.10" and "0")',
     ),
     (
         "gates.latency.quantiles",
@@ -272,7 +272,7 @@ STRICT_TYPES = [
     ("model.headDim", "128", "model.headDim: Input should be a valid integer"),
     ("rollout.paused", "true", "rollout.paused: Input should be a valid boolean"),
     ("model.numLayers", 32.0, "model.numLayers: Input should be a valid integer"),
-    ("workload.maxContextTokens", 2**64, "does not fit in a 64-bit integer"),
+    ("workload.maxContextTokens", 2**64, "less than or equal to 16777216"),
     ("gates.accuracy.minRecovery", 0.95, "gates.accuracy.minRecovery: Input should be a valid string"),
     ("model.slidingWindow", {"windowTokens": 128, "layers": [0, "1"]}, "model.slidingWindow.layers.1: Input should be"),
 ]

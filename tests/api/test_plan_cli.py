@@ -172,7 +172,7 @@ def manifest(**changes: Any) -> dict[str, Any]:
             "apiVersion: apiVersion must be kvpolicy.dev/v1alpha1 (got 'kvpolicy.dev/v1')",
         ),
         ({"spec.model.headDim": "128"}, "spec.model.headDim: Input should be a valid integer (got '128')"),
-        ({"spec.workload.maxContextTokens": 2**63}, "9223372036854775808 does not fit in a 64-bit integer"),
+        ({"spec.workload.maxContextTokens": 2**63}, "less than or equal to 16777216 (got 9223372036854775808)"),
         ({"spec.rollout.paused": "yes"}, "spec.rollout.paused: Input should be a valid boolean (got 'yes')"),
         ({"metadata.name": "Llama_3.1"}, "metadata: name 'Llama_3.1' is not a valid DNS-1123 subdomain"),
         ({"metadata.name": "x" * 254}, "is not a valid DNS-1123 subdomain"),

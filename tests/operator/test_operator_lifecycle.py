@@ -20,6 +20,7 @@ from operator_helpers import (
     TARGET_IMAGE,
     Driver,
     World,
+    gpu,
     make_policy,
     run_to_canary,
     target_deployment,
@@ -225,6 +226,25 @@ def test_a_target_edited_mid_rollout_restarts_the_analysis_and_promotes_the_edit
         driver.world.canary_up()
     assert driver.phase == "Promoted", driver.policy.status.message
     assert vllm(driver.world.target)["args"] == [*hotfix, *FP8_FLAGS]
+
+
+def test_on_blackwell_a_hand_edited_image_is_gated_and_kept_at_promotion() -> None:
+    """The examples pin images.baseline; on a GPU that needs no patched image the canary must still run the target's
+    image as it is, so a hotfix made mid-rollout is what is gated and what stays after promotion."""
+    driver = Driver(make_policy(**QUICK, **{"images.baseline": TARGET_IMAGE}), World(gpu=gpu("B200")))
+    run_to_canary(driver)
+    assert driver.world.target is not None
+    hotfix = "vllm/vllm-openai:v0.13.0-hotfix"
+    vllm(driver.world.target)["image"] = hotfix
+    driver.tick()
+    assert "TargetChanged" in driver.reasons()
+    restarted = driver.world.deployments["llama-fp8-canary-g1r2"]
+    assert vllm(restarted)["image"] == hotfix, "the canary runs what the target runs"
+    for _ in range(6):
+        driver.world.canary_up()
+        driver.tick()
+    assert driver.phase == "Promoted", driver.policy.status.message
+    assert vllm(driver.world.target)["image"] == hotfix
 
 
 def test_a_target_edited_between_the_gates_and_the_patch_is_not_overwritten() -> None:

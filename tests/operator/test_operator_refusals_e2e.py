@@ -3,7 +3,11 @@ another policy governs, an invalid stored policy (which must still be deletable)
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from e2e_helpers import (
     KVP,
@@ -17,6 +21,7 @@ from e2e_helpers import (
     wait_until,
 )
 from kvpolicy import metrics
+from kvpolicy.api import crd
 from kvpolicy.controller import builders as b
 from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
 
@@ -27,6 +32,27 @@ def _ready(cluster: ThreadedDevCluster, namespace: str, name: str) -> Obj | None
     found = cluster.find(*KVP, name, namespace) or {}
     conditions = (found.get("status") or {}).get("conditions") or []
     return next((c for c in conditions if c["type"] == "Ready"), None)
+
+
+@contextlib.contextmanager
+def _schema_without_rules(cluster: ThreadedDevCluster) -> Iterator[None]:
+    """The KVPolicy CRD of an older release, without CEL rules: what it admitted stays stored once the current CRD
+    is back (an API server does not validate stored objects again)."""
+    current = crd.crd_object()
+    older = copy.deepcopy(current)
+
+    def drop_rules(node: Any) -> None:
+        if isinstance(node, dict):
+            node.pop("x-kubernetes-validations", None)
+        for value in node.values() if isinstance(node, dict) else node if isinstance(node, list) else ():
+            drop_rules(value)
+
+    drop_rules(older["spec"]["versions"])
+    cluster.apply(older)
+    try:
+        yield
+    finally:
+        cluster.apply(current)
 
 
 def _errors(kind: str) -> float:
@@ -94,7 +120,8 @@ def test_an_invalid_stored_policy_is_said_once_counted_and_can_be_deleted(
         start_and_reach_the_gate(devcluster, ns)
         assert _children(devcluster, ns, "llama-fp8")
         # As after an upgrade that tightened the schema: the stored object no longer validates.
-        devcluster.patch(*KVP, "llama-fp8", {"spec": {"gates": {"accuracy": {"minRecovery": "1.5"}}}}, ns)
+        with _schema_without_rules(devcluster):
+            devcluster.patch(*KVP, "llama-fp8", {"spec": {"gates": {"accuracy": {"minRecovery": "1.5"}}}}, ns)
         wait_until(lambda: (_ready(devcluster, ns, "llama-fp8") or {}).get("reason") == "InvalidSpec", "InvalidSpec")
         ready = _ready(devcluster, ns, "llama-fp8")
         assert ready is not None and "spec.gates.accuracy: gates.accuracy.minRecovery must be" in ready["message"]
@@ -105,3 +132,26 @@ def test_an_invalid_stored_policy_is_said_once_counted_and_can_be_deleted(
         devcluster.delete(*KVP, "llama-fp8", ns)
         devcluster.wait_deleted(*KVP, "llama-fp8", ns, give_up_after=30)
     assert _children(devcluster, ns, "llama-fp8") == []
+
+
+def test_a_policy_near_the_annotation_limit_is_handled_and_deleted(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory
+) -> None:
+    """kopf keeps its last-handled configuration in an annotation: a full copy of a 200 KiB annotation would pass the
+    API server's 256 KiB limit, and every later patch (the finalizer's removal too) would be refused."""
+    ns = devcluster_namespace
+    devcluster.create(target(ns))
+    large = policy(ns)
+    large["metadata"]["annotations"] = {"example.com/runbook": "x" * 200 * 1024}
+    with operator() as runner:
+        devcluster.create(large)
+
+        def handled() -> bool:
+            annotations = devcluster.get(*KVP, "llama-fp8", ns)["metadata"].get("annotations") or {}
+            return "kvpolicy.dev/last-handled-configuration" in annotations
+
+        wait_until(handled, "kopf's last-handled configuration stored")
+        wait_until(lambda: (devcluster.get(*KVP, "llama-fp8", ns).get("status") or {}).get("phase"), "a phase")
+        devcluster.delete(*KVP, "llama-fp8", ns)
+        devcluster.wait_deleted(*KVP, "llama-fp8", ns, give_up_after=30)
+    assert "Traceback" not in runner.output

@@ -28,6 +28,8 @@ class ResourceType:
     # The preferred (storage) version of the group: the one discovery names first.
     preferred: bool = True
     extra_subresources: tuple[str, ...] = field(default=())
+    # A CRD version's openAPIV3Schema: objects are defaulted and validated against it, as kube-apiserver does.
+    schema: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -132,6 +134,7 @@ def types_from_crd(crd: Mapping[str, Any]) -> list[ResourceType]:
             )
             or (AGE_COLUMN,),
             preferred=version["name"] == storage,
+            schema=(version.get("schema") or {}).get("openAPIV3Schema"),
         )
         for version in served
     ]

@@ -18,7 +18,7 @@ from typing import Any
 
 import jsonpatch
 
-from kvpolicy_dev.devcluster import podsecurity
+from kvpolicy_dev.devcluster import openapi, podsecurity
 from kvpolicy_dev.devcluster.resources import (
     BUILTIN_TYPES,
     CRD_GROUP,
@@ -28,7 +28,7 @@ from kvpolicy_dev.devcluster.resources import (
     types_from_crd,
 )
 from kvpolicy_dev.devcluster.selectors import Selector
-from kvpolicy_dev.devcluster.validation import generated_name_base, validate
+from kvpolicy_dev.devcluster.validation import FieldError, generated_name_base, validate
 
 Obj = dict[str, Any]
 ObjectKey = tuple[str, str]  # (namespace or "", name)
@@ -80,9 +80,18 @@ def conflict(rt: ResourceType, name: str) -> ApiError:
     return ApiError(409, "Conflict", message, {"name": name, "group": rt.group, "kind": rt.plural})
 
 
-def invalid(rt: ResourceType, obj: Mapping[str, Any], creating: bool) -> ApiError | None:
-    """422 Invalid, as kube-apiserver words it, for a name or labels it would refuse; None when they are valid."""
-    errors = validate(rt.kind, obj, creating)
+def invalid(rt: ResourceType, obj: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> ApiError | None:
+    """422 Invalid, as kube-apiserver words it, for a name, labels, or (custom resources) a schema or CEL rule it would
+    refuse; None when the object is valid. An update (`old` given) ratchets like kube-apiserver since 1.30: a value
+    left as it was is not refused for rules it broke already (an object stored before a stricter CRD stays
+    writable, and deletable)."""
+    errors = validate(rt.kind, obj, creating=old is None)
+    if rt.schema is not None:
+        body = {key: value for key, value in obj.items() if key not in ("apiVersion", "kind", "metadata")}
+        found = openapi.schema_errors(body, _without_metadata(rt.schema), "")
+        errors += [e for e in found if old is None or openapi.value_at(obj, e.field) != openapi.value_at(old, e.field)]
+    if rt.key == (CRD_GROUP, CRD_PLURAL):
+        errors += _crd_default_errors(obj)
     if not errors:
         return None
     name = str((obj.get("metadata") or {}).get("name") or "")
@@ -90,6 +99,30 @@ def invalid(rt: ResourceType, obj: Mapping[str, Any], creating: bool) -> ApiErro
     listed = str(errors[0]) if len(errors) == 1 else f"[{', '.join(map(str, errors))}]"
     details = {"name": name, "group": rt.group, "kind": rt.kind, "causes": [error.cause() for error in errors]}
     return ApiError(422, "Invalid", f'{qualified} "{name}" is invalid: {listed}', details)
+
+
+def _without_metadata(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The schema minus the fields the API server owns (validated by `validate`, whatever the CRD says of them)."""
+    properties = {
+        k: v for k, v in (schema.get("properties") or {}).items() if k not in ("apiVersion", "kind", "metadata")
+    }
+    return {**schema, "properties": properties}
+
+
+def _crd_default_errors(crd: Mapping[str, Any]) -> list[FieldError]:
+    errors: list[FieldError] = []
+    for index, version in enumerate((crd.get("spec") or {}).get("versions") or ()):
+        schema = ((version or {}).get("schema") or {}).get("openAPIV3Schema")
+        if isinstance(schema, Mapping):
+            errors += openapi.default_errors(schema, f"spec.versions[{index}].schema.openAPIV3Schema")
+    return errors
+
+
+def defaulted(rt: ResourceType, obj: Obj) -> Obj:
+    """The object with its CRD's structural defaults applied, as kube-apiserver does before validating it."""
+    if rt.schema is None:
+        return obj
+    return dict(openapi.apply_defaults(obj, _without_metadata(rt.schema)))
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -265,7 +298,11 @@ class Store:
                 raise ApiError(422, "Invalid", f"{rt.kind}: metadata.name or metadata.generateName is required")
             metadata["name"] = generated_name_base(metadata["generateName"]) + secrets.token_hex(3)[:5]
         name = metadata["name"]
-        refused = invalid(rt, obj, creating=True)
+        if rt.has_status:
+            obj.pop("status", None)  # status is set via the status subresource only
+        obj = defaulted(rt, obj)
+        metadata = obj["metadata"]
+        refused = invalid(rt, obj)
         if refused is not None:
             raise refused
         if rt.namespaced:
@@ -285,8 +322,6 @@ class Store:
         metadata.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=now_timestamp())
         for transient in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
             metadata.pop(transient, None)
-        if rt.has_status:
-            obj.pop("status", None)  # status is set via the status subresource only
         if rt.key == (CRD_GROUP, CRD_PLURAL):
             obj = self._accept_crd(obj)
         if rt.key == ("", "namespaces"):
@@ -411,6 +446,10 @@ class Store:
                 result["status"] = new["status"]
             else:
                 result.pop("status", None)
+            result = defaulted(rt, result)
+            refused = invalid(rt, result, old)
+            if refused is not None:
+                raise refused
         else:
             result = new
             metadata = result["metadata"]
@@ -425,7 +464,9 @@ class Store:
                     result["status"] = old["status"]
                 else:
                     result.pop("status", None)
-            refused = invalid(rt, result, creating=False)
+            result = defaulted(rt, result)
+            metadata = result["metadata"]
+            refused = invalid(rt, result, old)
             if refused is not None:
                 raise refused
             if _spec_part(result) != _spec_part(old):

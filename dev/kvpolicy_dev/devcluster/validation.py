@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 DNS1123_LABEL_MAX = 63
 DNS1123_SUBDOMAIN_MAX = 253
 LABEL_VALUE_MAX = 63
 QUALIFIED_NAME_MAX = 63
+# apimachinery's ValidateAnnotations: keys and values of one object's annotations together.
+TOTAL_ANNOTATION_SIZE_LIMIT_BYTES = 256 * 1024
 # names.SimpleNameGenerator: generateName is cut to 58 characters before 5 random ones are appended.
 GENERATED_NAME_BASE_MAX = 58
 
@@ -97,17 +99,29 @@ def generated_name_base(generate_name: str) -> str:
 
 
 class FieldError:
-    """One `field.Error` of type FieldValueInvalid: `<field>: Invalid value: "<value>": <detail>`."""
+    """One `field.Error`, worded like kube-apiserver: `<field>: Invalid value: "<value>": <detail>`, or
+    `<field>: Required value`, or `<field>: Unsupported value: "<value>": <detail>`."""
 
-    def __init__(self, field: str, value: str, detail: str) -> None:
-        self.field, self.value, self.detail = field, value, detail
+    HEADINGS: ClassVar[dict[str, str]] = {
+        "FieldValueInvalid": "Invalid value",
+        "FieldValueNotSupported": "Unsupported value",
+    }
+
+    def __init__(self, field: str, value: str, detail: str, reason: str = "FieldValueInvalid") -> None:
+        self.field, self.value, self.detail, self.reason = field, value, detail, reason
+
+    def _described(self) -> str:
+        if self.reason == "FieldValueRequired":
+            return "Required value"
+        if self.reason == "FieldValueTooLong":
+            return f"Too long: must have at most {TOTAL_ANNOTATION_SIZE_LIMIT_BYTES} bytes"
+        return f'{self.HEADINGS[self.reason]}: "{self.value}": {self.detail}'
 
     def __str__(self) -> str:
-        return f'{self.field}: Invalid value: "{self.value}": {self.detail}'
+        return f"{self.field}: {self._described()}"
 
     def cause(self) -> dict[str, str]:
-        return {"reason": "FieldValueInvalid", "message": f'Invalid value: "{self.value}": {self.detail}',
-                "field": self.field}  # fmt: skip
+        return {"reason": self.reason, "message": self._described(), "field": self.field}
 
 
 def _labels(labels: Any, path: str) -> list[FieldError]:
@@ -132,8 +146,12 @@ def validate(kind: str, obj: Mapping[str, Any], creating: bool) -> list[FieldErr
         name_rule = NAME_RULES.get(kind, dns1123_subdomain)
         errors += [FieldError("metadata.name", name, detail) for detail in name_rule(name)]
     errors += _labels(meta.get("labels"), "metadata.labels")
-    for key in meta.get("annotations") or {}:
+    annotations = meta.get("annotations") or {}
+    for key in annotations:
         errors += [FieldError("metadata.annotations", str(key), detail) for detail in qualified_name(str(key).lower())]
+    size = sum(len(str(key).encode()) + len(str(value).encode()) for key, value in annotations.items())
+    if size > TOTAL_ANNOTATION_SIZE_LIMIT_BYTES:
+        errors.append(FieldError("metadata.annotations", "", "", reason="FieldValueTooLong"))
     spec = obj.get("spec") or {}
     if kind in ("Deployment", "ReplicaSet", "Job"):
         errors += _labels(_template_labels(obj), "spec.template.labels")

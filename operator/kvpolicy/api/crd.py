@@ -2,8 +2,14 @@
 
 `kvpolicy crd` prints it; `crds/kvpolicy.yaml` is this output, and a test fails when the file is stale.
 The pydantic JSON schema is turned into a structural OpenAPI v3 schema: `$ref`s inlined, `anyOf [T, null]` collapsed
-to `T`, titles dropped, nested objects defaulted to `{}` so the API server applies their defaults, and each model's
-`Rule`s attached as `x-kubernetes-validations`. Integers are `format: int64`, the range the API server stores.
+to `T`, titles dropped, and each model's `Rule`s attached as `x-kubernetes-validations`. Integers are `format: int64`,
+the range the API server stores.
+
+Defaults: kube-apiserver validates every default against its schema and rules when the CRD is created (some releases
+without defaulting the default first), and applies defaults recursively before it validates an object. So a nested
+object gets a default only where the model builds one itself (`default_factory`), and that default is the built
+object in full, which its own rules already passed; an optional object (`X | None = None`) gets none, so its rules
+only ever see what a user wrote.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 
 from kvpolicy.api import v1alpha1 as api
 
@@ -60,6 +67,31 @@ def _model_rules() -> dict[str, list[dict[str, str]]]:
     return found
 
 
+def _without_nulls(value: Any) -> Any:
+    """A default as the API server may store it: a null would fail the field's own type."""
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
+
+
+class _FactoryDefaults(GenerateJsonSchema):
+    """Write what a `default_factory` builds as the field's default (pydantic leaves such defaults out)."""
+
+    def get_default_value(self, schema: Any) -> Any:  # pydantic_core's WithDefaultSchema
+        factory = schema.get("default_factory")
+        if factory is not None and not schema.get("default_factory_takes_data"):
+            return factory()
+        return super().get_default_value(schema)
+
+    def default_schema(self, schema: Any) -> JsonSchemaValue:
+        json_schema = super().default_schema(schema)
+        if "default" in json_schema:
+            json_schema["default"] = _without_nulls(json_schema["default"])
+        return json_schema
+
+
 class _Structuralizer:
     def __init__(self, definitions: dict[str, Any]) -> None:
         self.definitions = definitions
@@ -97,17 +129,11 @@ class _Structuralizer:
                 out[key] = self.convert(value)
         if out.get("type") == "integer":
             out.setdefault("format", "int64")
-        if out.get("type") == "object" and "properties" in out:
-            required = set(out.get("required", []))
-            for prop, sub in out["properties"].items():
-                defaultable = sub.get("type") == "object" and "properties" in sub and not sub.get("required")
-                if prop not in required and defaultable and "default" not in sub:
-                    sub["default"] = {}
         return out
 
 
 def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
-    schema = model.model_json_schema(by_alias=True, mode="validation")
+    schema = model.model_json_schema(by_alias=True, mode="validation", schema_generator=_FactoryDefaults)
     definitions = schema.pop("$defs", {})
     structuralizer = _Structuralizer(definitions)
     converted: dict[str, Any] = structuralizer.convert(schema)
@@ -211,7 +237,9 @@ def reference_markdown() -> str:
         for name, sub in node.get("properties", {}).items():
             path = f"{prefix}{name}"
             default = sub.get("default")
-            shown = "required" if name in required else ("" if default in (None, {}) else f"`{json.dumps(default)}`")
+            # An object's default is its fields' defaults, shown on their own rows.
+            hidden = default is None or isinstance(default, dict)
+            shown = "required" if name in required else ("" if hidden else f"`{json.dumps(default)}`")
             description = str(sub.get("description", "")).replace("|", "\\|")
             rows.append(f"| `{path}` | {_type_of(sub)} | {shown} | {description} |")
             if sub.get("type") == "object" and "properties" in sub:

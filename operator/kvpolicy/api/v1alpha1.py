@@ -32,8 +32,14 @@ ANSWER_HEADROOM_TOKENS = 128
 
 DECIMAL_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
 _DECIMAL_RE = re.compile(DECIMAL_PATTERN)
-# The API server stores integers as int64 and refuses larger ones.
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Upper bounds a real deployment stays far inside; each field's description says its own. They keep absurd values
+# (1e15 seconds, a million canary replicas) out at admission, keep the operator's time arithmetic finite, and keep
+# every integer far inside the int64 the API server stores.
+MAX_TOKENS = 16_777_216  # 2^24: ten times the longest context served today (10M tokens)
+MAX_DURATION_SECONDS = 604_800  # one week
+MAX_CANARY_REPLICAS = 64
+MAX_RATIO = 100  # latency ratios: a canary 100x slower than its baseline is beyond any useful limit
+DECIMAL_MAX_LENGTH = 24
 # metadata.name of a custom resource: a DNS-1123 subdomain, as the API server validates it.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 NAME_MAX_LENGTH = 253
@@ -85,14 +91,6 @@ class _Model(BaseModel):
     # Rules declared by subclasses; collected into the CRD by kvpolicy.api.crd.
     rules: ClassVar[tuple[Rule, ...]] = ()
 
-    @field_validator("*")
-    @classmethod
-    def _fits_in_int64(cls, value: Any) -> Any:
-        for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, int) and not INT64_MIN <= item <= INT64_MAX:
-                raise ValueError(f"{item} does not fit in a 64-bit integer, the largest the API server stores")
-        return value
-
     @model_validator(mode="after")
     def _check_rules(self) -> Self:
         for rule in type(self).rules:
@@ -106,7 +104,7 @@ class _Model(BaseModel):
 
 
 def decimal_string(description: str, default: str) -> Any:
-    return Field(default=default, pattern=DECIMAL_PATTERN, description=description)
+    return Field(default=default, pattern=DECIMAL_PATTERN, max_length=DECIMAL_MAX_LENGTH, description=description)
 
 
 def parse_decimal(value: str) -> float:
@@ -125,6 +123,10 @@ def _positive(value: str) -> bool:
 
 def _quantile(value: str) -> bool:
     return _positive(value) and Decimal(value) < 1
+
+
+def _latency_ratio(value: str) -> bool:
+    return _positive(value) and Decimal(value) <= MAX_RATIO
 
 
 # ---------------------------------------------------------------------------------------------------------- enums
@@ -308,11 +310,11 @@ class SlidingWindow(_Model):
         ),
     )
 
-    layers: list[Annotated[Int, Field(ge=0)]] | None = Field(
+    layers: list[Annotated[Int, Field(ge=0, le=1023)]] | None = Field(
         default=None, max_length=1024, description="Indices of the sliding-window layers."
     )
-    count: Int | None = Field(default=None, ge=1, description="Number of sliding-window layers.")
-    window_tokens: Int = Field(ge=1, description="Window size in tokens.")
+    count: Int | None = Field(default=None, ge=1, le=1024, description="Number of sliding-window layers.")
+    window_tokens: Int = Field(ge=1, le=MAX_TOKENS, description="Window size in tokens (at most 2^24).")
 
     @property
     def layer_count(self) -> int:
@@ -322,11 +324,15 @@ class SlidingWindow(_Model):
 class ModelSpec(_Model):
     """Facts about the served model that the planner needs."""
 
-    served_model_name: str = Field(min_length=1, description="Name the server answers to (--served-model-name).")
+    served_model_name: str = Field(
+        min_length=1, max_length=256, description="Name the server answers to (--served-model-name)."
+    )
     head_dim: Int = Field(ge=16, le=1024, description="Attention head dimension (64, 128, 256, ...).")
     num_layers: Int = Field(ge=1, le=1024, description="Number of attention layers.")
     attention: AttentionKind = Field(default=AttentionKind.GQA, description="MHA, GQA or MLA.")
-    max_model_len: Int = Field(ge=1, description="Maximum model length in tokens (--max-model-len).")
+    max_model_len: Int = Field(
+        ge=1, le=MAX_TOKENS, description="Maximum model length in tokens (--max-model-len); at most 2^24."
+    )
     sliding_window: SlidingWindow | None = Field(default=None, description="Sliding-window layers, if any.")
 
 
@@ -343,9 +349,11 @@ class WorkloadSpec(_Model):
         ),
     )
 
-    max_context_tokens: Int = Field(ge=1, description="Longest prompt the workload sends, in tokens.")
+    max_context_tokens: Int = Field(
+        ge=1, le=MAX_TOKENS, description="Longest prompt the workload sends, in tokens (at most 2^24)."
+    )
     typical_context_tokens: Int | None = Field(
-        default=None, ge=1, description="Typical prompt length; defaults to maxContextTokens."
+        default=None, ge=1, le=MAX_TOKENS, description="Typical prompt length; defaults to maxContextTokens."
     )
     prefill_latency_critical: Bool = Field(
         default=False, description="Time to first token matters more than decode speed (e.g. a TTFT objective)."
@@ -353,6 +361,7 @@ class WorkloadSpec(_Model):
     decode_break_even_tokens: Int | None = Field(
         default=None,
         ge=1,
+        le=MAX_TOKENS,
         description="Context length above which FP8 decodes faster on your setup; defaults to the published figure "
         "for the GPU generation.",
     )
@@ -428,12 +437,17 @@ class AccuracyGate(_Model):
 
     enabled: Bool = Field(default=True, description="Run the long-context accuracy gate before any traffic.")
     length_tokens: Int | None = Field(
-        default=None, ge=1, description="Prompt length for the gate; defaults to workload.maxContextTokens."
+        default=None,
+        ge=1,
+        le=MAX_TOKENS,
+        description="Prompt length for the gate; defaults to workload.maxContextTokens.",
     )
     min_recovery: str = decimal_string('Minimum canary/baseline NIAH score ratio, e.g. "0.95".', "0.95")
     max_samples: Int = Field(default=100, ge=1, le=10000, description="Hard cap on prompts per side.")
     confidence: str = decimal_string("Confidence of the recovery interval used to stop early.", "0.95")
-    timeout_seconds: Int = Field(default=3600, ge=1, description="Deadline for the gate Job.")
+    timeout_seconds: Int = Field(
+        default=3600, ge=1, le=MAX_DURATION_SECONDS, description="Deadline for the gate Job (at most a week)."
+    )
 
 
 class LatencyGate(_Model):
@@ -441,9 +455,10 @@ class LatencyGate(_Model):
 
     rules = (
         Rule(
-            cel="double(self.ttftMaxRatio) > 0.0 && double(self.itlMaxRatio) > 0.0",
-            message='gates.latency.ttftMaxRatio and itlMaxRatio must be numbers > 0, such as "1.10"',
-            check=lambda m: _positive(m.ttft_max_ratio) and _positive(m.itl_max_ratio),
+            cel="double(self.ttftMaxRatio) > 0.0 && double(self.itlMaxRatio) > 0.0 "
+            f"&& double(self.ttftMaxRatio) <= {MAX_RATIO}.0 && double(self.itlMaxRatio) <= {MAX_RATIO}.0",
+            message=f'gates.latency.ttftMaxRatio and itlMaxRatio must be numbers in (0, {MAX_RATIO}], such as "1.10"',
+            check=lambda m: _latency_ratio(m.ttft_max_ratio) and _latency_ratio(m.itl_max_ratio),
             values=lambda m: f"got {_quoted(m.ttft_max_ratio)} and {_quoted(m.itl_max_ratio)}",
             values_cel="'got \"' + self.ttftMaxRatio + '\" and \"' + self.itlMaxRatio + '\"'",
         ),
@@ -484,18 +499,25 @@ class LatencyGate(_Model):
     )
     ttft_max_ratio: str = decimal_string("Largest allowed canary/baseline TTFT ratio per quantile.", "1.10")
     itl_max_ratio: str = decimal_string("Largest allowed canary/baseline ITL ratio per quantile.", "1.05")
-    quantiles: list[Annotated[str, Field(pattern=DECIMAL_PATTERN)]] = Field(
+    quantiles: list[Annotated[str, Field(pattern=DECIMAL_PATTERN, max_length=DECIMAL_MAX_LENGTH)]] = Field(
         default=["0.5", "0.95"], min_length=1, max_length=8, description="Quantiles compared."
     )
-    window_seconds: Int = Field(default=300, ge=10, description="Window each check looks back over.")
-    min_requests: Int = Field(default=50, ge=0, description="Fewer requests per side in the window = NoData.")
-    interval_seconds: Int = Field(default=60, ge=1, description="Time between checks.")
-    consecutive_failure_limit: Int = Field(default=3, ge=1, description="Breaches in a row that roll back.")
+    window_seconds: Int = Field(
+        default=300, ge=10, le=86_400, description="Window each check looks back over (at most a day)."
+    )
+    min_requests: Int = Field(
+        default=50, ge=0, le=1_000_000, description="Fewer requests per side in the window = NoData."
+    )
+    interval_seconds: Int = Field(default=60, ge=1, le=3_600, description="Time between checks (at most an hour).")
+    consecutive_failure_limit: Int = Field(default=3, ge=1, le=100, description="Breaches in a row that roll back.")
     on_inconclusive: OnInconclusive = Field(
         default=OnInconclusive.HOLD, description="What NoData/ProviderUnavailable do after the stall deadline."
     )
     inconclusive_deadline_seconds: Int = Field(
-        default=1800, ge=1, description="How long checks may stay inconclusive before onInconclusive applies."
+        default=1800,
+        ge=1,
+        le=MAX_DURATION_SECONDS,
+        description="How long checks may stay inconclusive before onInconclusive applies (at most a week).",
     )
 
 
@@ -554,9 +576,17 @@ class Bounds(_Model):
         ),
     )
 
-    min: str | None = Field(default=None, pattern=DECIMAL_PATTERN, description='Lowest value that passes, e.g. "0".')
+    min: str | None = Field(
+        default=None,
+        pattern=DECIMAL_PATTERN,
+        max_length=DECIMAL_MAX_LENGTH,
+        description='Lowest value that passes, e.g. "0".',
+    )
     max: str | None = Field(
-        default=None, pattern=DECIMAL_PATTERN, description='Highest value that passes, e.g. "0.01".'
+        default=None,
+        pattern=DECIMAL_PATTERN,
+        max_length=DECIMAL_MAX_LENGTH,
+        description='Highest value that passes, e.g. "0.01".',
     )
 
 
@@ -649,11 +679,21 @@ ROLLOUT_ID_PATTERN = r"^[0-9]+-[0-9a-f]{6}$"
 class RolloutSpec(_Model):
     """How the canary is run, held, approved, aborted, retried, applied, and what a drifted target does."""
 
-    canary_replicas: Int = Field(default=1, ge=1, description="Replicas of the canary Deployment.")
-    progress_deadline_seconds: Int = Field(
-        default=1800, ge=1, description="A canary not ready by then (e.g. Pending for GPUs) is rolled back."
+    canary_replicas: Int = Field(
+        default=1, ge=1, le=MAX_CANARY_REPLICAS, description="Replicas of the canary Deployment (at most 64)."
     )
-    bake_seconds: Int = Field(default=600, ge=0, description="Latency analysis window before promotion.")
+    progress_deadline_seconds: Int = Field(
+        default=1800,
+        ge=1,
+        le=MAX_DURATION_SECONDS,
+        description="A canary not ready by then (e.g. Pending for GPUs) is rolled back (at most a week).",
+    )
+    bake_seconds: Int = Field(
+        default=600,
+        ge=0,
+        le=MAX_DURATION_SECONDS,
+        description="Latency analysis window before promotion (at most a week).",
+    )
     traffic: Traffic = Field(
         default=Traffic.REPLICA_RATIO,
         description="ReplicaRatio: after the accuracy gate, the canary joins the target's Service. Synthetic: it "

@@ -7,13 +7,14 @@ importing this module never changes what another kopf operator in the same proce
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -157,6 +158,18 @@ def _cluster_login(memo: Any) -> ClusterLogin:
     return login
 
 
+class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled configuration as a digest: a full copy of the spec, labels and annotations in an annotation
+    of the object itself doubles what the object carries, so a large but admitted policy (a 200 KiB annotation, a
+    long spec) would pass the API server's 256 KiB annotation limit and every kopf patch, the finalizer's removal
+    included, would be refused. kopf only needs to tell that the essence changed (no handler here reads its diff)."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        essence = super().build(body=body, extra_fields=extra_fields)
+        digest = hashlib.sha256(json.dumps(essence, sort_keys=True, default=str).encode()).hexdigest()
+        return cast(kopf.BodyEssence, {"sha256": digest})
+
+
 registry = kopf.OperatorRegistry()
 
 
@@ -169,9 +182,7 @@ async def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
 @kopf.on.startup(registry=registry)
 async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = DigestDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # The operator posts its own events with specific reasons; kopf's per-handler chatter would only add API load.
     settings.posting.level = logging.ERROR
