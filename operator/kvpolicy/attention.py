@@ -11,6 +11,7 @@ backend classes that import without CUDA.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpolicy.api.v1alpha1 import GpuGeneration
@@ -143,10 +144,17 @@ class Choice:
     reason: str
 
 
-def choose_backend(generation: GpuGeneration, capability: str | None, mla: bool, head_size: int) -> Choice:
-    """The first preferred backend of the generation that runs an FP8 KV cache on the GPU for this head size."""
-    capabilities = (parse_capability(capability),) if capability else GENERATION_CAPABILITIES.get(generation, ())
+def choose_backend(
+    generation: GpuGeneration, capability: str | None, mla: bool, head_size: int, also_on: Sequence[str] = ()
+) -> Choice:
+    """The first preferred backend of the generation that runs an FP8 KV cache for this head size on the GPU and on
+    every other compute capability the pods may land on (`also_on`: a pool that mixes GPUs)."""
+    own = (parse_capability(capability),) if capability else GENERATION_CAPABILITIES.get(generation, ())
+    others = sorted({parse_capability(text) for text in also_on} - set(own))
+    capabilities = (*own, *others)
     where = f"compute capability {capability}" if capability else f"{generation.value} GPUs"
+    if others:
+        where += " and " + ", ".join("{}.{}".format(*other) for other in others) + " in the same pool"
     preferred = PREFERENCES.get((generation, mla), ())
     refusals = []
     for name in preferred:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvpolicy.api.v1alpha1 import GpuFacts, GpuGeneration
+from kvpolicy.attention import GENERATION_CAPABILITIES, parse_capability
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 FAMILY_LABEL = "nvidia.com/gpu.family"
@@ -174,6 +176,18 @@ def classify_node(labels: Mapping[str, str]) -> tuple[GpuGeneration, str, str | 
     return GpuGeneration.UNKNOWN, "None", None
 
 
+def pool_capabilities(classified: Sequence[tuple[GpuGeneration, str, str | None]]) -> list[str]:
+    """Every compute capability among classified nodes; a node known only by its generation could be any of that
+    generation's."""
+    found: set[str] = set()
+    for generation, _source, capability in classified:
+        if capability is not None:
+            found.add(capability)
+        else:
+            found.update("{}.{}".format(*known) for known in GENERATION_CAPABILITIES.get(generation, ()))
+    return sorted(found, key=parse_capability)
+
+
 def gpu_facts(nodes: Sequence[Mapping[str, str]]) -> GpuFacts:
     """Facts for the pool a policy targets: the most conservative generation among its nodes wins."""
     if not nodes:
@@ -202,6 +216,7 @@ def gpu_facts(nodes: Sequence[Mapping[str, str]]) -> GpuFacts:
     return GpuFacts(
         generation=generation,
         compute_capability=capability,
+        pool_capabilities=pool_capabilities([c for c, _ in classified]),
         product=product,
         nodes=len(nodes),
         mixed=mixed,
@@ -231,9 +246,50 @@ def planning_change(planned: GpuFacts, observed: GpuFacts) -> str | None:
     if observed.generation == GpuGeneration.UNKNOWN:
         return None
     capabilities = (planned.compute_capability, observed.compute_capability)
+    pools = (planned.pool_capabilities, observed.pool_capabilities)
     same = (
         planned.generation == observed.generation
         and planned.mixed == observed.mixed
         and (None in capabilities or capabilities[0] == capabilities[1])
+        and ([] in pools or pools[0] == pools[1])
     )
     return None if same else f"{describe(planned)} -> {describe(observed)}"
+
+
+def _expression_holds(value: str | None, operator: str, values: Sequence[str]) -> bool:
+    """One NodeSelectorRequirement against a node's label value (None: the node lacks the label)."""
+    if operator == "In":
+        return value is not None and value in values
+    if operator == "NotIn":
+        return value is None or value not in values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt") and value is not None and values:
+        try:
+            mine, bound = int(value), int(values[0])
+        except ValueError:
+            return False
+        return mine > bound if operator == "Gt" else mine < bound
+    return False
+
+
+def required_affinity_admits(name: str, labels: Mapping[str, str], affinity: Mapping[str, Any] | None) -> bool:
+    """Whether the scheduler may place a pod with this affinity on the node: requiredDuringScheduling node affinity
+    (terms ORed, each term's expressions ANDed, matchFields on metadata.name). No such affinity admits every node."""
+    required = ((affinity or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    terms = (required or {}).get("nodeSelectorTerms") or []
+    if not terms:
+        return True
+
+    def term_holds(term: Mapping[str, Any]) -> bool:
+        expressions = [(labels.get(e.get("key", "")), e) for e in term.get("matchExpressions") or []]
+        fields = [(name if e.get("key") == "metadata.name" else None, e) for e in term.get("matchFields") or []]
+        checks = [*expressions, *fields]
+        return bool(checks) and all(
+            _expression_holds(value, str(e.get("operator")), [str(v) for v in e.get("values") or []])
+            for value, e in checks
+        )
+
+    return any(term_holds(term) for term in terms)

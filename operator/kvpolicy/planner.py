@@ -115,7 +115,7 @@ def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
         )
         return draft
 
-    choice = choose_backend(generation, gpu.compute_capability, mla, spec.model.head_dim)
+    choice = choose_backend(generation, gpu.compute_capability, mla, spec.model.head_dim, gpu.pool_capabilities)
     if choice.backend is None:
         draft.refuse(PlanCode.NO_FP8_ATTENTION_BACKEND, f"{choice.reason}: the canary could not start")
         return draft

@@ -121,3 +121,23 @@ def test_flashmla_capabilities_are_exactly_vllms(vllm_backends: dict[str, Any]) 
         assert BACKENDS["FLASHMLA"].runs_fp8_on(capability) == flashmla.supports_compute_capability(
             DeviceCapability(*capability)
         ), capability
+
+
+# ------------------------------------------------------------------------------------------------ mixed pools
+
+
+def test_a_mixed_hopper_blackwell_pool_gets_no_backend_only_one_kind_runs() -> None:
+    """FLASH_ATTN's FP8 KV cache is Hopper-only: planned for 2x H200 + 1x B200, pods landing on the B200 would not
+    start. The backend must run on every GPU the pods may land on, else the plan is BF16."""
+    facts = gpu_facts([KNOWN_PRODUCTS["H200"], KNOWN_PRODUCTS["H200"], KNOWN_PRODUCTS["B200"]])
+    assert facts.pool_capabilities == ["9.0", "10.0"]
+    choice = choose_backend(facts.generation, facts.compute_capability, False, 128, facts.pool_capabilities)
+    assert choice.backend is None
+    assert "compute capability 9.0 and 10.0 in the same pool" in choice.reason
+    assert "FLASH_ATTN: its FP8 KV cache needs FlashAttention 3" in choice.reason
+
+
+def test_a_pool_of_one_kind_plans_as_before() -> None:
+    facts = gpu_facts([KNOWN_PRODUCTS["H200"], KNOWN_PRODUCTS["H100"]])
+    assert facts.pool_capabilities == ["9.0"]
+    assert choose_backend(facts.generation, facts.compute_capability, False, 128, facts.pool_capabilities).backend

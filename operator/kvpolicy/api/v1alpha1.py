@@ -1036,6 +1036,12 @@ class GpuGeneration(StrEnum):
 class GpuFacts(_Model):
     generation: GpuGeneration
     compute_capability: str | None = Field(default=None, description='e.g. "9.0".')
+    pool_capabilities: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Every compute capability the target's pods may land on (a mixed pool has several); the attention "
+        "backend must run on all of them.",
+    )
     product: str | None = None
     nodes: int = Field(default=0, ge=0, description="GPU nodes considered.")
     mixed: bool = Field(default=False, description="The nodes span several generations.")

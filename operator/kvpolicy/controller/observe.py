@@ -28,7 +28,7 @@ from kvpolicy.controller.rules import rollout_hash
 from kvpolicy.controller.state import JobView, Observations, PodView
 from kvpolicy.controller.tick import REPLAN_PHASES
 from kvpolicy.credentials import Credentials
-from kvpolicy.gpu import PRESENT_LABEL, gpu_facts
+from kvpolicy.gpu import PRESENT_LABEL, gpu_facts, required_affinity_admits
 
 Obj = dict[str, Any]
 GPU_PRESENT = {PRESENT_LABEL: "true"}
@@ -137,6 +137,19 @@ def gpu_node_selector(policy: KVPolicy, target: Mapping[str, Any]) -> dict[str, 
     return dict(selector) if selector else dict(GPU_PRESENT)
 
 
+def gpu_pool(policy: KVPolicy, target: Mapping[str, Any], nodes: Sequence[Obj]) -> list[Obj]:
+    """The nodes the target's pods may land on among those its selector listed: a target placed by required node
+    affinity (Karpenter, GKE and EKS node pools) is held to it too, unless spec.gpuNodeSelector names the pool."""
+    if policy.spec.gpu_node_selector:
+        return list(nodes)
+    affinity = (target["spec"]["template"].get("spec") or {}).get("affinity")
+    return [
+        node
+        for node in nodes
+        if required_affinity_admits(node["metadata"]["name"], node["metadata"].get("labels") or {}, affinity)
+    ]
+
+
 @dataclass
 class LatencyAnalyser:
     """Evaluates the metrics checks (metricchecks.py) of a canary against the target's own pods, through the
@@ -235,8 +248,8 @@ class Observer:
         target = await self.api.get(DEPLOYMENTS, namespace, policy.spec.target_ref.name)
         gpu = None
         if target is not None and (phase == Phase.PLANNING or phase in REPLAN_PHASES):
-            nodes = await self.api.list_objects(NODES, None, label_selector(gpu_node_selector(policy, target)))
-            gpu = gpu_facts([node["metadata"].get("labels") or {} for node in nodes])
+            listed = await self.api.list_objects(NODES, None, label_selector(gpu_node_selector(policy, target)))
+            gpu = gpu_facts([node["metadata"].get("labels") or {} for node in gpu_pool(policy, target, listed)])
         if phase == Phase.PLANNING or phase in TERMINAL_PHASES:  # decided: the target's drift; HeldBF16: the GPUs too
             return Observations(now=now, target=target, gpu=gpu)
 

@@ -23,7 +23,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from kvpolicy.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, Approval, KVPolicy, Phase
-from kvpolicy.controller.observe import gpu_node_selector
+from kvpolicy.controller.observe import gpu_node_selector, gpu_pool
 from kvpolicy.controller.tick import CANARY_PHASES
 from kvpolicy.gpu import gpu_facts
 from kvpolicy.planner import plan
@@ -249,8 +249,8 @@ async def _explain(session: Session, args: argparse.Namespace) -> None:
     selector = gpu_node_selector(policy, target)
     label_selector = ",".join(f"{key}={value}" for key, value in sorted(selector.items()))
     nodes = await _json(session.core.list_node, label_selector=label_selector)
-    labels = [(node.get("metadata") or {}).get("labels") or {} for node in nodes.get("items") or []]
-    facts = gpu_facts(labels)
+    pool = gpu_pool(policy, target, nodes.get("items") or [])
+    facts = gpu_facts([node["metadata"].get("labels") or {} for node in pool])
     planned = plan(policy.spec, facts)
     lines = [
         f"Plan for {session.namespace}/{args.name} on the cluster's GPUs now",
