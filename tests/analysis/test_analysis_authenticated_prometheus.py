@@ -27,13 +27,13 @@ from kvpolicy.analysis import (
 )
 from kvpolicy.analysis.served import CANARY_CONFIG
 from kvpolicy.api.v1alpha1 import KVPolicy
-from kvpolicy.controller.kube import SECRETS as SECRETS_RESOURCE
-from kvpolicy.controller.kube import Resource
-from kvpolicy.controller.metricchecks import LATENCY
-from kvpolicy.controller.observe import LatencyAnalyser
-from kvpolicy.controller.references import ReferenceReader
-from kvpolicy.controller.state import PodView
 from kvpolicy.credentials import CredentialsSource, SecretValue, TlsSource
+from kvpolicy.kube.api import SECRETS as SECRETS_RESOURCE
+from kvpolicy.kube.api import Resource
+from kvpolicy.kube.observe import LatencyAnalyser
+from kvpolicy.kube.references import ReferenceReader
+from kvpolicy.rollout.metric_checks import LATENCY
+from kvpolicy.rollout.step_types import PodView
 from live_fleet import Fleet
 
 pytestmark = pytest.mark.prometheus

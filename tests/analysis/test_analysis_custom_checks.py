@@ -13,7 +13,7 @@ from kvpolicy.analysis import PrometheusProvider, SideSelector, Verdict, Verdict
 from kvpolicy.analysis.checks import Sides, combine
 from kvpolicy.analysis.custom import CustomReading, assess_custom, custom_checks, render_query
 from kvpolicy.api.v1alpha1 import CustomCheck, KVPolicy
-from kvpolicy.controller.observe import LatencyAnalyser
+from kvpolicy.kube.observe import LatencyAnalyser
 from live_fleet import Fleet
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,8 +19,8 @@ from kvpolicy.analysis import (
     next_analysis_state,
 )
 from kvpolicy.api.v1alpha1 import LatencyAnalysis
-from kvpolicy.controller.latency_phase import analysis_state, record_check
-from kvpolicy.controller.state import timestamp
+from kvpolicy.rollout.latency_phase import analysis_state, record_check
+from kvpolicy.rollout.step_types import timestamp
 
 CONFIG = LatencyGateConfig(
     ttft_max_ratio=1.2,

@@ -26,7 +26,7 @@ import pytest
 from gate_fakes import CHILD_ENV
 from kvpolicy.analysis import ScrapeProvider, SideSelector
 from kvpolicy.credentials import CredentialsSource, SecretValue
-from kvpolicy.gates import niah
+from kvpolicy.gate_programs import niah
 from kvpolicy_dev.sim import free_port
 from kvpolicy_dev.sim.tokenizer_zoo import Family
 from prometheus_client.parser import text_string_to_metric_families

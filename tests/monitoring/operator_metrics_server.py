@@ -9,7 +9,7 @@ import asyncio
 import time
 
 from kvpolicy.analysis import LatencyGateConfig, SideMetrics, assess
-from kvpolicy.metrics import OperatorMetrics, start_metrics_server
+from kvpolicy.notify.metrics import OperatorMetrics, start_metrics_server
 
 
 def record_a_troubled_fleet(metrics: OperatorMetrics) -> None:

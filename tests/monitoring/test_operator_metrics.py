@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from kvpolicy.analysis import LatencyGateConfig, SideMetrics, VerdictKind, assess
-from kvpolicy.metrics import OperatorMetrics, metrics_app
+from kvpolicy.notify.metrics import OperatorMetrics, metrics_app
 from prometheus_client.parser import text_string_to_metric_families
 
 

@@ -15,10 +15,12 @@ from kvpolicy.analysis import Verdict
 from kvpolicy.analysis.checks import CheckVerdict
 from kvpolicy.analysis.served import CANARY_CONFIG, ServedReading
 from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy, Phase
-from kvpolicy.controller.metricchecks import LATENCY
-from kvpolicy.controller.observe import PHASE_NEEDS
-from kvpolicy.controller.rules import rollout_hash
-from kvpolicy.controller.state import (
+from kvpolicy.kube.observe import PHASE_NEEDS
+from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts
+from kvpolicy.rollout.metric_checks import LATENCY
+from kvpolicy.rollout.rules import rollout_hash
+from kvpolicy.rollout.step import step
+from kvpolicy.rollout.step_types import (
     Create,
     Delete,
     JobView,
@@ -29,8 +31,6 @@ from kvpolicy.controller.state import (
     StepConfig,
     StepResult,
 )
-from kvpolicy.controller.step import step
-from kvpolicy.gpu import KNOWN_PRODUCTS, gpu_facts
 
 NAMESPACE = "serving"
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)

@@ -7,7 +7,7 @@ import copy
 import jsonpatch
 import pytest
 from kvpolicy.api.v1alpha1 import KVCacheDtype, Plan, PodTemplateRecord
-from kvpolicy.controller import builders as b
+from kvpolicy.rollout import builders as b
 from operator_helpers import CONFIG, TARGET_ARGS, make_policy, target_deployment
 
 FP8_PLAN = Plan(

@@ -1,4 +1,4 @@
-"""Lists answered from watches (controller/cached.py) against the dev cluster: following adds, changes and deletes,
+"""Lists answered from watches (kube/cached.py) against the dev cluster: following adds, changes and deletes,
 bookmarks, a 410 or a failing watch (lists fall back to the API server meanwhile), and what is never cached."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from e2e_helpers import until
-from kvpolicy.controller import cached
-from kvpolicy.controller.cached import CachedKubeApi, Informer, Selection, equality_terms, operator_selections
-from kvpolicy.controller.kube import DEPLOYMENTS, NODES, SERVICES, KubernetesApi
-from kvpolicy.controller.login import ClusterLogin
+from kvpolicy.kube import cached
+from kvpolicy.kube.api import DEPLOYMENTS, NODES, SERVICES, KubernetesApi
+from kvpolicy.kube.cached import CachedKubeApi, Informer, Selection, equality_terms, operator_selections
+from kvpolicy.kube.login import ClusterLogin
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 
 TEAM = "example.com/team"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 from kvpolicy.api.v1alpha1 import PodTemplateRecord
-from kvpolicy.controller import drift
 from kvpolicy.plugin import view
+from kvpolicy.rollout import drift
 from operator_helpers import TARGET_ARGS, TARGET_IMAGE, target_deployment
 
 BASE = PodTemplateRecord(image=TARGET_IMAGE, args=TARGET_ARGS, env=[{"name": "HF_HOME", "value": "/cache"}])

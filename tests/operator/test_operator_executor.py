@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 from fake_kube import FakeKubeApi
-from kvpolicy import metrics
-from kvpolicy.controller import builders as b
-from kvpolicy.controller.executor import (
+from kvpolicy.kube.api import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, ApiError
+from kvpolicy.kube.executor import (
     StaleObservationError,
     apply_actions,
     event_body,
@@ -18,12 +17,13 @@ from kvpolicy.controller.executor import (
     post_events,
     write_status,
 )
-from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, ApiError
-from kvpolicy.controller.observe import Observer, gpu_node_selector, job_view, pod_view
-from kvpolicy.controller.reconciler import Reconciler
-from kvpolicy.controller.rules import rollout_hash
-from kvpolicy.controller.state import Create, Delete, Event, Kind, Patch
-from kvpolicy.gpu import KNOWN_PRODUCTS
+from kvpolicy.kube.observe import Observer, gpu_node_selector, job_view, pod_view
+from kvpolicy.notify import metrics
+from kvpolicy.planning.gpu import KNOWN_PRODUCTS
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.rules import rollout_hash
+from kvpolicy.rollout.step_types import Create, Delete, Event, Kind, Patch
+from kvpolicy.runtime.reconciler import Reconciler
 from operator_helpers import CONFIG, NAMESPACE, make_policy, policy_spec, target_deployment
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -8,11 +8,11 @@ import copy
 from typing import Any
 
 import pytest
-from kvpolicy.controller import builders as b
-from kvpolicy.controller.handlers import OperatorOptions
-from kvpolicy.controller.jobgates import JOB_GATES, JobInputs
-from kvpolicy.controller.observe import job_view
-from kvpolicy.controller.state import JobView, StepConfig, default_gate_resources
+from kvpolicy.kube.observe import job_view
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.job_gates import JOB_GATES, JobInputs
+from kvpolicy.rollout.step_types import JobView, StepConfig, default_gate_resources
+from kvpolicy.runtime.handlers import OperatorOptions
 from kvpolicy_dev.devcluster.podsecurity import pod_template_specs, violations
 from operator_helpers import CONFIG, Driver, make_policy, run_to_canary, target_deployment
 from test_operator_builders import FA3_PLAN, FP8_PLAN

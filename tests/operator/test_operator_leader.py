@@ -13,8 +13,8 @@ import pytest
 from fake_kube import FakeKubeApi
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import load_kube_config
-from kvpolicy.controller.kube import DEPLOYMENTS, ApiError
-from kvpolicy.controller.leader import (
+from kvpolicy.kube.api import DEPLOYMENTS, ApiError
+from kvpolicy.kube.leader import (
     KubernetesLeaseStore,
     LeaderElection,
     LeaderElector,

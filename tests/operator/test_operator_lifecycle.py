@@ -10,9 +10,9 @@ from typing import Any
 import jsonpatch
 import pytest
 from kvpolicy.api.v1alpha1 import NotificationEvent
-from kvpolicy.controller import drift
-from kvpolicy.controller.rules import rollout_hash
-from kvpolicy.controller.state import Patch
+from kvpolicy.rollout import drift
+from kvpolicy.rollout.rules import rollout_hash
+from kvpolicy.rollout.step_types import Patch
 from operator_helpers import (
     PATCHED_IMAGE,
     PROMOTED_ROLLOUT,

@@ -8,7 +8,7 @@ from typing import Any
 from kvpolicy.analysis import SideMetrics, Verdict, VerdictKind
 from kvpolicy.analysis.checks import CheckVerdict
 from kvpolicy.analysis.custom import CustomReading, custom_checks
-from kvpolicy.controller.metricchecks import LATENCY
+from kvpolicy.rollout.metric_checks import LATENCY
 from operator_helpers import Driver, make_policy, run_to_canary
 
 ERRORS = '(sum(rate(vllm:request_success_total{ {{ canary }}, finished_reason="abort" }[{{ window }}])) or vector(0))'

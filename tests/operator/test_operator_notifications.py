@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from fake_kube import FakeKubeApi
-from kvpolicy import metrics
 from kvpolicy.api.v1alpha1 import Decision, NotificationEvent, NotificationSpec, Phase, WebhookFormat
-from kvpolicy.controller.kube import SECRETS
-from kvpolicy.controller.notifications import (
+from kvpolicy.kube.api import SECRETS
+from kvpolicy.notify import metrics
+from kvpolicy.notify.notifier import (
     DeliverySettings,
     Notifier,
     NotifierConfig,
@@ -23,7 +23,7 @@ from kvpolicy.controller.notifications import (
     payload,
     receivers,
 )
-from kvpolicy.controller.state import Notice
+from kvpolicy.rollout.step_types import Notice
 from operator_helpers import NAMESPACE, make_policy
 from webhooks import Receivers, loopback_receivers
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpolicy.controller.ownership import governing_policy
+from kvpolicy.rollout.ownership import governing_policy
 from operator_helpers import Driver, make_policy, run_to_canary
 
 

@@ -4,9 +4,9 @@ backend no probe backend measures skips the Job, says so, and the accuracy gate 
 from __future__ import annotations
 
 import pytest
-from kvpolicy.attention import BACKENDS, PROBE_BACKENDS
-from kvpolicy.controller import builders as b
-from kvpolicy.controller.jobgates import GPU_PREFLIGHT
+from kvpolicy.planning.attention import BACKENDS, PROBE_BACKENDS
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.job_gates import GPU_PREFLIGHT
 from operator_helpers import Driver, World, gpu, make_policy, run_to_canary
 from test_operator_builders import FA3_PLAN, FP8_PLAN
 

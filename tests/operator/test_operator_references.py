@@ -15,12 +15,12 @@ from kvpolicy.analysis import ProviderUnavailableError, Verdict, VerdictKind
 from kvpolicy.analysis.checks import CheckVerdict
 from kvpolicy.analysis.served import CANARY_CONFIG
 from kvpolicy.api.v1alpha1 import KVPolicy, PrometheusAuth
-from kvpolicy.controller import builders
-from kvpolicy.controller.kube import CONFIG_MAPS, SECRETS, ApiError
-from kvpolicy.controller.metricchecks import METRICS_CHECKS
-from kvpolicy.controller.observe import LatencyAnalyser, PodView
-from kvpolicy.controller.references import ReferenceReader, prometheus_credentials
-from kvpolicy.controller.rules import rollout_hash
+from kvpolicy.kube.api import CONFIG_MAPS, SECRETS, ApiError
+from kvpolicy.kube.observe import LatencyAnalyser, PodView
+from kvpolicy.kube.references import ReferenceReader, prometheus_credentials
+from kvpolicy.rollout import builders
+from kvpolicy.rollout.metric_checks import METRICS_CHECKS
+from kvpolicy.rollout.rules import rollout_hash
 from operator_helpers import Driver, make_policy
 from pydantic import ValidationError
 from test_operator_step import live

@@ -9,11 +9,11 @@ import pytest
 from kvpolicy.analysis import LatencyGateConfig, SideMetrics, Verdict, VerdictKind, assess
 from kvpolicy.api.reasons import GateReason
 from kvpolicy.api.v1alpha1 import GateVerdict, LatencyAnalysis
-from kvpolicy.controller.latency_phase import analysis_state
-from kvpolicy.controller.rules import latency_check_due, phase_deadline, rollout_hash
-from kvpolicy.controller.state import Create, Delete, Kind, Patch, PodView
-from kvpolicy.controller.step import step
-from kvpolicy.gates.report import read_report
+from kvpolicy.gate_programs.report import read_report
+from kvpolicy.rollout.latency_phase import analysis_state
+from kvpolicy.rollout.rules import latency_check_due, phase_deadline, rollout_hash
+from kvpolicy.rollout.step import step
+from kvpolicy.rollout.step_types import Create, Delete, Kind, Patch, PodView
 from operator_helpers import (
     CONFIG,
     PATCHED_IMAGE,

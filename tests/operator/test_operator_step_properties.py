@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvpolicy.api.v1alpha1 import Phase
-from kvpolicy.controller.state import Patch
+from kvpolicy.rollout.step_types import Patch
 from operator_helpers import Driver, World, gate_output, make_policy, target_deployment
 
 ORIGINAL = target_deployment()

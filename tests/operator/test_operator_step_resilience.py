@@ -7,11 +7,11 @@ import pytest
 from fake_kube import FakeKubeApi
 from kvpolicy.analysis import VerdictKind
 from kvpolicy.api.v1alpha1 import GpuFacts
-from kvpolicy.controller.kube import DEPLOYMENTS, NODES
-from kvpolicy.controller.observe import Observer
-from kvpolicy.controller.rules import rollout_hash
-from kvpolicy.controller.state import Event
-from kvpolicy.gpu import KNOWN_PRODUCTS, gpu_facts, planning_change
+from kvpolicy.kube.api import DEPLOYMENTS, NODES
+from kvpolicy.kube.observe import Observer
+from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts, planning_change
+from kvpolicy.rollout.rules import rollout_hash
+from kvpolicy.rollout.step_types import Event
 from operator_helpers import NAMESPACE, T0, Driver, World, gpu, make_policy, run_to_canary, target_deployment
 from test_operator_step import live, verdict
 

@@ -1,4 +1,4 @@
-"""The process around kopf (controller/supervisor.py): kopf's retries without end, the API probe, kopf restarted in its
+"""The process around kopf (runtime/supervisor.py): kopf's retries without end, the API probe, kopf restarted in its
 thread after a failure, /healthz for a standby and for a wedged kopf, and loops woken when the API comes back."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import pytest
 from fake_kube import FakeKubeApi
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import load_kube_config
-from kvpolicy import metrics
-from kvpolicy.controller import supervisor
-from kvpolicy.controller.handlers import OperatorOptions, ride_out_api_outages
-from kvpolicy.controller.kube import ApiError
-from kvpolicy.controller.leader import LeaderElection, LeaderElector, LeaseConflictError, LeaseRecord
-from kvpolicy.controller.reconciler import Reconciler
-from kvpolicy.controller.supervisor import ApiHealth, ApiProbe, RunSettings, Supervisor
+from kvpolicy.kube.api import ApiError
+from kvpolicy.kube.leader import LeaderElection, LeaderElector, LeaseConflictError, LeaseRecord
+from kvpolicy.notify import metrics
+from kvpolicy.runtime import supervisor
+from kvpolicy.runtime.handlers import OperatorOptions, ride_out_api_outages
+from kvpolicy.runtime.reconciler import Reconciler
+from kvpolicy.runtime.supervisor import ApiHealth, ApiProbe, RunSettings, Supervisor
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 from operator_helpers import CONFIG, NAMESPACE
 

@@ -5,7 +5,7 @@ The operator builds a `LatencyGateConfig` from the KVPolicy spec and two `SideSe
 verdict into the `AnalysisState` it keeps in status with `next_analysis_state`.
 """
 
-from kvpolicy.analysis.check import MetricsProvider, run_check
+from kvpolicy.analysis.latency_check import MetricsProvider, run_check
 from kvpolicy.analysis.model import (
     DEFAULT_QUANTILES,
     Action,

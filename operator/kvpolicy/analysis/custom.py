@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 from decimal import Decimal
 
-from kvpolicy.analysis.check import MetricsProvider
 from kvpolicy.analysis.checks import MetricsCheck, Sides, Stage
+from kvpolicy.analysis.latency_check import MetricsProvider
 from kvpolicy.analysis.model import ProviderUnavailableError, Verdict
 from kvpolicy.analysis.prometheus import PrometheusProvider, QueryRejectedError
 from kvpolicy.api.reasons import AnalysisReason

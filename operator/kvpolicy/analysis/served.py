@@ -7,8 +7,8 @@ import ast
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kvpolicy.analysis.check import MetricsProvider
 from kvpolicy.analysis.checks import MetricsCheck, Sides, Stage, Verification
+from kvpolicy.analysis.latency_check import MetricsProvider
 from kvpolicy.analysis.model import Verdict
 from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import ConditionType, KVPolicy, KVPolicyStatus, VerdictKind

@@ -30,11 +30,11 @@ from kvpolicy.api.v1alpha1 import (
     Phase,
     Plan,
 )
-from kvpolicy.attention import PROBE_BACKENDS
-from kvpolicy.controller import builders as b
-from kvpolicy.controller.state import Event, JobView, Obj, StepConfig
-from kvpolicy.gates.report import GateReport
-from kvpolicy.planner import GATE_ACCURACY, GATE_LATENCY, GATE_PREFLIGHT
+from kvpolicy.gate_programs.report import GateReport
+from kvpolicy.planning.attention import PROBE_BACKENDS
+from kvpolicy.planning.planner import GATE_ACCURACY, GATE_LATENCY, GATE_PREFLIGHT
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.step_types import Event, JobView, Obj, StepConfig
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpolicy.api.v1alpha1 import Advice, Difference, PodTemplateRecord
-from kvpolicy.controller import builders as b
+from kvpolicy.rollout import builders as b
 
 NONE = "(none)"
 # Drift messages stay readable in a condition and an event: long values are shortened to this many characters.

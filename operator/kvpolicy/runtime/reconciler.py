@@ -18,9 +18,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pydantic import ValidationError
-
-from kvpolicy import metrics
 from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import (
     API_VERSION,
@@ -35,15 +32,17 @@ from kvpolicy.api.v1alpha1 import (
     PodTemplateRecord,
     TargetRef,
 )
-from kvpolicy.controller import builders as b
-from kvpolicy.controller.conditions import set_condition
-from kvpolicy.controller.executor import Rejected, apply_actions, post_events, write_status
-from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, label_selector
-from kvpolicy.controller.notifications import Notifier
-from kvpolicy.controller.observe import LatencyAnalyser, Observer
-from kvpolicy.controller.rules import phase_deadline
-from kvpolicy.controller.state import Event, Observations, StepConfig, StepResult, parse_timestamp, timestamp
-from kvpolicy.controller.step import step
+from kvpolicy.kube.api import DEPLOYMENTS, JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, label_selector
+from kvpolicy.kube.executor import Rejected, apply_actions, post_events, write_status
+from kvpolicy.kube.observe import LatencyAnalyser, Observer
+from kvpolicy.notify import metrics
+from kvpolicy.notify.notifier import Notifier
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.conditions import set_condition
+from kvpolicy.rollout.rules import phase_deadline
+from kvpolicy.rollout.step import step
+from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult, parse_timestamp, timestamp
+from pydantic import ValidationError
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]

@@ -27,10 +27,11 @@ from kvpolicy.api.v1alpha1 import (
     Phase,
     Plan,
 )
-from kvpolicy.controller import builders as b
-from kvpolicy.controller.conditions import set_condition
-from kvpolicy.controller.jobgates import JOB_GATES, PHASE_GATES, JobGate, JobInputs
-from kvpolicy.controller.state import (
+from kvpolicy.gate_programs.report import read_report
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.conditions import set_condition
+from kvpolicy.rollout.job_gates import JOB_GATES, PHASE_GATES, JobGate, JobInputs
+from kvpolicy.rollout.step_types import (
     Action,
     Create,
     Delete,
@@ -45,7 +46,6 @@ from kvpolicy.controller.state import (
     parse_timestamp,
     timestamp,
 )
-from kvpolicy.gates.report import read_report
 
 HISTORY_LIMIT = 10
 # Phases with a canary running: they watch it, and `paused` holds them.

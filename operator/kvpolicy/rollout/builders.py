@@ -1,7 +1,7 @@
 """Pure builders of the objects the operator creates or patches: names, canary, Services, gate Jobs, container patches.
 
 Every name is deterministic (policy + generation), so creating an object twice is harmless: AlreadyExists means done.
-Names and label values derived from the policy's name follow the one rule in names.py.
+Names and label values derived from the policy's name follow the one rule in child_names.py.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpolicy.api.v1alpha1 import API_VERSION, KIND, KVPolicySpec, Plan, PodTemplateRecord
-from kvpolicy.controller.names import child_name, label_value
-from kvpolicy.gates.report import DEFAULT_TERMINATION_LOG
+from kvpolicy.gate_programs.report import DEFAULT_TERMINATION_LOG
+from kvpolicy.rollout.child_names import child_name, label_value
 
 Obj = dict[str, Any]
 

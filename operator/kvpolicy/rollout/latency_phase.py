@@ -19,11 +19,11 @@ from kvpolicy.api.v1alpha1 import (
     Traffic,
     VerdictKind,
 )
-from kvpolicy.controller import builders as b
-from kvpolicy.controller.jobgates import LATENCY_PROBE, Then
-from kvpolicy.controller.rules import latency_gate_config
-from kvpolicy.controller.state import Kind, Patch, parse_timestamp, timestamp
-from kvpolicy.controller.tick import Tick, advance, deadline_rollback, rollback, run_job, watch_capacity
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.job_gates import LATENCY_PROBE, Then
+from kvpolicy.rollout.rules import latency_gate_config
+from kvpolicy.rollout.step_types import Kind, Patch, parse_timestamp, timestamp
+from kvpolicy.rollout.tick import Tick, advance, deadline_rollback, rollback, run_job, watch_capacity
 
 GATE = ConditionType.LATENCY_GATE_PASSED
 

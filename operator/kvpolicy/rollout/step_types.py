@@ -65,7 +65,7 @@ class Observations:
     canary_pods: tuple[PodView, ...] = ()
     services: frozenset[str] = frozenset()
     jobs: Mapping[str, JobView] = field(default_factory=dict)
-    checks: tuple[CheckVerdict, ...] = ()  # the metrics checks evaluated this pass (metricchecks.py)
+    checks: tuple[CheckVerdict, ...] = ()  # the metrics checks evaluated this pass (metric_checks.py)
 
     def verdicts(self, stage: Stage) -> tuple[CheckVerdict, ...]:
         return tuple(result for result in self.checks if result.check.stage is stage)

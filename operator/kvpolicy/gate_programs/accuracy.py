@@ -1,10 +1,10 @@
 """The long-context accuracy gate: does the canary keep the baseline's needle-retrieval score at N tokens?
 
 Canary and baseline answer the same seeded RULER-style prompts of exactly N tokens. Each prompt is built in token
-space (kvpolicy.gates.niah.assemble) from pieces the baseline's /tokenize gave once, and sent as token ids, so its
+space (niah.assemble) from pieces the baseline's /tokenize gave once, and sent as token ids, so its
 length is exact for any tokenizer by construction, never by trial; the canary must tokenize the shared pieces the same
 way, and each server's usage.prompt_tokens must confirm N. After every prompt the recovery interval
-(kvpolicy.gates.stats) is checked: once it lies entirely above min_recovery the gate passes, entirely below it fails;
+(stats.recovery_interval) is checked: once it lies entirely above min_recovery the gate passes, entirely below it fails;
 at the sample cap it is inconclusive. An endpoint that keeps failing makes the result inconclusive, never a pass.
 """
 
@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 from kvpolicy.api.v1alpha1 import AccuracyGate, parse_decimal
 from kvpolicy.credentials import CredentialsError, CredentialsSource
-from kvpolicy.gates import niah
-from kvpolicy.gates.client import GateError, VllmClient, open_session
-from kvpolicy.gates.stats import PairedCounts, RecoveryInterval, recovery_interval
+from kvpolicy.gate_programs import niah
+from kvpolicy.gate_programs.client import GateError, VllmClient, open_session
+from kvpolicy.gate_programs.stats import PairedCounts, RecoveryInterval, recovery_interval
 
 ANSWER_TOKENS = 64
 # The CRD's defaults are the gate's: one source.

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from kvpolicy.credentials import CredentialsSource, SecretValue, TlsSource
-from kvpolicy.gates import report
-from kvpolicy.gates.accuracy import AccuracyOptions, AccuracyProgress, run_accuracy_gate
-from kvpolicy.gates.accuracy import validate as validate_accuracy
-from kvpolicy.gates.client import base_url
-from kvpolicy.gates.latency import LatencyOptions, LatencyProgress, run_latency_probe
-from kvpolicy.gates.latency import validate as validate_latency
+from kvpolicy.gate_programs import report
+from kvpolicy.gate_programs.accuracy import AccuracyOptions, AccuracyProgress, run_accuracy_gate
+from kvpolicy.gate_programs.accuracy import validate as validate_accuracy
+from kvpolicy.gate_programs.client import base_url
+from kvpolicy.gate_programs.latency import LatencyOptions, LatencyProgress, run_latency_probe
+from kvpolicy.gate_programs.latency import validate as validate_latency
 
 EXIT_USAGE = 64  # EX_USAGE (sysexits.h)
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from kvpolicy.analysis.check import MetricsProvider, latency_snapshots
 from kvpolicy.analysis.checks import AnyCheck, MetricsCheck, Sides, Stage
 from kvpolicy.analysis.custom import custom_checks
+from kvpolicy.analysis.latency_check import MetricsProvider, latency_snapshots
 from kvpolicy.analysis.model import SideMetrics, Verdict
 from kvpolicy.analysis.served import CANARY_CONFIG
 from kvpolicy.analysis.verdicts import assess
 from kvpolicy.api.v1alpha1 import ConditionStatus, KVPolicy, Phase
-from kvpolicy.controller.rules import latency_check_due, latency_gate_config
+from kvpolicy.rollout.rules import latency_check_due, latency_gate_config
 
 
 async def _read_latency(provider: MetricsProvider, policy: KVPolicy, sides: Sides) -> tuple[SideMetrics, SideMetrics]:

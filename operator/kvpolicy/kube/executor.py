@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, Resource
-from kvpolicy.controller.state import Action, Create, Delete, Event, Kind, Patch, timestamp
+from kvpolicy.kube.api import DEPLOYMENTS, JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, Resource
+from kvpolicy.rollout.step_types import Action, Create, Delete, Event, Kind, Patch, timestamp
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]

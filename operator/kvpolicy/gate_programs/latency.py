@@ -16,8 +16,8 @@ import numpy as np
 
 from kvpolicy.api.v1alpha1 import LatencyGate, parse_decimal
 from kvpolicy.credentials import CredentialsError, CredentialsSource
-from kvpolicy.gates.client import GateError, VllmClient, open_session
-from kvpolicy.gates.niah import FILLER
+from kvpolicy.gate_programs.client import GateError, VllmClient, open_session
+from kvpolicy.gate_programs.niah import FILLER
 
 # The CRD's ratio limits are the probe's defaults: one source.
 CRD_DEFAULTS = LatencyGate()

@@ -19,8 +19,8 @@ from kvpolicy.api.v1alpha1 import (
     Traffic,
     parse_decimal,
 )
-from kvpolicy.controller.jobgates import GATE_OF_PHASE, LATENCY_PROBE
-from kvpolicy.controller.state import parse_timestamp
+from kvpolicy.rollout.job_gates import GATE_OF_PHASE, LATENCY_PROBE
+from kvpolicy.rollout.step_types import parse_timestamp
 
 # Spec fields that steer a running rollout, or say how its decision is applied and watched, rather than define what
 # is gated: changing them must not restart the analysis (nor must notifications). A field added with a default must be

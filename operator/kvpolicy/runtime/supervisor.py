@@ -33,11 +33,10 @@ import kopf
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
-
-from kvpolicy import metrics
-from kvpolicy.controller import handlers
-from kvpolicy.controller.leader import KubernetesLeaseStore, LeaderElection, LeaderElector
-from kvpolicy.controller.login import ClusterLogin
+from kvpolicy.kube.leader import KubernetesLeaseStore, LeaderElection, LeaderElector
+from kvpolicy.kube.login import ClusterLogin
+from kvpolicy.notify import metrics
+from kvpolicy.runtime import handlers
 
 logger = logging.getLogger(__name__)
 

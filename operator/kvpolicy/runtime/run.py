@@ -14,11 +14,10 @@ import logging
 import sys
 
 import kopf
-
-from kvpolicy.controller import handlers
-from kvpolicy.controller.leader import LeaderElection
-from kvpolicy.controller.login import ClusterLogin, CredentialsError
-from kvpolicy.controller.supervisor import RunSettings, Supervisor
+from kvpolicy.kube.leader import LeaderElection
+from kvpolicy.kube.login import ClusterLogin, CredentialsError
+from kvpolicy.runtime import handlers
+from kvpolicy.runtime.supervisor import RunSettings, Supervisor
 
 
 def _ip_address(text: str) -> str:

@@ -25,9 +25,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-from pydantic import TypeAdapter, ValidationError
-
-from kvpolicy import metrics
 from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import (
     API_VERSION,
@@ -40,9 +37,11 @@ from kvpolicy.api.v1alpha1 import (
     NotificationSpec,
     WebhookFormat,
 )
-from kvpolicy.controller.executor import post_events
-from kvpolicy.controller.kube import SECRETS, ApiError, KubeApi
-from kvpolicy.controller.state import Event, Notice, timestamp
+from kvpolicy.kube.api import SECRETS, ApiError, KubeApi
+from kvpolicy.kube.executor import post_events
+from kvpolicy.notify import metrics
+from kvpolicy.rollout.step_types import Event, Notice, timestamp
+from pydantic import TypeAdapter, ValidationError
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]

@@ -18,17 +18,17 @@ from kvpolicy.analysis.checks import AnyCheck, CheckVerdict, Sides
 from kvpolicy.analysis.model import ProviderUnavailableError, Verdict
 from kvpolicy.api.reasons import AnalysisReason
 from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, KVPolicy, LatencyProvider, Phase
-from kvpolicy.controller import builders as b
-from kvpolicy.controller.jobgates import PHASE_GATES
-from kvpolicy.controller.kube import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, SERVICES, KubeApi, label_selector
-from kvpolicy.controller.metricchecks import check_due, checks_for, needs_baseline
-from kvpolicy.controller.ownership import governing_policy
-from kvpolicy.controller.references import ReferenceReader, prometheus_credentials
-from kvpolicy.controller.rules import rollout_hash
-from kvpolicy.controller.state import JobView, Observations, PodView
-from kvpolicy.controller.tick import REPLAN_PHASES
 from kvpolicy.credentials import Credentials
-from kvpolicy.gpu import PRESENT_LABEL, gpu_facts
+from kvpolicy.kube.api import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, SERVICES, KubeApi, label_selector
+from kvpolicy.kube.references import ReferenceReader, prometheus_credentials
+from kvpolicy.planning.gpu import PRESENT_LABEL, gpu_facts
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.job_gates import PHASE_GATES
+from kvpolicy.rollout.metric_checks import check_due, checks_for, needs_baseline
+from kvpolicy.rollout.ownership import governing_policy
+from kvpolicy.rollout.rules import rollout_hash
+from kvpolicy.rollout.step_types import JobView, Observations, PodView
+from kvpolicy.rollout.tick import REPLAN_PHASES
 
 Obj = dict[str, Any]
 GPU_PRESENT = {PRESENT_LABEL: "true"}
@@ -139,7 +139,7 @@ def gpu_node_selector(policy: KVPolicy, target: Mapping[str, Any]) -> dict[str, 
 
 @dataclass
 class LatencyAnalyser:
-    """Evaluates the metrics checks (metricchecks.py) of a canary against the target's own pods, through the
+    """Evaluates the metrics checks (metric_checks.py) of a canary against the target's own pods, through the
     configured provider.
 
     Prometheus providers are kept per URL and selector template, and per policy where `prometheusAuth` gives

@@ -5,8 +5,8 @@ is idempotent (deterministic names, create-if-absent, patches computed from what
 after a crash or an operator restart repeats nothing harmful and loses nothing.
 
 The phases (`Phase` in the API) are handled here, except the Job gates' (gate_phase.py, one table entry each in
-jobgates.py) and LatencyAnalysis (latency_phase.py); `Tick` and the transitions are in tick.py, the spec-derived rules
-in rules.py. Metrics checks (metricchecks.py) are reacted to by their stage: VERIFY ones here, before any gate.
+job_gates.py) and LatencyAnalysis (latency_phase.py); `Tick` and the transitions are in tick.py, the spec-derived rules
+in rules.py. Metrics checks (metric_checks.py) are reacted to by their stage: VERIFY ones here, before any gate.
 """
 
 from __future__ import annotations
@@ -29,13 +29,15 @@ from kvpolicy.api.v1alpha1 import (
     PodTemplateRecord,
     VerdictKind,
 )
-from kvpolicy.controller import builders as b
-from kvpolicy.controller import drift
-from kvpolicy.controller.gate_phase import job_gate_phase
-from kvpolicy.controller.jobgates import PHASE_GATES, JobGate
-from kvpolicy.controller.latency_phase import latency_analysis
-from kvpolicy.controller.rules import rollout_hash
-from kvpolicy.controller.state import (
+from kvpolicy.planning.gpu import planning_change
+from kvpolicy.planning.planner import bf16_cause, plan
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout import drift
+from kvpolicy.rollout.gate_phase import job_gate_phase
+from kvpolicy.rollout.job_gates import PHASE_GATES, JobGate
+from kvpolicy.rollout.latency_phase import latency_analysis
+from kvpolicy.rollout.rules import rollout_hash
+from kvpolicy.rollout.step_types import (
     Create,
     Delete,
     Kind,
@@ -46,7 +48,7 @@ from kvpolicy.controller.state import (
     StepResult,
     timestamp,
 )
-from kvpolicy.controller.tick import (
+from kvpolicy.rollout.tick import (
     CANARY_PHASES,
     REPLAN_PHASES,
     Tick,
@@ -59,8 +61,6 @@ from kvpolicy.controller.tick import (
     start_promotion,
     watch_capacity,
 )
-from kvpolicy.gpu import planning_change
-from kvpolicy.planner import bf16_cause, plan
 
 
 def _planning(t: Tick) -> None:
@@ -141,7 +141,7 @@ def _canary_starting(t: Tick) -> None:
 
 
 def _verified(t: Tick) -> bool:
-    """The ready canary's VERIFY checks (metricchecks.py), before any gate: True once every check read this pass has
+    """The ready canary's VERIFY checks (metric_checks.py), before any gate: True once every check read this pass has
     passed (or passed before). Not read (no metrics provider configured for the step): not checked."""
     for result in t.obs.verdicts(Stage.VERIFY):
         verification = result.check.verification

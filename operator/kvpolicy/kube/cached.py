@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from kvpolicy.controller.kube import JOBS, NODES, PODS, SERVICES, ApiError, KubernetesApi, Obj, PatchType, Resource
+from kvpolicy.kube.api import JOBS, NODES, PODS, SERVICES, ApiError, KubernetesApi, Obj, PatchType, Resource
 
 logger = logging.getLogger(__name__)
 # The API server ends each watch after this long, and it is resumed from the last resourceVersion seen.

@@ -16,21 +16,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-
 from kvpolicy import __version__
 from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
-from kvpolicy.controller.builders import POLICY_LABEL
-from kvpolicy.controller.cached import CachedKubeApi, operator_selections
-from kvpolicy.controller.executor import post_events
-from kvpolicy.controller.kube import ApiError, KubeApi, KubernetesApi
-from kvpolicy.controller.leader import LeaderFencedApi
-from kvpolicy.controller.login import ClusterLogin
-from kvpolicy.controller.notifications import DeliverySettings, Notifier, NotifierConfig
-from kvpolicy.controller.observe import LatencyAnalyser
-from kvpolicy.controller.reconciler import Reconciler
-from kvpolicy.controller.references import ReferenceReader
-from kvpolicy.controller.state import Event, StepConfig, default_gate_resources
+from kvpolicy.kube.api import ApiError, KubeApi, KubernetesApi
+from kvpolicy.kube.cached import CachedKubeApi, operator_selections
+from kvpolicy.kube.executor import post_events
+from kvpolicy.kube.leader import LeaderFencedApi
+from kvpolicy.kube.login import ClusterLogin
+from kvpolicy.kube.observe import LatencyAnalyser
+from kvpolicy.kube.references import ReferenceReader
+from kvpolicy.notify.notifier import DeliverySettings, Notifier, NotifierConfig
+from kvpolicy.rollout.builders import POLICY_LABEL
+from kvpolicy.rollout.step_types import Event, StepConfig, default_gate_resources
+from kvpolicy.runtime.reconciler import Reconciler
 
 DEFAULT_GATE_IMAGE = f"ghcr.io/kvpolicy/kvpolicy-operator:{__version__}"
 # The FP8 serving image kernels/Dockerfile builds (vLLM v0.12.0 + kvkernels); it also runs the preflight probe.
@@ -177,7 +176,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.posting.level = logging.ERROR
     ride_out_api_outages(settings)
     options: OperatorOptions = memo.get("options") or OperatorOptions.from_env()
-    # The children each pass lists, and the nodes' labels, come from watches (controller/cached.py).
+    # The children each pass lists, and the nodes' labels, come from watches (kube/cached.py).
     api: KubeApi = CachedKubeApi(await KubernetesApi.connect(_cluster_login(memo)), operator_selections(POLICY_LABEL))
     memo["api"] = api
     fence = memo.get("fence")

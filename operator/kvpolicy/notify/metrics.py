@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
 from kvpolicy import __version__
 from kvpolicy.analysis.model import MeanCheck, RatioCheck, Verdict
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Gate label values the alert rules match on (decision results are the API's DecisionResult).
 GATE_ACCURACY = "accuracy"
@@ -119,7 +118,7 @@ class OperatorMetrics:
             ["format", "result"],
             registry=registry,
         )
-        # The operator process itself (controller/supervisor.py): is the API server answering, does this replica act.
+        # The operator process itself (runtime/supervisor.py): is the API server answering, does this replica act.
         self.api_reachable = Gauge(
             "kvpolicy_api_reachable",
             "1 while the Kubernetes API server answers the operator's probe (GET /readyz), else 0.",

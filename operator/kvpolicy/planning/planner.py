@@ -2,7 +2,7 @@
 
 Hard rules cannot be overridden by `kvCache.dtype: FP8`: FP8 is never planned on an unknown GPU, on a truncating
 FP8 accumulator (Hopper, Ada) without an image that declares two-level accumulation, for MLA without calibrated
-scales, or where no attention backend runs an FP8 KV cache on the GPU for the model (kvpolicy.attention). Soft rules
+scales, or where no attention backend runs an FP8 KV cache on the GPU for the model (attention.py). Soft rules
 (decode break-even, head_dim-256 prefill penalty, no FP8 tensor cores) choose BF16 under `Auto` and give way to an
 explicit `FP8` with a warning. An explicit `BF16` is always honoured, with a warning when the rules would have planned
 FP8.
@@ -26,7 +26,7 @@ from kvpolicy.api.v1alpha1 import (
     Severity,
     SkipSlidingWindowLayers,
 )
-from kvpolicy.attention import choose_backend
+from kvpolicy.planning.attention import choose_backend
 
 # Published decode break-even (vLLM blog 2026-04-22, Llama-3.1-8B): FP8's lower ITL slope pays for its higher
 # intercept only above these context lengths.

@@ -30,9 +30,8 @@ from typing import Any, Protocol
 
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, V1Lease, V1LeaseSpec, V1ObjectMeta
 from kubernetes_asyncio.client.exceptions import ApiException
-
-from kvpolicy.controller.kube import ApiError, KubeApi, PatchType, Resource
-from kvpolicy.controller.login import ClusterLogin
+from kvpolicy.kube.api import ApiError, KubeApi, PatchType, Resource
+from kvpolicy.kube.login import ClusterLogin
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]

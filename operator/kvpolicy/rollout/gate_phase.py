@@ -3,8 +3,8 @@ its report, and move on as its judgement says."""
 
 from __future__ import annotations
 
-from kvpolicy.controller.jobgates import JobGate, Then
-from kvpolicy.controller.tick import Tick, advance, rollback, run_job
+from kvpolicy.rollout.job_gates import JobGate, Then
+from kvpolicy.rollout.tick import Tick, advance, rollback, run_job
 
 
 def job_gate_phase(t: Tick, gate: JobGate) -> None:
