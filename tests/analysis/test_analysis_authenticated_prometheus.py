@@ -16,17 +16,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from auth_proxy import BODY_MARKER, AuthProxy, Pki, basic_authorization, prometheus_auth_spec
-from kvpolicy.analysis import (
-    LatencyGateConfig,
-    PrometheusProvider,
-    ProviderUnavailableError,
-    ScrapeProvider,
-    SideSelector,
-    VerdictKind,
-    run_check,
-)
+from kvpolicy.analysis.latency_check import run_check
+from kvpolicy.analysis.model import LatencyGateConfig, ProviderUnavailableError, SideSelector
+from kvpolicy.analysis.prometheus import PrometheusProvider
+from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.analysis.served import CANARY_CONFIG
-from kvpolicy.api.v1alpha1 import KVPolicy
+from kvpolicy.api.v1alpha1 import KVPolicy, VerdictKind
 from kvpolicy.credentials import CredentialsSource, SecretValue, TlsSource
 from kvpolicy.kube.api import SECRETS as SECRETS_RESOURCE
 from kvpolicy.kube.api import Resource

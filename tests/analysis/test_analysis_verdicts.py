@@ -6,19 +6,16 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kvpolicy.analysis import (
+from kvpolicy.analysis.model import (
     Action,
     AnalysisState,
     LatencyGateConfig,
-    OnInconclusive,
     ProviderUnavailableError,
     SideMetrics,
     Verdict,
-    VerdictKind,
-    assess,
-    next_analysis_state,
 )
-from kvpolicy.api.v1alpha1 import LatencyAnalysis
+from kvpolicy.analysis.verdicts import assess, next_analysis_state
+from kvpolicy.api.v1alpha1 import LatencyAnalysis, OnInconclusive, VerdictKind
 from kvpolicy.rollout.latency_phase import analysis_state, record_check
 from kvpolicy.rollout.step_types import timestamp
 

@@ -24,7 +24,8 @@ from urllib.request import urlopen
 import aiohttp
 import pytest
 from gate_fakes import CHILD_ENV
-from kvpolicy.analysis import ScrapeProvider, SideSelector
+from kvpolicy.analysis.model import SideSelector
+from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.credentials import CredentialsSource, SecretValue
 from kvpolicy.gate_programs import niah
 from kvpolicy_dev.sim import free_port

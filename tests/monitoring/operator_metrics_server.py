@@ -8,7 +8,8 @@ import argparse
 import asyncio
 import time
 
-from kvpolicy.analysis import LatencyGateConfig, SideMetrics, assess
+from kvpolicy.analysis.model import LatencyGateConfig, SideMetrics
+from kvpolicy.analysis.verdicts import assess
 from kvpolicy.notify.metrics import OperatorMetrics, start_metrics_server
 
 

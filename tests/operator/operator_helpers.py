@@ -11,9 +11,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jsonpatch
-from kvpolicy.analysis import Verdict
 from kvpolicy.analysis.checks import CheckVerdict
-from kvpolicy.analysis.served import CANARY_CONFIG, ServedReading
+from kvpolicy.analysis.model import Verdict
+from kvpolicy.analysis.provider import ServedReading
+from kvpolicy.analysis.served import CANARY_CONFIG
 from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy, Phase
 from kvpolicy.kube.observe import PHASE_NEEDS
 from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts

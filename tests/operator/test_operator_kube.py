@@ -8,7 +8,7 @@ import base64
 from pathlib import Path
 
 import pytest
-from kvpolicy.analysis import ProviderUnavailableError
+from kvpolicy.analysis.model import ProviderUnavailableError
 from kvpolicy.api.v1alpha1 import ConfigMapKeySelector, SecretKeySelector
 from kvpolicy.kube.api import (
     DEPLOYMENTS,

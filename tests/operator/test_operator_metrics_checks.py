@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpolicy.analysis import SideMetrics, Verdict, VerdictKind
 from kvpolicy.analysis.checks import CheckVerdict
 from kvpolicy.analysis.custom import CustomReading, custom_checks
+from kvpolicy.analysis.model import SideMetrics, Verdict
+from kvpolicy.api.v1alpha1 import VerdictKind
 from kvpolicy.rollout.metric_checks import LATENCY
 from operator_helpers import Driver, make_policy, run_to_canary
 

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 from e2e_helpers import PATCHED_IMAGE, OperatorFactory, container, event_reasons, policy, target, users, wait_decided
-from kvpolicy.analysis import MetricsProvider, SideMetrics, Verdict, VerdictKind
 from kvpolicy.analysis.checks import MetricsCheck, Sides, Stage
+from kvpolicy.analysis.model import SideMetrics, Verdict
+from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.api.reasons import AnalysisReason
-from kvpolicy.api.v1alpha1 import KVPolicy
+from kvpolicy.api.v1alpha1 import KVPolicy, VerdictKind
 from kvpolicy.rollout import metric_checks
 from kvpolicy_dev.demo.prometheus import LocalPrometheus, find_prometheus
 from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from auth_proxy import Pki
 from fake_kube import FakeKubeApi
-from kvpolicy.analysis import ProviderUnavailableError, Verdict, VerdictKind
 from kvpolicy.analysis.checks import CheckVerdict
+from kvpolicy.analysis.model import ProviderUnavailableError, Verdict
 from kvpolicy.analysis.served import CANARY_CONFIG
-from kvpolicy.api.v1alpha1 import KVPolicy, PrometheusAuth
+from kvpolicy.api.v1alpha1 import KVPolicy, PrometheusAuth, VerdictKind
 from kvpolicy.kube.api import CONFIG_MAPS, SECRETS, ApiError
 from kvpolicy.kube.observe import LatencyAnalyser, PodView
 from kvpolicy.kube.references import ReferenceReader, prometheus_credentials

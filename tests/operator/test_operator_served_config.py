@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from kvpolicy.analysis.provider import ServedConfig, ServedReading
 from kvpolicy.analysis.scrape import parse_scrape
-from kvpolicy.analysis.served import ServedConfig, ServedReading, served_config
+from kvpolicy.analysis.served import served_config
 from operator_helpers import Driver, make_policy
 
 # Lines of a real vLLM 0.32 CPU server's /metrics (labels trimmed): serving with the default KV cache.

@@ -6,9 +6,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from kvpolicy.analysis import LatencyGateConfig, SideMetrics, Verdict, VerdictKind, assess
+from kvpolicy.analysis.model import LatencyGateConfig, SideMetrics, Verdict
+from kvpolicy.analysis.verdicts import assess
 from kvpolicy.api.reasons import GateReason
-from kvpolicy.api.v1alpha1 import GateVerdict, LatencyAnalysis
+from kvpolicy.api.v1alpha1 import GateVerdict, LatencyAnalysis, VerdictKind
 from kvpolicy.gate_programs.report import read_report
 from kvpolicy.rollout.latency_phase import analysis_state
 from kvpolicy.rollout.rules import latency_check_due, phase_deadline, rollout_hash

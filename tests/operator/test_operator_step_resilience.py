@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 from fake_kube import FakeKubeApi
-from kvpolicy.analysis import VerdictKind
-from kvpolicy.api.v1alpha1 import GpuFacts
+from kvpolicy.api.v1alpha1 import GpuFacts, VerdictKind
 from kvpolicy.kube.api import DEPLOYMENTS, NODES
 from kvpolicy.kube.observe import Observer
 from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts, planning_change

@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 from enum import Enum, auto
 from typing import Any, Generic, TypeVar
 
-from kvpolicy.analysis.latency_check import MetricsProvider
 from kvpolicy.analysis.model import ProviderUnavailableError, SideSelector, Verdict
+from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import ConditionType, KVPolicy, VerdictKind
 

@@ -1,32 +1,12 @@
-"""One analysis check: read both sides from a provider and assess them."""
+"""The TTFT/ITL latency check: read both sides from a provider over the same window and assess them."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
 
 from kvpolicy.analysis.model import LatencyGateConfig, ProviderUnavailableError, SideMetrics, SideSelector, Verdict
+from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.analysis.verdicts import assess
-
-if TYPE_CHECKING:  # served.py defines a check on this protocol
-    from kvpolicy.analysis.served import ServedReading
-
-
-class MetricsProvider(Protocol):
-    """A source of per-side latency over a window (Prometheus, or the pods' own /metrics)."""
-
-    async def latency_snapshot(
-        self, side: SideSelector, window_seconds: float, quantiles: Sequence[float]
-    ) -> SideMetrics:
-        """Raise ProviderUnavailableError when the source cannot answer; report missing data in the result."""
-        ...
-
-    async def served(self, side: SideSelector) -> ServedReading:
-        """What each pod of a side serves (vllm:cache_config_info); raise ProviderUnavailableError like above."""
-        ...
-
-    async def close(self) -> None: ...
 
 
 async def run_check(

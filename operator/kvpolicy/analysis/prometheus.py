@@ -17,7 +17,8 @@ import aiohttp
 from kvpolicy.analysis import metric_names
 from kvpolicy.analysis.http import HttpClient
 from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
-from kvpolicy.analysis.served import CACHE_CONFIG, ServedReading, served_config
+from kvpolicy.analysis.provider import PromQL, QueryRejectedError, ServedReading
+from kvpolicy.analysis.served import CACHE_CONFIG, served_config
 from kvpolicy.credentials import Credentials
 from kvpolicy.http_errors import auth_hint, connection_problem, redact_url, status_text
 
@@ -127,10 +128,6 @@ PROMETHEUS_ERROR_TYPES = frozenset(
 )
 
 
-class QueryRejectedError(ProviderUnavailableError):
-    """Prometheus answered, but refused the query itself (bad_data, a non-vector result): the query needs fixing."""
-
-
 class PrometheusProvider(HttpClient):
     """Reads both sides' latency over the window from Prometheus. Errors raise ProviderUnavailableError.
 
@@ -211,6 +208,9 @@ class PrometheusProvider(HttpClient):
                 "QueryRejected", f"Prometheus at {self.shown_url} answered {promql!r} with something else than a vector"
             )
         return [(sample.get("metric", {}), float(sample["value"][1])) for sample in data.get("result", [])]
+
+    def promql(self) -> PromQL:
+        return self
 
     def matchers(self, side: SideSelector) -> str:
         """The label matchers (without braces) that select one side's series, from the selector template."""

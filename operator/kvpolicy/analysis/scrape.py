@@ -21,7 +21,8 @@ from kvpolicy.analysis import metric_names
 from kvpolicy.analysis.histogram import CumulativeHistogram
 from kvpolicy.analysis.http import HttpClient
 from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
-from kvpolicy.analysis.served import CACHE_CONFIG, ServedConfig, ServedReading, reading, served_config
+from kvpolicy.analysis.provider import PromQL, ServedConfig, ServedReading
+from kvpolicy.analysis.served import CACHE_CONFIG, reading, served_config
 from kvpolicy.credentials import Credentials
 from kvpolicy.http_errors import auth_hint, connection_problem, redact_url, status_text
 
@@ -184,6 +185,9 @@ class ScrapeProvider(HttpClient):
         if earlier:
             return earlier[-1]
         return history[0] if len(history) > 1 else None
+
+    def promql(self) -> PromQL | None:
+        return None  # the pods' /metrics answer no queries
 
     async def served(self, side: SideSelector) -> ServedReading:
         scrapes = await asyncio.gather(*(self._scrape(endpoint) for endpoint in side.endpoints))

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 import aiohttp
 from kubernetes_asyncio.client import ApiClient, AppsV1Api, BatchV1Api, CoreV1Api, CustomObjectsApi
+
 from kvpolicy import __version__
 from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
 from kvpolicy.kube.login import ClusterLogin, CredentialsError

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, V1Lease, V1LeaseSpec, V1ObjectMeta
 from kubernetes_asyncio.client.exceptions import ApiException
+
 from kvpolicy.kube.api import ApiError, KubeApi, PatchType, Resource
 from kvpolicy.kube.login import ClusterLogin
 

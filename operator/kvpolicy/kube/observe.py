@@ -7,15 +7,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kvpolicy.analysis import (
-    DEFAULT_SELECTOR_TEMPLATE,
-    MetricsProvider,
-    PrometheusProvider,
-    ScrapeProvider,
-    SideSelector,
-)
 from kvpolicy.analysis.checks import AnyCheck, CheckVerdict, Sides
-from kvpolicy.analysis.model import ProviderUnavailableError, Verdict
+from kvpolicy.analysis.model import ProviderUnavailableError, SideSelector, Verdict
+from kvpolicy.analysis.prometheus import DEFAULT_SELECTOR_TEMPLATE, PrometheusProvider
+from kvpolicy.analysis.provider import MetricsProvider
+from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.api.reasons import AnalysisReason
 from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, KVPolicy, LatencyProvider, Phase
 from kvpolicy.credentials import Credentials

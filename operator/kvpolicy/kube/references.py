@@ -20,12 +20,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pydantic import SecretStr
+
 from kvpolicy.analysis.model import ProviderUnavailableError
 from kvpolicy.api.reasons import AnalysisReason
 from kvpolicy.api.v1alpha1 import ConfigMapKeySelector, PrometheusAuth, SecretKeySelector, SecretOrConfigMap
 from kvpolicy.credentials import Credentials, CredentialsError, CredentialsSource, SecretValue, tls_context_from_pem
 from kvpolicy.kube.api import CONFIG_MAPS, SECRETS, ApiError, KubeApi, Obj, Resource
-from pydantic import SecretStr
 
 DEFAULT_TTL_SECONDS = 30.0
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
 from kvpolicy import __version__
 from kvpolicy.analysis.model import MeanCheck, RatioCheck, Verdict
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Gate label values the alert rules match on (decision results are the API's DecisionResult).
 GATE_ACCURACY = "accuracy"

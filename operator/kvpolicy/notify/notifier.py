@@ -25,6 +25,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from pydantic import TypeAdapter, ValidationError
+
 from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import (
     API_VERSION,
@@ -41,7 +43,6 @@ from kvpolicy.kube.api import SECRETS, ApiError, KubeApi
 from kvpolicy.kube.executor import post_events
 from kvpolicy.notify import metrics
 from kvpolicy.rollout.step_types import Event, Notice, timestamp
-from pydantic import TypeAdapter, ValidationError
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
+
 from kvpolicy.api.v1alpha1 import KIND, GpuFacts, KVPolicy, KVPolicySpec, Plan
 from kvpolicy.planning.gpu import PRODUCTS, gpu_facts, product_labels
 from kvpolicy.planning.planner import plan
-from pydantic import ValidationError
 
 STDIN = "-"
 # Kinds `kubectl get -o yaml` wraps several objects in.

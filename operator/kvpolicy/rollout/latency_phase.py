@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from kvpolicy.analysis import Action as AnalysisAction
-from kvpolicy.analysis import AnalysisState, Verdict, next_analysis_state
+from kvpolicy.analysis.model import Action as AnalysisAction
+from kvpolicy.analysis.model import AnalysisState, Verdict
+from kvpolicy.analysis.verdicts import next_analysis_state
 from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import (
     ConditionStatus,

@@ -16,8 +16,9 @@ from datetime import datetime
 
 from kvpolicy.analysis.checks import AnyCheck, MetricsCheck, Sides, Stage
 from kvpolicy.analysis.custom import custom_checks
-from kvpolicy.analysis.latency_check import MetricsProvider, latency_snapshots
+from kvpolicy.analysis.latency_check import latency_snapshots
 from kvpolicy.analysis.model import SideMetrics, Verdict
+from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.analysis.served import CANARY_CONFIG
 from kvpolicy.analysis.verdicts import assess
 from kvpolicy.api.v1alpha1 import ConditionStatus, KVPolicy, Phase

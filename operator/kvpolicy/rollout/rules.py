@@ -7,7 +7,7 @@ import hashlib
 import json
 from datetime import datetime, timedelta
 
-from kvpolicy.analysis import LatencyGateConfig, parse_ratio
+from kvpolicy.analysis.model import LatencyGateConfig, parse_ratio
 from kvpolicy.api.v1alpha1 import (
     ApplyMode,
     ConditionStatus,

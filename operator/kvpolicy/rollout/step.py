@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvpolicy.analysis import Verdict
 from kvpolicy.analysis.checks import Stage, Verification
+from kvpolicy.analysis.model import Verdict
 from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import (
     CanaryRef,

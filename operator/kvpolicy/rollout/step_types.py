@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from kvpolicy.analysis import Verdict
 from kvpolicy.analysis.checks import CheckVerdict, Stage, combine
+from kvpolicy.analysis.model import Verdict
 from kvpolicy.api.v1alpha1 import Decision, Difference, GpuFacts, KVPolicyStatus, NotificationEvent, Phase
 
 Obj = dict[str, Any]

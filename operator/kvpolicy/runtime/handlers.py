@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+
 from kvpolicy import __version__
 from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION

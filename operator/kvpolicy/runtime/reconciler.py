@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from pydantic import ValidationError
+
 from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import (
     API_VERSION,
@@ -42,7 +44,6 @@ from kvpolicy.rollout.conditions import set_condition
 from kvpolicy.rollout.rules import phase_deadline
 from kvpolicy.rollout.step import step
 from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult, parse_timestamp, timestamp
-from pydantic import ValidationError
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]

@@ -14,6 +14,7 @@ import logging
 import sys
 
 import kopf
+
 from kvpolicy.kube.leader import LeaderElection
 from kvpolicy.kube.login import ClusterLogin, CredentialsError
 from kvpolicy.runtime import handlers

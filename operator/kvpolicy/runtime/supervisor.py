@@ -33,6 +33,7 @@ import kopf
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
+
 from kvpolicy.kube.leader import KubernetesLeaseStore, LeaderElection, LeaderElector
 from kvpolicy.kube.login import ClusterLogin
 from kvpolicy.notify import metrics
