@@ -12,7 +12,7 @@ from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts, planning_change
 from kvpolicy.rollout.rules import rollout_hash
 from kvpolicy.rollout.step_types import Event
 from operator_helpers import NAMESPACE, T0, Driver, World, gpu, make_policy, run_to_canary, target_deployment
-from test_operator_step import live, verdict
+from test_rollout_step import live, verdict
 
 
 def stall_events(reasons: list[str]) -> int:

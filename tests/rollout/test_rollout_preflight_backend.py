@@ -8,7 +8,7 @@ from kvpolicy.planning.attention import BACKENDS, PROBE_BACKENDS
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.job_gates import GPU_PREFLIGHT
 from operator_helpers import Driver, World, gpu, make_policy, run_to_canary
-from test_operator_builders import FA3_PLAN, FP8_PLAN
+from test_rollout_builders import FA3_PLAN, FP8_PLAN
 
 PREFLIGHT = {"gates.gpuPreflight.enabled": True}
 

@@ -10,7 +10,7 @@ from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.job_gates import JOB_GATES, JobInputs
 from kvpolicy_dev.devcluster.validation import dns1035_label, dns1123_subdomain, label_value, validate
 from operator_helpers import CONFIG, make_policy, target_deployment
-from test_operator_builders import FA3_PLAN, FP8_PLAN
+from test_rollout_builders import FA3_PLAN, FP8_PLAN
 
 INT64_MAX = 2**63 - 1
 _label = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True)
