@@ -21,9 +21,8 @@ from kvpolicy.kube.references import ReferenceReader, prometheus_credentials
 from kvpolicy.rollout import builders
 from kvpolicy.rollout.metric_checks import METRICS_CHECKS
 from kvpolicy.rollout.rules import rollout_hash
-from operator_helpers import Driver, make_policy
+from operator_helpers import Driver, live, make_policy
 from pydantic import ValidationError
-from test_rollout_step import live
 
 NAMESPACE = "llm"
 TOKEN = "token-5d7e1c3b-do-not-print"

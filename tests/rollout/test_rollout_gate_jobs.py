@@ -14,9 +14,8 @@ from kvpolicy.rollout.job_gates import JOB_GATES, JobInputs
 from kvpolicy.rollout.step_types import JobView, StepConfig, default_gate_resources
 from kvpolicy.runtime.handlers import OperatorOptions
 from kvpolicy_dev.devcluster.podsecurity import pod_template_specs, violations
-from operator_helpers import CONFIG, Driver, make_policy, run_to_canary, target_deployment
+from operator_helpers import CONFIG, Driver, make_policy, run_to_canary, target_deployment, to_accuracy_gate
 from test_rollout_builders import FA3_PLAN, FP8_PLAN
-from test_rollout_step import to_accuracy_gate
 
 POLICY = b.PolicyRef(name="llama-fp8", namespace="serving", uid="uid-1")
 PULL_SECRETS = [{"name": "registry-credentials"}]

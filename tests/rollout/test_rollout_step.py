@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from kvpolicy.analysis.model import LatencyGateConfig, SideMetrics, Verdict
+from kvpolicy.analysis.model import LatencyGateConfig, SideMetrics
 from kvpolicy.analysis.verdicts import assess
 from kvpolicy.api.reasons import GateReason
 from kvpolicy.api.v1alpha1 import GateVerdict, LatencyAnalysis, VerdictKind
@@ -26,9 +26,12 @@ from operator_helpers import (
     World,
     gate_output,
     gpu,
+    live,
     make_policy,
     run_to_canary,
     target_deployment,
+    to_accuracy_gate,
+    verdict,
 )
 
 PASS = gate_output(
@@ -42,12 +45,6 @@ FAIL = gate_output(
 def container(deployment: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
     return result
-
-
-def to_accuracy_gate(driver: Driver) -> None:
-    run_to_canary(driver)
-    driver.tick()
-    assert driver.phase == "AccuracyGate"
 
 
 def test_hopper_plan_starts_an_isolated_canary_with_the_patched_image() -> None:
@@ -386,25 +383,6 @@ def test_synthetic_probe_failures(verdict: str, on_inconclusive: str, phase: str
         assert driver.policy.status.decision.reason == reason
     else:
         assert driver.condition("LatencyGatePassed") == ("Unknown", "LatencyInconclusive")
-
-
-def side(role: str, requests: float, ttft: float) -> SideMetrics:
-    return SideMetrics(role, True, requests, 60.0, {0.5: ttft, 0.95: ttft}, {0.5: 0.01, 0.95: 0.01})
-
-
-def verdict(kind: VerdictKind) -> Verdict:
-    canary_ttft = 0.2 if kind == VerdictKind.BREACH else 0.1
-    return Verdict(kind, kind.value, kind.value, (), side("canary", 100, canary_ttft), side("baseline", 100, 0.1))
-
-
-def live(**spec: Any) -> Driver:
-    driver = Driver(make_policy(**{"gates.accuracy.enabled": False, "gates.latency.enabled": True, **spec}))
-    run_to_canary(driver)
-    driver.tick()
-    driver.world.canary_up()
-    driver.tick()
-    assert driver.policy.status.latency.started_at is not None
-    return driver
 
 
 def test_live_analysis_promotes_after_enough_passing_checks() -> None:

@@ -11,8 +11,18 @@ from kvpolicy.kube.observe import Observer
 from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts, planning_change
 from kvpolicy.rollout.rules import rollout_hash
 from kvpolicy.rollout.step_types import Event
-from operator_helpers import NAMESPACE, T0, Driver, World, gpu, make_policy, run_to_canary, target_deployment
-from test_rollout_step import live, verdict
+from operator_helpers import (
+    NAMESPACE,
+    T0,
+    Driver,
+    World,
+    gpu,
+    live,
+    make_policy,
+    run_to_canary,
+    target_deployment,
+    verdict,
+)
 
 
 def stall_events(reasons: list[str]) -> int:
