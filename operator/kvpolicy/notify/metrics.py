@@ -14,10 +14,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from kvpolicy import __version__
 from kvpolicy.analysis.model import MeanCheck, RatioCheck, Verdict
 
-# Gate label values the alert rules match on (decision results are the API's DecisionResult).
-GATE_ACCURACY = "accuracy"
-GATE_LATENCY = "latency"
-
 # Rollouts take minutes (a bake) to hours (a long accuracy gate on a big model).
 ROLLOUT_DURATION_BUCKETS = (60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0)
 

@@ -85,7 +85,9 @@ class Judgement:
 
 @dataclass(frozen=True)
 class JobGate:
-    name: str  # the Job's name part: <policy>-<name>-g<generation>
+    # The Job's name part (<policy>-<name>-g<generation>), and the gate label of kvpolicy_gate_results_total that
+    # the alert rules match on.
+    name: str
     phase: Phase
     condition: ConditionType
     runs: Callable[[KVPolicySpec, Plan], bool]
@@ -396,3 +398,15 @@ LATENCY_PROBE = JobGate(
 PHASE_GATES: tuple[JobGate, ...] = (GPU_PREFLIGHT, ACCURACY)
 JOB_GATES: tuple[JobGate, ...] = (*PHASE_GATES, LATENCY_PROBE)
 GATE_OF_PHASE = {gate.phase: gate for gate in PHASE_GATES}
+
+
+def finished_gates(before: KVPolicyStatus, after: KVPolicyStatus) -> list[tuple[JobGate, GateResult]]:
+    """The gates whose result turned from absent or Running into a verdict between two statuses, each once: what
+    the gate-results metric counts."""
+    finished = []
+    for gate in JOB_GATES:
+        old, new = gate.result(before), gate.result(after)
+        running = GateVerdict.RUNNING
+        if new is not None and new.verdict != running and (old is None or old.verdict == running):
+            finished.append((gate, new))
+    return finished

@@ -27,7 +27,6 @@ from kvpolicy.api.v1alpha1 import (
     Condition,
     ConditionStatus,
     ConditionType,
-    GateVerdict,
     KVPolicy,
     KVPolicyStatus,
     Phase,
@@ -41,6 +40,7 @@ from kvpolicy.notify import metrics
 from kvpolicy.notify.notifier import Notifier
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.conditions import set_condition
+from kvpolicy.rollout.job_gates import finished_gates
 from kvpolicy.rollout.rules import phase_deadline
 from kvpolicy.rollout.step import step
 from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult, parse_timestamp, timestamp
@@ -289,19 +289,9 @@ class Reconciler:
             if started is not None:
                 elapsed = (observations.now - started).total_seconds()
                 metrics.observe_rollout_duration(elapsed, after.decision.result)
-        old_probe = before.latency.probe if before.latency else None
-        new_probe = after.latency.probe if after.latency else None
-        if (
-            new_probe is not None
-            and new_probe.verdict != GateVerdict.RUNNING
-            and (old_probe is None or old_probe.verdict == GateVerdict.RUNNING)
-        ):
-            metrics.record_gate_result(name, namespace, metrics.GATE_LATENCY, new_probe.verdict, None, None, None)
-        old, new = before.accuracy, after.accuracy
-        running = GateVerdict.RUNNING
-        if new is not None and new.verdict != running and (old is None or old.verdict == running):
+        for gate, done in finished_gates(before, after):
             metrics.record_gate_result(
-                name, namespace, metrics.GATE_ACCURACY, new.verdict, new.recovery, new.canary_score, new.baseline_score
+                name, namespace, gate.name, done.verdict, done.recovery, done.canary_score, done.baseline_score
             )
         updated = policy.model_copy(update={"status": after})
         deadline = phase_deadline(updated)
