@@ -33,6 +33,8 @@ tools: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	# The layers (docs/architecture.md), as import-linter contracts (.importlinter).
+	$(BIN)/lint-imports
 
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy

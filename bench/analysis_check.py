@@ -17,15 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analysis"))
 
-from kvpolicy.analysis import (
-    LatencyGateConfig,
-    PrometheusProvider,
-    ScrapeProvider,
-    SideSelector,
-    Verdict,
-    VerdictKind,
-    run_check,
-)
+from kvpolicy.analysis.latency_check import run_check
+from kvpolicy.analysis.model import LatencyGateConfig, SideSelector, Verdict
+from kvpolicy.analysis.prometheus import PrometheusProvider
+from kvpolicy.analysis.scrape import ScrapeProvider
+from kvpolicy.api.v1alpha1 import VerdictKind
 from live_fleet import Fleet
 
 

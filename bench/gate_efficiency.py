@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from kvpolicy.gates import niah
-from kvpolicy.gates.accuracy import AccuracyOptions, run_accuracy_gate, sequential_decision
-from kvpolicy.gates.stats import PairedCounts, recovery_interval
+from kvpolicy.gate_programs import niah
+from kvpolicy.gate_programs.accuracy import AccuracyOptions, run_accuracy_gate, sequential_decision
+from kvpolicy.gate_programs.stats import PairedCounts, recovery_interval
 from kvpolicy_dev.numerics import Accumulation, attention_row, quantize
 from kvpolicy_dev.sim import SimConfig, start_simulator_subprocess
 from kvpolicy_dev.sim.accuracy import NumericsModel, answer_needles

@@ -36,8 +36,8 @@ TERMINATION_LOG_LIMIT = 4096
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
 EXIT_SAFE, EXIT_UNSAFE, EXIT_CANNOT_RUN = 0, 1, 2
 BACKENDS = ("triton", "vllm-fa3")
-# The report is the operator's GateReport (kvpolicy/gates/report.py), written here without depending on kvpolicy;
-# tests/gates/test_gate_report_contract.py holds the two to the same JSON.
+# The report is the operator's GateReport (operator/kvpolicy/gate_programs/report.py), written here without depending
+# on kvpolicy; tests/gates/test_gate_report_contract.py holds the two to the same JSON.
 VERDICT_INCONCLUSIVE = "Inconclusive"
 REASON_SAFE, REASON_UNSAFE, REASON_CANNOT_RUN = "AccumulationSafe", "AccumulationUnsafe", "ProbeCouldNotRun"
 

@@ -24,10 +24,10 @@ class Subcommand:
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
-    "run": Subcommand("kvpolicy.controller.run", "run the operator (kopf)"),
+    "run": Subcommand("kvpolicy.runtime.run", "run the operator (kopf)"),
     "crd": Subcommand("kvpolicy.api.crd", "print the KVPolicy CustomResourceDefinition"),
-    "plan": Subcommand("kvpolicy.plan_cli", "dry-run the planner for a KVPolicy on a GPU"),
-    "gate": Subcommand("kvpolicy.gates.cli", "run a gate: accuracy (long-context NIAH) or latency (probe)"),
+    "plan": Subcommand("kvpolicy.planning.cli", "dry-run the planner for a KVPolicy on a GPU"),
+    "gate": Subcommand("kvpolicy.gate_programs.cli", "run a gate: accuracy (long-context NIAH) or latency (probe)"),
 }
 
 

@@ -16,24 +16,19 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from auth_proxy import BODY_MARKER, AuthProxy, Pki, basic_authorization, prometheus_auth_spec
-from kvpolicy.analysis import (
-    LatencyGateConfig,
-    PrometheusProvider,
-    ProviderUnavailableError,
-    ScrapeProvider,
-    SideSelector,
-    VerdictKind,
-    run_check,
-)
+from kvpolicy.analysis.latency_check import run_check
+from kvpolicy.analysis.model import LatencyGateConfig, ProviderUnavailableError, SideSelector
+from kvpolicy.analysis.prometheus import PrometheusProvider
+from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.analysis.served import CANARY_CONFIG
-from kvpolicy.api.v1alpha1 import KVPolicy
-from kvpolicy.controller.kube import SECRETS as SECRETS_RESOURCE
-from kvpolicy.controller.kube import Resource
-from kvpolicy.controller.metricchecks import LATENCY
-from kvpolicy.controller.observe import LatencyAnalyser
-from kvpolicy.controller.references import ReferenceReader
-from kvpolicy.controller.state import PodView
+from kvpolicy.api.v1alpha1 import KVPolicy, VerdictKind
 from kvpolicy.credentials import CredentialsSource, SecretValue, TlsSource
+from kvpolicy.kube.api import SECRETS as SECRETS_RESOURCE
+from kvpolicy.kube.api import Resource
+from kvpolicy.kube.observe import LatencyAnalyser
+from kvpolicy.kube.references import ReferenceReader
+from kvpolicy.rollout.metric_checks import LATENCY
+from kvpolicy.rollout.step_types import PodView
 from live_fleet import Fleet
 
 pytestmark = pytest.mark.prometheus

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 import yaml
-from kvpolicy.analysis import PrometheusProvider, SideSelector, Verdict, VerdictKind
 from kvpolicy.analysis.checks import Sides, combine
 from kvpolicy.analysis.custom import CustomReading, assess_custom, custom_checks, render_query
-from kvpolicy.api.v1alpha1 import CustomCheck, KVPolicy
-from kvpolicy.controller.observe import LatencyAnalyser
+from kvpolicy.analysis.model import SideSelector, Verdict
+from kvpolicy.analysis.prometheus import PrometheusProvider
+from kvpolicy.api.v1alpha1 import CustomCheck, KVPolicy, VerdictKind
+from kvpolicy.kube.observe import LatencyAnalyser
 from live_fleet import Fleet
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 
 import pytest
-from kvpolicy.analysis import AnalysisState, LatencyGateConfig, parse_ratio, quantile_label
+from kvpolicy.analysis.model import AnalysisState, LatencyGateConfig, parse_ratio, quantile_label
 
 
 @pytest.mark.parametrize(("text", "value"), [("1.2", 1.2), ("1", 1.0), (1.5, 1.5), (" 2.0 ", 2.0)])

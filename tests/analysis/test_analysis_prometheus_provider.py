@@ -12,15 +12,10 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from kvpolicy.analysis import (
-    LatencyGateConfig,
-    PrometheusProvider,
-    ProviderUnavailableError,
-    SideSelector,
-    VerdictKind,
-    run_check,
-)
-from kvpolicy.analysis.prometheus import render_selector
+from kvpolicy.analysis.latency_check import run_check
+from kvpolicy.analysis.model import LatencyGateConfig, ProviderUnavailableError, SideSelector
+from kvpolicy.analysis.prometheus import PrometheusProvider, render_selector
+from kvpolicy.api.v1alpha1 import VerdictKind
 from live_fleet import free_port  # a port nothing listens on
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

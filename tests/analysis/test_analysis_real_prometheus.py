@@ -11,18 +11,12 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kvpolicy.analysis import (
-    Action,
-    AnalysisState,
-    LatencyGateConfig,
-    PrometheusProvider,
-    ScrapeProvider,
-    SideSelector,
-    Verdict,
-    VerdictKind,
-    next_analysis_state,
-    run_check,
-)
+from kvpolicy.analysis.latency_check import run_check
+from kvpolicy.analysis.model import Action, AnalysisState, LatencyGateConfig, SideSelector, Verdict
+from kvpolicy.analysis.prometheus import PrometheusProvider
+from kvpolicy.analysis.scrape import ScrapeProvider
+from kvpolicy.analysis.verdicts import next_analysis_state
+from kvpolicy.api.v1alpha1 import VerdictKind
 from live_fleet import LOADED_REQUESTS, Fleet, PrometheusServer, drive_load
 
 pytestmark = pytest.mark.prometheus

@@ -8,9 +8,10 @@ import math
 
 import pytest
 from fake_vllm import ITL_BUCKETS, TTFT_BUCKETS
-from kvpolicy.analysis import LatencyGateConfig, SideMetrics, VerdictKind, assess
 from kvpolicy.analysis.histogram import bucket_containing
-from kvpolicy.analysis.model import describe_bucket
+from kvpolicy.analysis.model import LatencyGateConfig, SideMetrics, describe_bucket
+from kvpolicy.analysis.verdicts import assess
+from kvpolicy.api.v1alpha1 import VerdictKind
 
 CONFIG = LatencyGateConfig(ttft_max_ratio=1.2, itl_max_ratio=1.2, quantiles=(0.5, 0.95), min_requests=20)
 ITL_BOUNDS = (*ITL_BUCKETS, math.inf)

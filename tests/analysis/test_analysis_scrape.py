@@ -9,14 +9,10 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from aiohttp import web
 from fake_vllm import ITL_BUCKETS, TTFT_BUCKETS, VLLMMetrics
-from kvpolicy.analysis import (
-    LatencyGateConfig,
-    ProviderUnavailableError,
-    ScrapeProvider,
-    SideSelector,
-    VerdictKind,
-    run_check,
-)
+from kvpolicy.analysis.latency_check import run_check
+from kvpolicy.analysis.model import LatencyGateConfig, ProviderUnavailableError, SideSelector
+from kvpolicy.analysis.scrape import ScrapeProvider
+from kvpolicy.api.v1alpha1 import VerdictKind
 from live_fleet import free_port  # a port nothing listens on
 
 

@@ -6,21 +6,18 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kvpolicy.analysis import (
+from kvpolicy.analysis.model import (
     Action,
     AnalysisState,
     LatencyGateConfig,
-    OnInconclusive,
     ProviderUnavailableError,
     SideMetrics,
     Verdict,
-    VerdictKind,
-    assess,
-    next_analysis_state,
 )
-from kvpolicy.api.v1alpha1 import LatencyAnalysis
-from kvpolicy.controller.latency_phase import analysis_state, record_check
-from kvpolicy.controller.state import timestamp
+from kvpolicy.analysis.verdicts import assess, next_analysis_state
+from kvpolicy.api.v1alpha1 import LatencyAnalysis, OnInconclusive, VerdictKind
+from kvpolicy.rollout.latency_phase import analysis_state, record_check
+from kvpolicy.rollout.step_types import timestamp
 
 CONFIG = LatencyGateConfig(
     ttft_max_ratio=1.2,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 from kvpolicy.api.v1alpha1 import GpuGeneration
-from kvpolicy.attention import BACKENDS, GENERATION_CAPABILITIES, choose_backend
-from kvpolicy.gpu import FAMILY_LABEL, KNOWN_PRODUCTS, gpu_facts
+from kvpolicy.planning.attention import BACKENDS, GENERATION_CAPABILITIES, choose_backend
+from kvpolicy.planning.gpu import FAMILY_LABEL, KNOWN_PRODUCTS, gpu_facts
 
 # (GPU: a product name or {label: value}, MLA?, head_dim, the backend planned or None for "none runs FP8 there")
 ROWS: list[tuple[str | dict[str, str], bool, int, str | None]] = [

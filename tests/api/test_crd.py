@@ -280,7 +280,7 @@ STRICT_TYPES = [
 
 @pytest.mark.parametrize(("path", "value", "message"), STRICT_TYPES, ids=[f"{p}={v!r}" for p, v, _ in STRICT_TYPES])
 def test_types_are_as_strict_as_the_api_server(path: str, value: Any, message: str) -> None:
-    from kvpolicy.plan_cli import format_validation_error
+    from kvpolicy.planning.cli import format_validation_error
 
     with pytest.raises(ValidationError) as caught:
         KVPolicySpec.model_validate(_mutated(path, value))
@@ -304,7 +304,7 @@ def test_integer_fields_are_int64_in_the_crd() -> None:
     ],
 )
 def test_field_errors_name_the_field(path: str, value: Any, field: str) -> None:
-    from kvpolicy.plan_cli import format_validation_error
+    from kvpolicy.planning.cli import format_validation_error
 
     with pytest.raises(ValidationError) as caught:
         KVPolicySpec.model_validate(_mutated(path, value))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kvpolicy.gpu import required_affinity_admits
+from kvpolicy.planning.gpu import required_affinity_admits
 
 
 def _affinity(*terms: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from kvpolicy.api.v1alpha1 import GpuGeneration
-from kvpolicy.gpu import KNOWN_PRODUCTS, gpu_facts
+from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts
 
 H100 = KNOWN_PRODUCTS["H100"]
 B200 = KNOWN_PRODUCTS["B200"]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from kvpolicy.api import crd
 from kvpolicy.api import v1alpha1 as api
-from kvpolicy.controller.rules import phase_deadline
+from kvpolicy.rollout.rules import phase_deadline
 from kvpolicy_dev.devcluster.store import ApiError, Store
 from pydantic import ValidationError
 

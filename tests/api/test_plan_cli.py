@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-from kvpolicy import plan_cli
-from kvpolicy.gpu import PRODUCTS
+from kvpolicy.planning import cli as plan_cli
+from kvpolicy.planning.gpu import PRODUCTS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama-3.1-8b-h100-128k.yaml"

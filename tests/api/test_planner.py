@@ -11,10 +11,10 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvpolicy import plan_cli
 from kvpolicy.api.v1alpha1 import GpuFacts, GpuGeneration, KVCacheDtype, KVPolicySpec
-from kvpolicy.gpu import KNOWN_PRODUCTS, gpu_facts
-from kvpolicy.planner import plan
+from kvpolicy.planning import cli as plan_cli
+from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts
+from kvpolicy.planning.planner import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 PATCHED = "registry.example/vllm-fp8-twolevel:1"

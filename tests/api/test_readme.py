@@ -25,15 +25,15 @@ def test_readme_example_table_matches_the_planner() -> None:
 
 
 def test_readme_embeds_the_attention_backend_table() -> None:
-    from kvpolicy.attention import table_markdown
+    from kvpolicy.planning.attention import table_markdown
 
     start, end = "<!-- backends:start -->\n", "<!-- backends:end -->"
     embedded = README.split(start, 1)[1].split(end, 1)[0]
-    assert embedded.strip() == table_markdown().strip(), "README backend table is stale: kvpolicy.attention"
+    assert embedded.strip() == table_markdown().strip(), "README backend table is stale: kvpolicy.planning.attention"
 
 
 def test_readme_lists_every_gpu_name_plan_takes() -> None:
-    from kvpolicy.gpu import PRODUCTS
+    from kvpolicy.planning.gpu import PRODUCTS
 
     listed = README.split("`--gpu` takes every GPU the", 1)[1].split(")", 1)[0]
     assert [name.strip() for name in listed.split(":", 1)[1].split(",")] == [p.name for p in PRODUCTS]

@@ -20,7 +20,7 @@ from chart_helpers import (
     only,
     operator_container,
 )
-from kvpolicy.controller.run import _parser as run_parser
+from kvpolicy.runtime.run import _parser as run_parser
 
 LEASES = {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}
 

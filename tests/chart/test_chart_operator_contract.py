@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from chart_helpers import RELEASE_NAMESPACE, Manifest, Renderer, Triple, granted, of_kind, only, operator_container
 from kopf.testing import KopfRunner
-from kvpolicy.controller import handlers
-from kvpolicy.controller.run import _parser as run_parser
+from kvpolicy.runtime import handlers
+from kvpolicy.runtime.run import _parser as run_parser
 from kvpolicy_dev.devcluster import POOL_LABEL, SimulatorRunner, ThreadedDevCluster
 from kvpolicy_dev.devcluster.apiserver import ApiPath, query_flag
 

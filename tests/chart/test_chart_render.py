@@ -282,7 +282,7 @@ NOTIFICATION_DEFAULTS = (
 
 
 def test_default_receivers_reach_the_operator_and_only_their_secret_is_readable(render: Renderer) -> None:
-    from kvpolicy.controller.notifications import DeliverySettings, NotifierConfig
+    from kvpolicy.notify.notifier import DeliverySettings, NotifierConfig
 
     manifests = render("--set-json", f"notifications.defaults={NOTIFICATION_DEFAULTS}")
     env = {entry["name"]: entry["value"] for entry in operator_container(manifests)["env"]}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from kvpolicy.api.v1alpha1 import KVPolicySpec, Plan
-from kvpolicy.gpu import gpu_facts
-from kvpolicy.planner import plan
+from kvpolicy.planning.gpu import gpu_facts
+from kvpolicy.planning.planner import plan
 from kvpolicy_dev.demo import scenarios
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import kvpolicy
 import pytest
-from kvpolicy.gates.report import TERMINATION_LOG_ENV
+from kvpolicy.gate_programs.report import TERMINATION_LOG_ENV
 from kvpolicy_dev.devcluster import POOL_LABEL, SimulatorRunner, ThreadedDevCluster
 from kvpolicy_dev.devcluster.runners import EntrypointQuirk
 from prometheus_client.parser import text_string_to_metric_families

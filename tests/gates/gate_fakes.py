@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
-from kvpolicy.gates import niah
+from kvpolicy.gate_programs import niah
 from kvpolicy_dev.sim import serve, tokenizer
 from kvpolicy_dev.sim.config import SimConfig
 

@@ -17,9 +17,9 @@ from gate_fakes import (
     run_gate,
     truncated,
 )
-from kvpolicy.gates import niah
-from kvpolicy.gates.accuracy import AccuracyOptions, run_accuracy_gate, shared_pieces, sized_prompt
-from kvpolicy.gates.client import VllmClient
+from kvpolicy.gate_programs import niah
+from kvpolicy.gate_programs.accuracy import AccuracyOptions, run_accuracy_gate, shared_pieces, sized_prompt
+from kvpolicy.gate_programs.client import VllmClient
 from kvpolicy_dev.sim import free_port
 
 RESULT_KEYS = {

@@ -15,8 +15,8 @@ import pytest_asyncio
 from auth_proxy import BODY_MARKER, AuthProxy, Pki
 from gate_fakes import CHILD_ENV, MODEL, in_process_simulator
 from kvpolicy.api.v1alpha1 import AccuracyGate, LatencyGate, parse_decimal
-from kvpolicy.gates.cli import EXIT_USAGE, build_parser
-from kvpolicy.gates.client import base_url
+from kvpolicy.gate_programs.cli import EXIT_USAGE, build_parser
+from kvpolicy.gate_programs.client import base_url
 
 API_KEY = "sk-gate-test-0a1b2c3d-do-not-print"
 

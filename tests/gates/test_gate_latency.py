@@ -8,8 +8,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 from gate_fakes import MODEL, run_gate
-from kvpolicy.gates.client import StreamTiming, VllmClient
-from kvpolicy.gates.latency import (
+from kvpolicy.gate_programs.client import StreamTiming, VllmClient
+from kvpolicy.gate_programs.latency import (
     LEAD_TOKENS,
     Fit,
     LatencyOptions,

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvpolicy.gates import niah
-from kvpolicy.gates.accuracy import sample_pieces, shared_pieces, sized_prompt, split_special_tokens
-from kvpolicy.gates.client import GateError
+from kvpolicy.gate_programs import niah
+from kvpolicy.gate_programs.accuracy import sample_pieces, shared_pieces, sized_prompt, split_special_tokens
+from kvpolicy.gate_programs.client import GateError
 from kvpolicy_dev.sim.tokenizer_zoo import Family
 from tokenizer_families import FAMILIES, LocalTokenizer
 

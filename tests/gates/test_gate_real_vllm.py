@@ -24,9 +24,10 @@ from urllib.request import urlopen
 import aiohttp
 import pytest
 from gate_fakes import CHILD_ENV
-from kvpolicy.analysis import ScrapeProvider, SideSelector
+from kvpolicy.analysis.model import SideSelector
+from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.credentials import CredentialsSource, SecretValue
-from kvpolicy.gates import niah
+from kvpolicy.gate_programs import niah
 from kvpolicy_dev.sim import free_port
 from kvpolicy_dev.sim.tokenizer_zoo import Family
 from prometheus_client.parser import text_string_to_metric_families

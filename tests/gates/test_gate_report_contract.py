@@ -9,8 +9,8 @@ import pytest
 from kvkernels import probe
 from kvpolicy.api.reasons import REPORT_PROBLEMS, GateReason
 from kvpolicy.api.v1alpha1 import GateVerdict
-from kvpolicy.gates import report
-from kvpolicy.gates.report import GateReport, read_report
+from kvpolicy.gate_programs import report
+from kvpolicy.gate_programs.report import GateReport, read_report
 
 
 def _probe_report(safe: bool, lengths: int = 3) -> probe.ProbeReport:

@@ -7,9 +7,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 from gate_fakes import MODEL, in_process_simulator
-from kvpolicy.gates import niah
-from kvpolicy.gates.accuracy import AccuracyOptions, run_accuracy_gate, shared_pieces, sized_prompt
-from kvpolicy.gates.client import VllmClient
+from kvpolicy.gate_programs import niah
+from kvpolicy.gate_programs.accuracy import AccuracyOptions, run_accuracy_gate, shared_pieces, sized_prompt
+from kvpolicy.gate_programs.client import VllmClient
 from kvpolicy_dev.sim.tokenizer_zoo import Family
 from tokenizer_families import FAMILIES, LocalTokenizer
 

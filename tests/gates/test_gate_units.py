@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-from kvpolicy.gates import niah, report
-from kvpolicy.gates.stats import PairedCounts, recovery_interval
+from kvpolicy.gate_programs import niah, report
+from kvpolicy.gate_programs.stats import PairedCounts, recovery_interval
 
 
 def test_identical_answers_narrow_the_interval_around_one_as_needles_accumulate() -> None:

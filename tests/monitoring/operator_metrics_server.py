@@ -8,8 +8,9 @@ import argparse
 import asyncio
 import time
 
-from kvpolicy.analysis import LatencyGateConfig, SideMetrics, assess
-from kvpolicy.metrics import OperatorMetrics, start_metrics_server
+from kvpolicy.analysis.model import LatencyGateConfig, SideMetrics
+from kvpolicy.analysis.verdicts import assess
+from kvpolicy.notify.metrics import OperatorMetrics, start_metrics_server
 
 
 def record_a_troubled_fleet(metrics: OperatorMetrics) -> None:

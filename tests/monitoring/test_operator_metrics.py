@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from kvpolicy.analysis import LatencyGateConfig, SideMetrics, VerdictKind, assess
-from kvpolicy.metrics import OperatorMetrics, metrics_app
+from kvpolicy.analysis.model import LatencyGateConfig, SideMetrics
+from kvpolicy.analysis.verdicts import assess
+from kvpolicy.api.v1alpha1 import VerdictKind
+from kvpolicy.notify.metrics import OperatorMetrics, metrics_app
 from prometheus_client.parser import text_string_to_metric_families
 
 

@@ -9,7 +9,7 @@ import pytest
 from e2e_helpers import OPERATOR_ENV, PATCHED_IMAGE, OperatorFactory
 from kopf.testing import KopfRunner
 from kvpolicy.api import crd
-from kvpolicy.controller import handlers
+from kvpolicy.runtime import handlers
 from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonpatch
-from kvpolicy.controller.kube import ApiError, PatchType, Resource
+from kvpolicy.kube.api import ApiError, PatchType, Resource
 
 Obj = dict[str, Any]
 

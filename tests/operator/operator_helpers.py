@@ -11,14 +11,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jsonpatch
-from kvpolicy.analysis import Verdict
 from kvpolicy.analysis.checks import CheckVerdict
-from kvpolicy.analysis.served import CANARY_CONFIG, ServedReading
-from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy, Phase
-from kvpolicy.controller.metricchecks import LATENCY
-from kvpolicy.controller.observe import PHASE_NEEDS
-from kvpolicy.controller.rules import rollout_hash
-from kvpolicy.controller.state import (
+from kvpolicy.analysis.model import SideMetrics, Verdict
+from kvpolicy.analysis.provider import ServedReading
+from kvpolicy.analysis.served import CANARY_CONFIG
+from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy, Phase, VerdictKind
+from kvpolicy.kube.observe import PHASE_NEEDS
+from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts
+from kvpolicy.rollout.metric_checks import LATENCY
+from kvpolicy.rollout.rules import rollout_hash
+from kvpolicy.rollout.step import step
+from kvpolicy.rollout.step_types import (
     Create,
     Delete,
     JobView,
@@ -29,8 +32,6 @@ from kvpolicy.controller.state import (
     StepConfig,
     StepResult,
 )
-from kvpolicy.controller.step import step
-from kvpolicy.gpu import KNOWN_PRODUCTS, gpu_facts
 
 NAMESPACE = "serving"
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -281,3 +282,28 @@ def run_to_canary(driver: Driver) -> None:
     driver.tick()
     assert driver.phase == "CanaryStarting"
     driver.world.canary_up()
+
+
+def to_accuracy_gate(driver: Driver) -> None:
+    run_to_canary(driver)
+    driver.tick()
+    assert driver.phase == "AccuracyGate"
+
+
+def side(role: str, requests: float, ttft: float) -> SideMetrics:
+    return SideMetrics(role, True, requests, 60.0, {0.5: ttft, 0.95: ttft}, {0.5: 0.01, 0.95: 0.01})
+
+
+def verdict(kind: VerdictKind) -> Verdict:
+    canary_ttft = 0.2 if kind == VerdictKind.BREACH else 0.1
+    return Verdict(kind, kind.value, kind.value, (), side("canary", 100, canary_ttft), side("baseline", 100, 0.1))
+
+
+def live(**spec: Any) -> Driver:
+    driver = Driver(make_policy(**{"gates.accuracy.enabled": False, "gates.latency.enabled": True, **spec}))
+    run_to_canary(driver)
+    driver.tick()
+    driver.world.canary_up()
+    driver.tick()
+    assert driver.policy.status.latency.started_at is not None
+    return driver

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import pytest
 from e2e_helpers import wait_until
-from kvpolicy.controller.run import _parser as run_parser
+from kvpolicy.runtime.run import _parser as run_parser
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 from test_operator_run import fetch, free_port
 

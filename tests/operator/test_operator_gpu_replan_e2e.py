@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 from e2e_helpers import KVP, OperatorFactory, event_reasons, policy, ready_pods, target, wait_phase, wait_until
-from kvpolicy.gpu import KNOWN_PRODUCTS
+from kvpolicy.planning.gpu import KNOWN_PRODUCTS
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 
 NODE = "h200-0"  # the dev cluster's h200 pool, where the target runs

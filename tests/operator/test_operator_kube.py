@@ -8,11 +8,9 @@ import base64
 from pathlib import Path
 
 import pytest
-from kvpolicy.analysis import ProviderUnavailableError
+from kvpolicy.analysis.model import ProviderUnavailableError
 from kvpolicy.api.v1alpha1 import ConfigMapKeySelector, SecretKeySelector
-from kvpolicy.controller import run
-from kvpolicy.controller.handlers import DEFAULT_PROBE_IMAGE, OperatorOptions
-from kvpolicy.controller.kube import (
+from kvpolicy.kube.api import (
     DEPLOYMENTS,
     FIELD_MANAGER,
     JOBS,
@@ -23,8 +21,10 @@ from kvpolicy.controller.kube import (
     ApiError,
     KubernetesApi,
 )
-from kvpolicy.controller.login import ClusterLogin
-from kvpolicy.controller.references import ReferenceReader
+from kvpolicy.kube.login import ClusterLogin
+from kvpolicy.kube.references import ReferenceReader
+from kvpolicy.runtime import run
+from kvpolicy.runtime.handlers import DEFAULT_PROBE_IMAGE, OperatorOptions
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 from kvpolicy_dev.devcluster.cluster import kubeconfig_text
 from operator_helpers import policy_spec, target_deployment

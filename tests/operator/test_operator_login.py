@@ -19,13 +19,13 @@ import yaml
 from e2e_helpers import KVP, OperatorFactory, policy, target, until, wait_phase
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
-from kvpolicy.controller import cached
-from kvpolicy.controller import login as login_module
-from kvpolicy.controller.cached import CachedKubeApi
-from kvpolicy.controller.kube import NODES, ApiError, KubernetesApi
-from kvpolicy.controller.leader import KubernetesLeaseStore, LeaseRecord
-from kvpolicy.controller.login import ClusterLogin, CredentialsError, InCluster, KubeConfigFile, find_source
-from kvpolicy.controller.supervisor import ApiHealth, ApiProbe
+from kvpolicy.kube import cached
+from kvpolicy.kube import login as login_module
+from kvpolicy.kube.api import NODES, ApiError, KubernetesApi
+from kvpolicy.kube.cached import CachedKubeApi
+from kvpolicy.kube.leader import KubernetesLeaseStore, LeaseRecord
+from kvpolicy.kube.login import ClusterLogin, CredentialsError, InCluster, KubeConfigFile, find_source
+from kvpolicy.runtime.supervisor import ApiHealth, ApiProbe
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 from tls_front import TlsFront
 

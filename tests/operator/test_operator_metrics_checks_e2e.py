@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 from e2e_helpers import PATCHED_IMAGE, OperatorFactory, container, event_reasons, policy, target, users, wait_decided
-from kvpolicy.analysis import MetricsProvider, SideMetrics, Verdict, VerdictKind
 from kvpolicy.analysis.checks import MetricsCheck, Sides, Stage
+from kvpolicy.analysis.model import SideMetrics, Verdict
+from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.api.reasons import AnalysisReason
-from kvpolicy.api.v1alpha1 import KVPolicy
-from kvpolicy.controller import metricchecks
+from kvpolicy.api.v1alpha1 import KVPolicy, VerdictKind
+from kvpolicy.rollout import metric_checks
 from kvpolicy_dev.demo.prometheus import LocalPrometheus, find_prometheus
 from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
 
@@ -187,7 +188,7 @@ def test_a_check_registered_in_the_table_decides_a_rollout_without_controller_ch
 ) -> None:
     """A new metrics check is an entry: registered here (the table), read through the configured provider (Scrape:
     the simulator pods' own /metrics) by the generic observer, and reacted to by the generic step."""
-    monkeypatch.setattr(metricchecks, "METRICS_CHECKS", (*metricchecks.METRICS_CHECKS, TTFT_SLO))
+    monkeypatch.setattr(metric_checks, "METRICS_CHECKS", (*metric_checks.METRICS_CHECKS, TTFT_SLO))
     ns = devcluster_namespace
     body = policy(ns, **{"gates.accuracy.enabled": False, "gates.latency": LATENCY, "rollout.bakeSeconds": 3})
     status = decided(devcluster, ns, operator, body)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from e2e_helpers import KVP, PATCHED_IMAGE, OperatorFactory, container, policy, target, wait_phase
-from kvpolicy.controller import builders as b
+from kvpolicy.rollout import builders as b
 from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
 
 LONG_NAME = ".".join(["llama-3" + "1" * 56, "8b-instruct" + "x" * 52, "fp8" + "k" * 60])[:200]

@@ -26,8 +26,8 @@ from e2e_helpers import (
     wait_phase,
     wait_until,
 )
-from kvpolicy.controller.tick import CANARY_PHASES
 from kvpolicy.plugin.cli import CLEAR_SCREEN
+from kvpolicy.rollout.tick import CANARY_PHASES
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl missing: run `make tools`")

@@ -32,7 +32,7 @@ import pytest
 from analysis.live_fleet import PROMETHEUS, PrometheusServer
 from auth_proxy import AuthProxy, Pki, prometheus_auth_spec
 from e2e_helpers import KVP, OperatorFactory, container, event_reasons, wait_until
-from kvpolicy.controller.builders import API_KEY_ENV
+from kvpolicy.rollout.builders import API_KEY_ENV
 from kvpolicy_dev.devcluster import POOL_LABEL, ThreadedDevCluster
 from kvpolicy_dev.devcluster.cpu_vllm import RealVllmRunner
 from kvpolicy_dev.devcluster.pytest_plugin import REAL_VLLM_STARTUP_SECONDS

@@ -20,9 +20,9 @@ from e2e_helpers import (
     wait_phase,
     wait_until,
 )
-from kvpolicy import metrics
 from kvpolicy.api import crd
-from kvpolicy.controller import builders as b
+from kvpolicy.notify import metrics
+from kvpolicy.rollout import builders as b
 from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
 
 Obj = dict[str, object]

@@ -14,18 +14,13 @@ from urllib.request import urlopen
 
 import pytest
 from analysis.live_fleet import PROMETHEUS, PrometheusServer, drive_load, wait_until
-from kvpolicy.analysis import (
-    LatencyGateConfig,
-    MetricsProvider,
-    PrometheusProvider,
-    ScrapeProvider,
-    SideSelector,
-    Verdict,
-    VerdictKind,
-    names,
-    run_check,
-)
-from kvpolicy.analysis.served import ServedConfig, ServedReading
+from kvpolicy.analysis import metric_names
+from kvpolicy.analysis.latency_check import run_check
+from kvpolicy.analysis.model import LatencyGateConfig, SideSelector, Verdict
+from kvpolicy.analysis.prometheus import PrometheusProvider
+from kvpolicy.analysis.provider import MetricsProvider, ServedConfig, ServedReading
+from kvpolicy.analysis.scrape import ScrapeProvider
+from kvpolicy.api.v1alpha1 import VerdictKind
 from prometheus_client.parser import text_string_to_metric_families
 from realvllm_helpers import SERVED_MODEL, SKIP_LAYERS, RealPair
 
@@ -54,9 +49,9 @@ def counters(url: str) -> tuple[float, float]:
         sample.name: sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name.startswith(f"vllm:{names.TTFT}_")
+        if sample.name.startswith(f"vllm:{metric_names.TTFT}_")
     }
-    return samples[f"vllm:{names.TTFT}_count"], samples[f"vllm:{names.TTFT}_sum"]
+    return samples[f"vllm:{metric_names.TTFT}_count"], samples[f"vllm:{metric_names.TTFT}_sum"]
 
 
 class ServedTraffic:
@@ -113,7 +108,7 @@ async def test_prometheus_provider_decides_on_real_vllm_histograms(
     traffic = ServedTraffic(real_vllm)
     served = await traffic.serve()
     for pod, role in (("tiny-fp8-0", "canary"), ("tiny-bf16-0", "baseline")):
-        query = f'sum(vllm:{names.TTFT}_count{{pod="{pod}"}})'
+        query = f'sum(vllm:{metric_names.TTFT}_count{{pod="{pod}"}})'
         expected = traffic.before[role][0] + served[role][0]
         wait_until(lambda q=query, e=expected: (prometheus.query_value(q) or 0) >= e, 30, f"Prometheus to see {pod}")
     canary = SideSelector("canary", NAMESPACE, pods=("tiny-fp8-0",))

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from kvpolicy.analysis import names
+from kvpolicy.analysis import metric_names
 from kvpolicy_dev.sim import SimConfig, serve
 from prometheus_client.parser import text_string_to_metric_families
 from realvllm_helpers import MAX_MODEL_LEN, SERVED_MODEL, SKIP_LAYERS, RealPair
@@ -188,14 +188,14 @@ def family_of(sample: str, families: Mapping[str, Any]) -> str:
 # What the project reads from vLLM: the analysis (both providers) and the demo, and the served KV cache
 # configuration, by which a canary's real KV dtype and skip layers can be checked.
 READ_BY_THE_PROJECT = (
-    f"vllm:{names.TTFT}_bucket",
-    f"vllm:{names.TTFT}_count",
-    f"vllm:{names.TTFT}_sum",
-    f"vllm:{names.ITL}_bucket",
-    f"vllm:{names.ITL}_sum",
-    f"vllm:{names.REQUEST_SUCCESS}",
-    f"vllm:{names.KV_CACHE_USAGE[0]}",
-    names.HTTP_REQUESTS,
+    f"vllm:{metric_names.TTFT}_bucket",
+    f"vllm:{metric_names.TTFT}_count",
+    f"vllm:{metric_names.TTFT}_sum",
+    f"vllm:{metric_names.ITL}_bucket",
+    f"vllm:{metric_names.ITL}_sum",
+    f"vllm:{metric_names.REQUEST_SUCCESS}",
+    f"vllm:{metric_names.KV_CACHE_USAGE[0]}",
+    metric_names.HTTP_REQUESTS,
     "vllm:cache_config_info",
 )
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from kvpolicy.api.v1alpha1 import KVPolicySpec
-from kvpolicy.controller import builders
-from kvpolicy.controller.state import default_gate_resources
+from kvpolicy.rollout import builders
+from kvpolicy.rollout.step_types import default_gate_resources
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 from realvllm_helpers import MAX_MODEL_LEN, SERVED_MODEL, RealPair
 

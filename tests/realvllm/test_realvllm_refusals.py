@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from kvpolicy.api.v1alpha1 import KVCacheDtype, KVPolicySpec, Plan
-from kvpolicy.controller import builders
+from kvpolicy.rollout import builders
 from kvpolicy_dev.devcluster import POOL_LABEL, ThreadedDevCluster
 from kvpolicy_dev.devcluster.cpu_vllm import RealVllmRunner, entrypoint_argv
 

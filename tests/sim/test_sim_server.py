@@ -6,7 +6,7 @@ import re
 
 import aiohttp
 import pytest
-from kvpolicy.gates import niah
+from kvpolicy.gate_programs import niah
 from kvpolicy_dev.sim import SimConfig, serve
 from kvpolicy_dev.sim.latency import latency_fit
 from kvpolicy_dev.sim.server import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, token_count_buckets

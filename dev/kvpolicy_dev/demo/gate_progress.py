@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
-from kvpolicy.analysis.names import REQUEST_SUCCESS, VLLM_PREFIXES
-from kvpolicy.controller.builders import POLICY_LABEL, ROLE_CANARY, ROLE_LABEL
+from kvpolicy.analysis.metric_names import REQUEST_SUCCESS, VLLM_PREFIXES
+from kvpolicy.rollout.builders import POLICY_LABEL, ROLE_CANARY, ROLE_LABEL
 from prometheus_client.parser import text_string_to_metric_families
 
 SCRAPE_TIMEOUT_SECONDS = 2.0

@@ -46,7 +46,7 @@ from kvpolicy_dev.demo.traffic import Route, TrafficGenerator
 from kvpolicy_dev.devcluster import ContainerRunner, DevCluster, SimulatorRunner
 from kvpolicy_dev.devcluster.cpu_vllm import RealVllmRunner, vllm_installed, write_model_dir
 
-OPERATOR_MODULE = "kvpolicy.controller.run"
+OPERATOR_MODULE = "kvpolicy.runtime.run"
 # Simulated latencies run 1000x faster than real time: a 128k-token prefill takes milliseconds, not seconds.
 TIME_SCALE = 0.001
 POLL_SECONDS = 0.5

@@ -84,7 +84,7 @@ def kv_cache_bytes(max_model_len: int) -> int:
 
 def _training_text() -> list[str]:
     """What the tokenizer learns its merges from: the gates' haystack, needles and questions, and plain digits."""
-    from kvpolicy.gates import niah
+    from kvpolicy.gate_programs import niah
 
     texts = [niah.HEADER, niah.FILLER * 4, niah.QUESTION.format(keys="amber-anchor, brave-badger")]
     for index in range(40):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from kvpolicy.gates.report import TERMINATION_LOG_ENV, TERMINATION_LOG_LIMIT
+from kvpolicy.gate_programs.report import TERMINATION_LOG_ENV, TERMINATION_LOG_LIMIT
 
 from kvpolicy_dev.devcluster.nodes import (
     POOL_LABEL,

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
-from kvpolicy.gates.niah import FILLER, parse_prompt
+from kvpolicy.gate_programs.niah import FILLER, parse_prompt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from kvpolicy.gates import niah
+from kvpolicy.gate_programs import niah
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 # Llama-3's pre-tokenizer pattern (tiktoken cl100k): words with a leading space, numbers in groups of up to 3 digits.

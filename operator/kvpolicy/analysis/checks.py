@@ -1,8 +1,8 @@
-"""Metrics checks, one table entry each (like the Job gates in controller/jobgates.py): what a check reads through the
+"""Metrics checks, one table entry each (like the Job gates in rollout/job_gates.py): what a check reads through the
 metrics provider, the pure assessor that turns the reading into a typed `Verdict`, and the `Stage` that says how the
 rollout reacts to it. The observer runs every entry that is due the same way, and the step reacts to each verdict by
 its entry's stage alone, so a new check is its reader/assessor module, its line in the table
-(controller/metricchecks.py), and its reason codes (api/reasons.py)."""
+(rollout/metric_checks.py), and its reason codes (api/reasons.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 from enum import Enum, auto
 from typing import Any, Generic, TypeVar
 
-from kvpolicy.analysis.check import MetricsProvider
 from kvpolicy.analysis.model import ProviderUnavailableError, SideSelector, Verdict
+from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import ConditionType, KVPolicy, VerdictKind
 

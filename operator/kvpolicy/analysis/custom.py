@@ -13,10 +13,9 @@ import math
 from dataclasses import dataclass
 from decimal import Decimal
 
-from kvpolicy.analysis.check import MetricsProvider
 from kvpolicy.analysis.checks import MetricsCheck, Sides, Stage
 from kvpolicy.analysis.model import ProviderUnavailableError, Verdict
-from kvpolicy.analysis.prometheus import PrometheusProvider, QueryRejectedError
+from kvpolicy.analysis.provider import MetricsProvider, QueryRejectedError
 from kvpolicy.api.reasons import AnalysisReason
 from kvpolicy.api.v1alpha1 import Bounds, CustomCheck, KVPolicy, VerdictKind
 
@@ -83,21 +82,22 @@ class CustomMetricsCheck:
 
     async def read(self, provider: MetricsProvider, policy: KVPolicy, sides: Sides) -> CustomReading:
         name = self.spec.name
-        if not isinstance(provider, PrometheusProvider):
+        promql = provider.promql()
+        if promql is None:
             raise ProviderUnavailableError(
                 AnalysisReason.CUSTOM_CHECK_NEEDS_PROMETHEUS,
                 f"custom check {name} runs only through gates.latency.provider Prometheus",
                 needs_attention=True,
             )
         window = policy.spec.gates.latency.window_seconds
-        canary, baseline = provider.matchers(sides.canary), provider.matchers(sides.baseline)
+        canary, baseline = promql.matchers(sides.canary), promql.matchers(sides.baseline)
         try:
             on_canary = render_query(self.spec.query, canary, baseline, window)
-            value = _one_value(name, on_canary, await provider.query(on_canary))
+            value = _one_value(name, on_canary, await promql.query(on_canary))
             if self.spec.baseline_ratio is None:
                 return CustomReading(value)
             on_baseline = render_query(self.spec.query, baseline, baseline, window)
-            return CustomReading(value, _one_value(name, on_baseline, await provider.query(on_baseline)))
+            return CustomReading(value, _one_value(name, on_baseline, await promql.query(on_baseline)))
         except QueryRejectedError as error:
             raise ProviderUnavailableError(
                 AnalysisReason.CUSTOM_CHECK_QUERY_REJECTED,

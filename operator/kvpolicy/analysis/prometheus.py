@@ -14,10 +14,11 @@ from typing import Any
 
 import aiohttp
 
-from kvpolicy.analysis import names
+from kvpolicy.analysis import metric_names
 from kvpolicy.analysis.http import HttpClient
 from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
-from kvpolicy.analysis.served import CACHE_CONFIG, ServedReading, served_config
+from kvpolicy.analysis.provider import PromQL, QueryRejectedError, ServedReading
+from kvpolicy.analysis.served import CACHE_CONFIG, served_config
 from kvpolicy.credentials import Credentials
 from kvpolicy.http_errors import auth_hint, connection_problem, redact_url, status_text
 
@@ -82,27 +83,27 @@ def series_query(matchers: str) -> str:
 
 
 def requests_query(matchers: str, window_seconds: float) -> str:
-    return f"sum(increase({_vllm(f'{names.TTFT}_count', matchers)}[{_duration(window_seconds)}]))"
+    return f"sum(increase({_vllm(f'{metric_names.TTFT}_count', matchers)}[{_duration(window_seconds)}]))"
 
 
 def error_ratio_query(matchers: str, window_seconds: float) -> str:
     window = _duration(window_seconds)
-    reasons = "|".join(names.ERROR_FINISHED_REASONS)
-    errors = _vllm(names.REQUEST_SUCCESS, matchers, f', finished_reason=~"{reasons}"')
-    finished = _vllm(names.REQUEST_SUCCESS, matchers)
+    reasons = "|".join(metric_names.ERROR_FINISHED_REASONS)
+    errors = _vllm(metric_names.REQUEST_SUCCESS, matchers, f', finished_reason=~"{reasons}"')
+    finished = _vllm(metric_names.REQUEST_SUCCESS, matchers)
     # `or vector(0)`: a server that never failed may not export the error series at all.
     return f"(sum(increase({errors}[{window}])) or vector(0)) / sum(increase({finished}[{window}]))"
 
 
 def http_error_ratio_query(matchers: str, window_seconds: float) -> str:
     window = _duration(window_seconds)
-    errors = f'{names.HTTP_REQUESTS}{{{matchers}, status=~"5.."}}'
-    total = f"{names.HTTP_REQUESTS}{{{matchers}}}"
+    errors = f'{metric_names.HTTP_REQUESTS}{{{matchers}, status=~"5.."}}'
+    total = f"{metric_names.HTTP_REQUESTS}{{{matchers}}}"
     return f"(sum(increase({errors}[{window}])) or vector(0)) / sum(increase({total}[{window}]))"
 
 
 def kv_cache_usage_query(matchers: str, window_seconds: float) -> str:
-    gauge = _vllm(f"({'|'.join(names.KV_CACHE_USAGE)})", matchers)
+    gauge = _vllm(f"({'|'.join(metric_names.KV_CACHE_USAGE)})", matchers)
     return f"avg(avg_over_time({gauge}[{_duration(window_seconds)}]))"
 
 
@@ -125,10 +126,6 @@ class _HistogramReading:
 PROMETHEUS_ERROR_TYPES = frozenset(
     {"timeout", "canceled", "execution", "bad_data", "internal", "unavailable", "not_found", "not_acceptable"}
 )
-
-
-class QueryRejectedError(ProviderUnavailableError):
-    """Prometheus answered, but refused the query itself (bad_data, a non-vector result): the query needs fixing."""
 
 
 class PrometheusProvider(HttpClient):
@@ -212,6 +209,9 @@ class PrometheusProvider(HttpClient):
             )
         return [(sample.get("metric", {}), float(sample["value"][1])) for sample in data.get("result", [])]
 
+    def promql(self) -> PromQL:
+        return self
+
     def matchers(self, side: SideSelector) -> str:
         """The label matchers (without braces) that select one side's series, from the selector template."""
         return render_selector(self.selector_template, side)
@@ -263,14 +263,14 @@ class PrometheusProvider(HttpClient):
         )
         values, ttft, itl = await asyncio.gather(
             asyncio.gather(*(self._single(query) for query in scalars)),
-            self._histogram(names.TTFT, quantiles, matchers, window_seconds),
-            self._histogram(names.ITL, quantiles, matchers, window_seconds),
+            self._histogram(metric_names.TTFT, quantiles, matchers, window_seconds),
+            self._histogram(metric_names.ITL, quantiles, matchers, window_seconds),
         )
         series, requests, error_ratio, http_error_ratio, kv_cache_usage = values
-        itl_metric: str | None = names.ITL
+        itl_metric: str | None = metric_names.ITL
         if itl.empty:  # no ITL series at all: an older vLLM
-            itl = await self._histogram(names.ITL_DEPRECATED, quantiles, matchers, window_seconds)
-            itl_metric = None if itl.empty else names.ITL_DEPRECATED
+            itl = await self._histogram(metric_names.ITL_DEPRECATED, quantiles, matchers, window_seconds)
+            itl_metric = None if itl.empty else metric_names.ITL_DEPRECATED
         return SideMetrics(
             role=side.role,
             series_found=series is not None,

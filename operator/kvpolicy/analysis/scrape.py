@@ -17,17 +17,18 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvpolicy.analysis import names
+from kvpolicy.analysis import metric_names
 from kvpolicy.analysis.histogram import CumulativeHistogram
 from kvpolicy.analysis.http import HttpClient
 from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
-from kvpolicy.analysis.served import CACHE_CONFIG, ServedConfig, ServedReading, reading, served_config
+from kvpolicy.analysis.provider import PromQL, ServedConfig, ServedReading
+from kvpolicy.analysis.served import CACHE_CONFIG, reading, served_config
 from kvpolicy.credentials import Credentials
 from kvpolicy.http_errors import auth_hint, connection_problem, redact_url, status_text
 
 log = logging.getLogger(__name__)
 
-_HISTOGRAMS = (names.TTFT, names.ITL, names.ITL_DEPRECATED)
+_HISTOGRAMS = (metric_names.TTFT, metric_names.ITL, metric_names.ITL_DEPRECATED)
 
 
 @dataclass(frozen=True)
@@ -55,18 +56,18 @@ def parse_scrape(text: str, at: float) -> PodScrape:
     served: ServedConfig | None = None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == names.HTTP_REQUESTS:
+            if sample.name == metric_names.HTTP_REQUESTS:
                 status = sample.labels.get("status", "")
                 http_statuses[status] = http_statuses.get(status, 0.0) + sample.value
                 continue
-            name = names.strip_vllm_prefix(sample.name)
+            name = metric_names.strip_vllm_prefix(sample.name)
             if name is None:
                 continue
             has_vllm_series = True
-            if name == names.REQUEST_SUCCESS:
+            if name == metric_names.REQUEST_SUCCESS:
                 reason = sample.labels.get("finished_reason", "")
                 finished[reason] = finished.get(reason, 0.0) + sample.value
-            elif name in names.KV_CACHE_USAGE:
+            elif name in metric_names.KV_CACHE_USAGE:
                 kv_values.append(sample.value)
             elif name == CACHE_CONFIG:
                 served = served_config(sample.labels)
@@ -185,6 +186,9 @@ class ScrapeProvider(HttpClient):
             return earlier[-1]
         return history[0] if len(history) > 1 else None
 
+    def promql(self) -> PromQL | None:
+        return None  # the pods' /metrics answer no queries
+
     async def served(self, side: SideSelector) -> ServedReading:
         scrapes = await asyncio.gather(*(self._scrape(endpoint) for endpoint in side.endpoints))
         return reading([scrape.served for scrape in scrapes], "their /metrics")
@@ -204,11 +208,13 @@ class ScrapeProvider(HttpClient):
                 continue
             covered.append(scrape.at - earlier.at)
             delta = delta.plus(scrape, earlier)
-        ttft = delta.histograms.get(names.TTFT)
-        itl_metric = next((name for name in (names.ITL, names.ITL_DEPRECATED) if name in delta.histograms), None)
+        ttft = delta.histograms.get(metric_names.TTFT)
+        itl_metric = next(
+            (name for name in (metric_names.ITL, metric_names.ITL_DEPRECATED) if name in delta.histograms), None
+        )
         itl = delta.histograms.get(itl_metric) if itl_metric else None
         finished = sum(delta.finished.values())
-        errors = sum(delta.finished.get(reason, 0.0) for reason in names.ERROR_FINISHED_REASONS)
+        errors = sum(delta.finished.get(reason, 0.0) for reason in metric_names.ERROR_FINISHED_REASONS)
         http_total = sum(delta.http_statuses.values())
         http_errors = sum(value for status, value in delta.http_statuses.items() if status.startswith("5"))
         return SideMetrics(

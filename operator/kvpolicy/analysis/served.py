@@ -5,43 +5,14 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-from kvpolicy.analysis.check import MetricsProvider
 from kvpolicy.analysis.checks import MetricsCheck, Sides, Stage, Verification
 from kvpolicy.analysis.model import Verdict
+from kvpolicy.analysis.provider import MetricsProvider, ServedConfig, ServedReading
 from kvpolicy.api.reasons import DecisionReason, Reason
-from kvpolicy.api.v1alpha1 import ConditionType, KVPolicy, KVPolicyStatus, VerdictKind
+from kvpolicy.api.v1alpha1 import ConditionType, KVPolicy, VerdictKind
 
 CACHE_CONFIG = "cache_config_info"  # without the vllm prefix (names.strip_vllm_prefix)
-
-
-@dataclass(frozen=True)
-class ServedConfig:
-    kv_cache_dtype: str  # the server's --kv-cache-dtype: "auto", "fp8", ...
-    skip_layers: tuple[str, ...]  # its --kv-cache-dtype-skip-layers
-
-    def describe(self) -> str:
-        return f"KV cache dtype {self.kv_cache_dtype}, skip layers [{', '.join(self.skip_layers)}]"
-
-    def same_kv_cache(self, other: ServedConfig) -> bool:
-        return self.kv_cache_dtype == other.kv_cache_dtype and set(self.skip_layers) == set(other.skip_layers)
-
-    def record(self, status: KVPolicyStatus) -> None:
-        """Show in status.canary what the canary serves."""
-        if status.canary is not None:
-            status.canary = status.canary.model_copy(
-                update={"served_kv_cache_dtype": self.kv_cache_dtype, "served_skip_layers": list(self.skip_layers)}
-            )
-
-
-@dataclass(frozen=True)
-class ServedReading:
-    """One reading of a side's served configuration: one per pod when every pod published it, else `missing` says
-    why not (no series yet, or the provider could not answer)."""
-
-    configs: tuple[ServedConfig, ...] = ()
-    missing: str | None = None
 
 
 def served_config(labels: Mapping[str, str]) -> ServedConfig:

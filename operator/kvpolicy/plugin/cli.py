@@ -23,11 +23,11 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from kvpolicy.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, Approval, KVPolicy, Phase
-from kvpolicy.controller.observe import gpu_node_selector, gpu_pool
-from kvpolicy.controller.tick import CANARY_PHASES
-from kvpolicy.gpu import gpu_facts
-from kvpolicy.planner import plan
+from kvpolicy.kube.observe import gpu_node_selector, gpu_pool
+from kvpolicy.planning.gpu import gpu_facts
+from kvpolicy.planning.planner import plan
 from kvpolicy.plugin import view
+from kvpolicy.rollout.tick import CANARY_PHASES
 
 Obj = dict[str, Any]
 PROG = "kubectl kvpolicy"

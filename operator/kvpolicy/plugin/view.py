@@ -26,9 +26,9 @@ from kvpolicy.api.v1alpha1 import (
     Plan,
     Severity,
 )
-from kvpolicy.controller.jobgates import PHASE_GATES
-from kvpolicy.controller.state import parse_timestamp
-from kvpolicy.planner import GATE_ACCURACY, GATE_PREFLIGHT
+from kvpolicy.planning.planner import GATE_ACCURACY, GATE_PREFLIGHT
+from kvpolicy.rollout.job_gates import PHASE_GATES
+from kvpolicy.rollout.step_types import parse_timestamp
 
 Obj = dict[str, Any]
 

@@ -1,0 +1,288 @@
+"""The long-context accuracy gate: does the canary keep the baseline's needle-retrieval score at N tokens?
+
+Canary and baseline answer the same seeded RULER-style prompts of exactly N tokens. Each prompt is built in token
+space (niah.assemble) from pieces the baseline's /tokenize gave once, and sent as token ids, so its
+length is exact for any tokenizer by construction, never by trial; the canary must tokenize the shared pieces the same
+way, and each server's usage.prompt_tokens must confirm N. After every prompt the recovery interval
+(stats.recovery_interval) is checked: once it lies entirely above min_recovery the gate passes, entirely below it fails;
+at the sample cap it is inconclusive. An endpoint that keeps failing makes the result inconclusive, never a pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kvpolicy.api.v1alpha1 import AccuracyGate, parse_decimal
+from kvpolicy.credentials import CredentialsError, CredentialsSource
+from kvpolicy.gate_programs import niah
+from kvpolicy.gate_programs.client import GateError, VllmClient, open_session
+from kvpolicy.gate_programs.stats import PairedCounts, RecoveryInterval, recovery_interval
+
+ANSWER_TOKENS = 64
+# The CRD's defaults are the gate's: one source.
+CRD_DEFAULTS = AccuracyGate()
+
+
+@dataclass(frozen=True)
+class AccuracyOptions:
+    canary: str
+    baseline: str
+    length: int
+    model: str
+    min_recovery: float = parse_decimal(CRD_DEFAULTS.min_recovery)
+    confidence: float = parse_decimal(CRD_DEFAULTS.confidence)
+    max_samples: int = CRD_DEFAULTS.max_samples
+    min_samples: int = 3
+    seed: int = 0
+    request_timeout_seconds: float = 600.0
+    needles: int = 8
+    asked: int = 4
+    retry_delays_s: tuple[float, ...] = (0.2, 0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class AccuracyProgress:
+    """Where a running gate stands after each prompt (for a person watching `kvpolicy gate`)."""
+
+    samples: int
+    counts: PairedCounts
+    interval: RecoveryInterval
+    options: AccuracyOptions
+
+
+@dataclass(frozen=True)
+class SharedPieces:
+    """The prompt pieces every sample shares, as one endpoint's tokenizer gives them."""
+
+    prefix: niah.TokenIds
+    suffix: niah.TokenIds
+    header: niah.TokenIds
+    sentences: tuple[niah.TokenIds, ...]
+
+
+def split_special_tokens(with_special: list[int], without: list[int]) -> tuple[niah.TokenIds, niah.TokenIds]:
+    """The special tokens a server puts before and after a text (a BOS, [CLS] ... [SEP], a T5 </s>): what
+    tokenizing with them adds around tokenizing without. None of it when `without` is not found whole inside."""
+    for start in range(len(with_special) - len(without) + 1):
+        if with_special[start : start + len(without)] == without:
+            return tuple(with_special[:start]), tuple(with_special[start + len(without) :])
+    raise ValueError("the tokens with special tokens do not contain the tokens without them")
+
+
+class Tokenizing(Protocol):
+    """What building prompts needs of an endpoint (a VllmClient; in tests, a local tokenizer)."""
+
+    base_url: str
+
+    async def tokenize(self, prompt: str, add_special_tokens: bool) -> list[int]: ...
+
+
+async def shared_pieces(client: Tokenizing) -> SharedPieces:
+    sentences = niah.filler_sentences()
+    with_special, header, *filler = await asyncio.gather(
+        client.tokenize(niah.HEADER, add_special_tokens=True),
+        client.tokenize(niah.HEADER, add_special_tokens=False),
+        *(client.tokenize(sentence, add_special_tokens=False) for sentence in sentences),
+    )
+    if not all(filler):
+        raise GateError("MalformedResponse", f"{client.base_url} tokenized a filler sentence to no tokens")
+    try:
+        prefix, suffix = split_special_tokens(with_special, header)
+    except ValueError:
+        raise GateError(
+            "TokenizerUnsupported",
+            f"{client.base_url}'s special tokens change the text's own tokens: cannot build prompts as token ids",
+        ) from None
+    return SharedPieces(prefix, suffix, tuple(header), tuple(tuple(ids) for ids in filler))
+
+
+async def sample_pieces(client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample) -> niah.PromptPieces:
+    """`sample`'s prompt pieces: the shared ones, and its needles and question as `client` tokenizes them."""
+    *needles, question = await asyncio.gather(
+        *(client.tokenize(niah.needle_text(needle), add_special_tokens=False) for needle in sample.needles),
+        client.tokenize(niah.question_text(sample), add_special_tokens=False),
+    )
+    if not all(needles):
+        raise GateError("MalformedResponse", f"{client.base_url} tokenized a needle to no tokens")
+    return niah.PromptPieces(
+        prefix=shared.prefix,
+        suffix=shared.suffix,
+        header=shared.header,
+        sentences=shared.sentences,
+        needles=tuple(tuple(ids) for ids in needles),
+        question=tuple(question),
+    )
+
+
+async def sized_prompt(client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample, length: int) -> list[int]:
+    """`sample` as exactly `length` token ids for `client`'s tokenizer, needles whole (see niah.assemble)."""
+    pieces = await sample_pieces(client, shared, sample)
+    if pieces.fixed_tokens > length:
+        raise GateError(
+            "LengthTooShort",
+            f"length {length} leaves no room for haystack: the header, needles and question alone take "
+            f"{pieces.fixed_tokens} tokens",
+        )
+    return niah.assemble(pieces, sample.depths, length)
+
+
+def _result(
+    options: AccuracyOptions,
+    verdict: str,
+    reason: str,
+    message: str,
+    samples: int = 0,
+    counts: PairedCounts | None = None,
+    interval: RecoveryInterval | None = None,
+) -> dict[str, Any]:
+    def number(value: float | None) -> float | None:
+        return None if value is None or math.isnan(value) else round(value, 4)
+
+    return {
+        "gate": "accuracy",
+        "verdict": verdict,
+        "reason": reason,
+        "message": message,
+        "lengthTokens": options.length,
+        "samples": samples,
+        "canaryScore": number(counts.canary_score) if counts else None,
+        "baselineScore": number(counts.baseline_score) if counts else None,
+        "recovery": number(interval.point) if interval else None,
+        "recoveryLow": number(interval.low) if interval else None,
+        "recoveryHigh": number(interval.high) if interval else None,
+        "minRecovery": options.min_recovery,
+        "confidence": options.confidence,
+    }
+
+
+def sequential_decision(interval: RecoveryInterval, samples: int, options: AccuracyOptions) -> tuple[str, str] | None:
+    """(verdict, reason) once the interval lies clearly on one side of min_recovery, else None (keep sampling)."""
+    if samples < options.min_samples:
+        return None
+    if interval.low > options.min_recovery:
+        return "Pass", "RecoveryAboveThreshold"
+    if interval.high < options.min_recovery:
+        return "Fail", "RecoveryBelowThreshold"
+    return None
+
+
+async def _check_endpoints(canary: VllmClient, baseline: VllmClient, length: int) -> SharedPieces:
+    """Both serve the model with room for the prompt and tokenize alike; the baseline's shared pieces."""
+    limits = await asyncio.gather(canary.max_model_len(), baseline.max_model_len())
+    for client, limit in zip((canary, baseline), limits, strict=True):
+        if length + ANSWER_TOKENS > limit:
+            raise GateError(
+                "LengthExceedsMaxModelLen",
+                f"{client.base_url} serves at most {limit} tokens; a {length}-token prompt plus {ANSWER_TOKENS} "
+                f"answer tokens does not fit (lower --length or raise --max-model-len)",
+            )
+    canary_pieces, baseline_pieces = await asyncio.gather(shared_pieces(canary), shared_pieces(baseline))
+    if canary_pieces != baseline_pieces:
+        raise GateError(
+            "TokenizerMismatch", "canary and baseline tokenize the same text differently: they serve other tokenizers"
+        )
+    return baseline_pieces
+
+
+async def _answer(client: VllmClient, prompt: list[int]) -> str:
+    """The completion's text, once the server confirms it saw exactly the prompt's tokens."""
+    completion = await client.complete(prompt, ANSWER_TOKENS)
+    if completion.prompt_tokens is not None and completion.prompt_tokens != len(prompt):
+        raise GateError(
+            "PromptLengthMismatch",
+            f"{client.base_url} counted {completion.prompt_tokens} prompt tokens for a {len(prompt)}-token prompt",
+        )
+    return completion.text
+
+
+async def _evaluate(
+    options: AccuracyOptions,
+    canary: VllmClient,
+    baseline: VllmClient,
+    on_progress: Callable[[AccuracyProgress], None],
+) -> dict[str, Any]:
+    shared = await _check_endpoints(canary, baseline, options.length)
+
+    async def prepare(index: int) -> tuple[niah.NiahSample, list[int]]:
+        sample = niah.draw_sample(options.seed, index, options.needles, options.asked)
+        return sample, await sized_prompt(baseline, shared, sample, options.length)
+
+    counts = PairedCounts()
+    interval = recovery_interval(counts, options.confidence)
+    # The next prompt is sized while both servers answer the current one.
+    upcoming = asyncio.create_task(prepare(0))
+    try:
+        for index in range(options.max_samples):
+            sample, prompt = await upcoming
+            if index + 1 < options.max_samples:
+                upcoming = asyncio.create_task(prepare(index + 1))
+            canary_text, baseline_text = await asyncio.gather(_answer(canary, prompt), _answer(baseline, prompt))
+            for canary_right, baseline_right in zip(
+                niah.matches_per_needle(canary_text, sample.expected),
+                niah.matches_per_needle(baseline_text, sample.expected),
+                strict=True,
+            ):
+                counts = counts.add(canary_right, baseline_right)
+            interval = recovery_interval(counts, options.confidence)
+            samples = index + 1
+            on_progress(AccuracyProgress(samples, counts, interval, options))
+            decision = sequential_decision(interval, samples, options)
+            if decision is not None:
+                verdict, reason = decision
+                point = "n/a" if interval.point is None else f"{interval.point:.3f}"
+                side = "above" if verdict == "Pass" else "below"
+                message = (
+                    f"recovery {point} (interval {interval.low:.3f}-{interval.high:.3f}) after {samples} prompts "
+                    f"lies {side} {options.min_recovery}"
+                )
+                return _result(options, verdict, reason, message, samples, counts, interval)
+    finally:
+        # A prompt sized ahead but not needed: stop it, and mark any error it ended with as retrieved.
+        upcoming.cancel()
+        upcoming.add_done_callback(lambda task: task.cancelled() or task.exception())
+    message = (
+        f"after {options.max_samples} prompts the recovery interval {interval.low:.3f}-{interval.high:.3f} "
+        f"still contains {options.min_recovery}"
+    )
+    return _result(options, "Inconclusive", "SampleCapReached", message, options.max_samples, counts, interval)
+
+
+def validate(options: AccuracyOptions) -> None:
+    """Raise ValueError naming the option to fix."""
+    if options.length <= 0:
+        raise ValueError(f"--length must be positive, got {options.length}")
+    if not 0 < options.min_recovery <= 1.5:
+        raise ValueError(f"--min-recovery must be in (0, 1.5], got {options.min_recovery}")
+    if not 0 < options.confidence < 1:
+        raise ValueError(f"--confidence must be between 0 and 1, got {options.confidence}")
+    if options.max_samples < 1 or options.min_samples < 1:
+        raise ValueError("--max-samples and --min-samples must be at least 1")
+    if options.request_timeout_seconds <= 0:
+        raise ValueError(f"--request-timeout-seconds must be positive, got {options.request_timeout_seconds}")
+
+
+async def run_accuracy_gate(
+    options: AccuracyOptions,
+    credentials: CredentialsSource | None = None,
+    on_progress: Callable[[AccuracyProgress], None] = lambda _: None,
+) -> dict[str, Any]:
+    """The gate's JSON result; never raises for endpoint or credential trouble (that is an Inconclusive result)."""
+    try:
+        opened = credentials.open() if credentials is not None else None
+    except CredentialsError as error:
+        return _result(options, "Inconclusive", "CredentialsUnreadable", str(error))
+    async with open_session(opened) as session:
+
+        def client(url: str) -> VllmClient:
+            return VllmClient(
+                session, url, options.model, options.request_timeout_seconds, options.retry_delays_s, opened
+            )
+
+        try:
+            return await _evaluate(options, client(options.canary), client(options.baseline), on_progress)
+        except GateError as error:
+            return _result(options, "Inconclusive", error.reason, str(error))

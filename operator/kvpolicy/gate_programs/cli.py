@@ -1,0 +1,186 @@
+"""`kvpolicy gate accuracy|latency`: run a gate against two vLLM servers and print its JSON result on stdout.
+
+Exit codes: 0 pass, 1 fail (accuracy) or breach (latency), 2 inconclusive, 64 usage error (a bad flag or URL).
+Progress (prompts so far and the running recovery interval; each latency request) goes to stderr, so stdout holds
+only the one JSON result. Defaults are the KVPolicy CRD's. Credentials are read from files or environment variables
+named by the flags, never given as values on the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, NoReturn
+
+from kvpolicy.credentials import CredentialsSource, SecretValue, TlsSource
+from kvpolicy.gate_programs import report
+from kvpolicy.gate_programs.accuracy import AccuracyOptions, AccuracyProgress, run_accuracy_gate
+from kvpolicy.gate_programs.accuracy import validate as validate_accuracy
+from kvpolicy.gate_programs.client import base_url
+from kvpolicy.gate_programs.latency import LatencyOptions, LatencyProgress, run_latency_probe
+from kvpolicy.gate_programs.latency import validate as validate_latency
+
+EXIT_USAGE = 64  # EX_USAGE (sysexits.h)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on a usage error, which is this tool's "inconclusive": exit 64 instead."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _with_defaults(parser: argparse.ArgumentParser, options: type[Any]) -> Callable[[str, type, str], None]:
+    """Adds `--flag-name` options whose defaults are the options dataclass's `flag_name` field (the CRD's)."""
+    defaults = {field.name: field.default for field in fields(options)}
+
+    def option(flag: str, kind: type, help_text: str) -> None:
+        default = defaults[flag[2:].replace("-", "_")]
+        parser.add_argument(flag, type=kind, default=default, help=f"{help_text} (default: %(default)s)")
+
+    return option
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kvpolicy gate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    gates = parser.add_subparsers(dest="gate", required=True, metavar="{accuracy,latency}")
+    accuracy = gates.add_parser("accuracy", help="long-context needle retrieval: canary vs baseline")
+    _endpoints(accuracy)
+    accuracy.add_argument("--length", type=int, required=True, help="prompt length in tokens")
+    option = _with_defaults(accuracy, AccuracyOptions)
+    option("--min-recovery", float, "canary/baseline score needed to pass")
+    option("--confidence", float, "credible level of the recovery interval")
+    option("--max-samples", int, "hard cap on prompts")
+    option("--min-samples", int, "prompts before the gate may stop early")
+    option("--seed", int, "selects the prompts")
+    _common(accuracy, _with_defaults(accuracy, AccuracyOptions))
+
+    latency = gates.add_parser("latency", help="TTFT and ITL fits at concurrency 1: canary vs baseline")
+    _endpoints(latency)
+    latency.add_argument("--lengths", type=int, nargs="+", required=True, help="input lengths to probe (>= 3)")
+    latency.add_argument(
+        "--workload-lengths", type=int, nargs="+", default=[], help="lengths to compare at (default: --lengths)"
+    )
+    option = _with_defaults(latency, LatencyOptions)
+    option("--requests-per-length", int, "requests per length and side")
+    option("--output-tokens", int, "tokens generated per request")
+    option("--ttft-max-ratio", float, "largest canary/baseline TTFT allowed")
+    option("--itl-max-ratio", float, "largest canary/baseline ITL allowed")
+    option("--time-scale", float, "the servers' time scale: measured times are divided by it")
+    _common(latency, option)
+    return parser
+
+
+def _endpoints(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--canary", required=True, help="canary URL: http(s)://host[:port][/v1]")
+    parser.add_argument("--baseline", required=True, help="baseline URL: http(s)://host[:port][/v1]")
+    parser.add_argument("--model", required=True, help="served model name on both endpoints")
+
+
+def _common(parser: argparse.ArgumentParser, option: Callable[[str, type, str], None]) -> None:
+    parser.set_defaults(gate_parser=parser)
+    option("--request-timeout-seconds", float, "timeout of each request")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    auth = parser.add_argument_group("credentials (values are read from files or the environment, never flags)")
+    key = auth.add_mutually_exclusive_group()
+    key.add_argument("--api-key-file", type=Path, metavar="PATH", help="file holding the servers' API key")
+    key.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the servers' API key")
+    key.add_argument(
+        "--credentials-dir",
+        type=Path,
+        metavar="DIR",
+        help="a mounted Secret: `token` (the API key), `ca.crt`, `tls.crt` and `tls.key` (https)",
+    )
+    auth.add_argument("--insecure-skip-verify", action="store_true", help="do not verify the servers' TLS certificates")
+
+
+def credentials_from_args(args: argparse.Namespace) -> CredentialsSource | None:
+    """Where the credentials the flags name are; None when there are none."""
+    if args.credentials_dir is not None:
+        return CredentialsSource.from_secret_dir(args.credentials_dir, insecure_skip_verify=args.insecure_skip_verify)
+    token = None
+    if args.api_key_file is not None:
+        token = SecretValue(file=args.api_key_file)
+    elif args.api_key_env is not None:
+        token = SecretValue(env=args.api_key_env)
+    if token is None and not args.insecure_skip_verify:
+        return None
+    return CredentialsSource(bearer_token=token, tls=TlsSource(insecure_skip_verify=args.insecure_skip_verify))
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def accuracy_progress(progress: AccuracyProgress) -> str:
+    counts, interval = progress.counts, progress.interval
+    point = "n/a" if interval.point is None else f"{interval.point:.3f}"
+    return (
+        f"accuracy: {progress.samples}/{progress.options.max_samples} prompts, {counts.total} needles: "
+        f"canary {counts.canary_score:.3f}, baseline {counts.baseline_score:.3f}, recovery {point} "
+        f"(interval {interval.low:.3f}-{interval.high:.3f}; passes above {progress.options.min_recovery})"
+    )
+
+
+def latency_progress(progress: LatencyProgress) -> str:
+    measured = progress.measurement
+    return (
+        f"latency: {progress.done}/{progress.total} {progress.side} at {measured.length} tokens: "
+        f"TTFT {measured.ttft_ms:.1f} ms, ITL {measured.itl_ms:.2f} ms"
+    )
+
+
+def _reporter(quiet: bool, render: Callable[[Any], str]) -> Callable[[Any], None]:
+    return (lambda _: None) if quiet else (lambda progress: _say(render(progress)))
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="kvpolicy gate: %(message)s", stream=sys.stderr)
+    try:
+        canary, baseline = base_url(args.canary, "--canary"), base_url(args.baseline, "--baseline")
+        credentials = credentials_from_args(args)
+        if credentials is not None:
+            credentials.open()  # a file or variable the flags name that cannot be read is a usage error
+        if args.gate == "accuracy":
+            accuracy = AccuracyOptions(
+                canary=canary,
+                baseline=baseline,
+                length=args.length,
+                model=args.model,
+                min_recovery=args.min_recovery,
+                confidence=args.confidence,
+                max_samples=args.max_samples,
+                min_samples=args.min_samples,
+                seed=args.seed,
+                request_timeout_seconds=args.request_timeout_seconds,
+            )
+            validate_accuracy(accuracy)
+            progress = _reporter(args.quiet, accuracy_progress)
+            return report.emit(asyncio.run(run_accuracy_gate(accuracy, credentials, progress)))
+        latency = LatencyOptions(
+            canary=canary,
+            baseline=baseline,
+            lengths=tuple(args.lengths),
+            model=args.model,
+            requests_per_length=args.requests_per_length,
+            output_tokens=args.output_tokens,
+            workload_lengths=tuple(args.workload_lengths),
+            ttft_max_ratio=args.ttft_max_ratio,
+            itl_max_ratio=args.itl_max_ratio,
+            time_scale=args.time_scale,
+            request_timeout_seconds=args.request_timeout_seconds,
+        )
+        validate_latency(latency)
+        progress = _reporter(args.quiet, latency_progress)
+        return report.emit(asyncio.run(run_latency_probe(latency, credentials, progress)))
+    except ValueError as error:
+        gate_parser: argparse.ArgumentParser = args.gate_parser  # its usage line shows the gate's own flags
+        gate_parser.error(str(error))

@@ -1,0 +1,194 @@
+"""`KubeApi` with some lists answered from watches instead of a request on every pass.
+
+Each `Informer` lists one selection once, then follows it with a watch resumed from the list's resourceVersion, with
+bookmarks (so a quiet selection never falls out of the API server's event window); a 410 Gone or any failure makes it
+list again. A list is answered from an informer only while it is synced; otherwise, and for every other read, the
+request goes to the API server as before. Reads from a cache may lag the operator's own writes by a watch event: the
+step tolerates that (a Create of an object not seen yet is AlreadyExists, a Delete of one still seen is NotFound).
+
+What is cached (`CachedKubeApi.selections`): the operator's own children (Services, Jobs, Pods labelled with their
+policy), watched per namespace once a policy there lists them; and the nodes' metadata (their labels are all the
+planner reads), watched cluster-wide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from kvpolicy.kube.api import JOBS, NODES, PODS, SERVICES, ApiError, KubernetesApi, Obj, PatchType, Resource
+
+logger = logging.getLogger(__name__)
+# The API server ends each watch after this long, and it is resumed from the last resourceVersion seen.
+WATCH_SECONDS = 300
+# After a failure the informer lists again after this long, doubling up to the maximum while it keeps failing.
+RETRY_SECONDS = 1.0
+MAX_RETRY_SECONDS = 30.0
+
+
+def equality_terms(selector: str) -> dict[str, str] | None:
+    """`a=b,c=d` as a dict; None for anything else (set-based terms, `!=`), which is never answered from a cache."""
+    terms: dict[str, str] = {}
+    for term in filter(None, selector.split(",")):
+        key, sep, value = term.partition("=")
+        if not sep or key.endswith("!") or value.startswith("=") or not key:
+            return None
+        terms[key] = value
+    return terms
+
+
+def metadata_only(obj: Obj) -> Obj:
+    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": obj.get("metadata") or {}}
+
+
+@dataclass
+class Informer:
+    """A watch-backed copy of the objects of `resource` in `namespace` (None: all) that carry `label_key` (None:
+    every object), each kept as `keep` returns it."""
+
+    api: KubernetesApi
+    resource: Resource
+    namespace: str | None
+    label_key: str | None
+    keep: Callable[[Obj], Obj] = lambda obj: obj
+    synced: bool = field(default=False, init=False)
+    _objects: dict[tuple[str, str], Obj] = field(default_factory=dict, init=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"informer {self.resource.plural} {self.namespace}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def select(self, labels: Mapping[str, str]) -> list[Obj]:
+        """The cached objects whose labels include `labels`, in name order (as the API server lists them)."""
+        return [
+            obj
+            for _, obj in sorted(self._objects.items())
+            if all((obj["metadata"].get("labels") or {}).get(key) == value for key, value in labels.items())
+        ]
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                version = await self._list()
+                failures = 0
+                while True:  # the server ends each watch after WATCH_SECONDS: resume where it stopped
+                    version = await self._follow(version)
+            except Exception as error:  # the cache must outlive any failure: lists fall back meanwhile
+                self.synced = False
+                if isinstance(error, ApiError) and error.code == 410:  # fell out of the server's window: list again
+                    continue
+                failures += 1
+                delay = min(MAX_RETRY_SECONDS, RETRY_SECONDS * 2 ** (failures - 1))
+                logger.warning("watch of %s failed (%s); listing again in %.0f s", self.resource.plural, error, delay)
+                await asyncio.sleep(delay)
+
+    async def _list(self) -> str:
+        collection = await self.api.list_collection(self.resource, self.namespace, self.label_key or "")
+        self._objects = {self._key(obj): self.keep(obj) for obj in collection.get("items") or []}
+        self.synced = True
+        return str(collection["metadata"]["resourceVersion"])
+
+    async def _follow(self, version: str) -> str:
+        events = self.api.watch(self.resource, self.namespace, self.label_key or "", version, WATCH_SECONDS)
+        async for event_type, obj in events:
+            version = str(obj["metadata"]["resourceVersion"])
+            if event_type == "DELETED":
+                self._objects.pop(self._key(obj), None)
+            elif event_type in ("ADDED", "MODIFIED"):
+                self._objects[self._key(obj)] = self.keep(obj)
+            # BOOKMARK: only the version moves on
+        return version
+
+    @staticmethod
+    def _key(obj: Obj) -> tuple[str, str]:
+        return str(obj["metadata"].get("namespace") or ""), str(obj["metadata"]["name"])
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which lists of a resource an informer answers: those whose selector names `label_key` (None: any list of the
+    resource), in `namespaced` informers (one per namespace) or one cluster-wide informer."""
+
+    label_key: str | None
+    namespaced: bool
+    keep: Callable[[Obj], Obj] = lambda obj: obj
+
+
+class CachedKubeApi:
+    """`KubeApi` over a `KubernetesApi`, answering the lists of `selections` from informers once they are synced."""
+
+    def __init__(self, api: KubernetesApi, selections: Mapping[Resource, Selection], max_informers: int = 24) -> None:
+        self.api = api
+        self.selections = dict(selections)
+        self.max_informers = max_informers  # each holds one watch connection open
+        self._informers: dict[tuple[Resource, str | None], Informer] = {}
+
+    def informer(self, resource: Resource, namespace: str | None) -> Informer | None:
+        return self._informers.get((resource, namespace))
+
+    async def close(self) -> None:
+        for informer in self._informers.values():
+            await informer.stop()
+        await self.api.close()
+
+    async def list_objects(self, resource: Resource, namespace: str | None, label_selector: str = "") -> list[Obj]:
+        informer = self._informer_for(resource, namespace, label_selector)
+        labels = equality_terms(label_selector)
+        if informer is None or labels is None or not informer.synced:
+            return await self.api.list_objects(resource, namespace, label_selector)
+        return informer.select(labels)
+
+    def _informer_for(self, resource: Resource, namespace: str | None, label_selector: str) -> Informer | None:
+        """The informer that answers this list (started on first use), or None when none does."""
+        selection = self.selections.get(resource)
+        labels = equality_terms(label_selector)
+        if selection is None or labels is None or (selection.namespaced and namespace is None):
+            return None
+        if selection.label_key is not None and selection.label_key not in labels:
+            return None
+        scope = namespace if selection.namespaced else None
+        informer = self._informers.get((resource, scope))
+        if informer is None and len(self._informers) < self.max_informers:
+            informer = Informer(self.api, resource, scope, selection.label_key, selection.keep)
+            self._informers[(resource, scope)] = informer
+            informer.start()
+        return informer
+
+    async def get(self, resource: Resource, namespace: str | None, name: str) -> Obj | None:
+        return await self.api.get(resource, namespace, name)
+
+    async def create(self, resource: Resource, namespace: str, body: Obj) -> bool:
+        return await self.api.create(resource, namespace, body)
+
+    async def patch(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        patch: Obj | list[Obj],
+        patch_type: PatchType = "merge",
+        subresource: str | None = None,
+    ) -> Obj | None:
+        return await self.api.patch(resource, namespace, name, patch, patch_type, subresource)
+
+    async def delete(self, resource: Resource, namespace: str, name: str) -> bool:
+        return await self.api.delete(resource, namespace, name)
+
+    async def post_event(self, namespace: str, body: Obj) -> None:
+        await self.api.post_event(namespace, body)
+
+
+def operator_selections(policy_label: str) -> dict[Resource, Selection]:
+    """What the operator's observer lists on every pass: its children by policy label, and the nodes' labels."""
+    children = Selection(policy_label, namespaced=True)
+    return {PODS: children, SERVICES: children, JOBS: children, NODES: Selection(None, False, metadata_only)}

@@ -1,0 +1,304 @@
+"""Observe what one step of a KVPolicy needs, and nothing more: each phase reads only the objects it looks at."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kvpolicy.analysis.checks import AnyCheck, CheckVerdict, Sides
+from kvpolicy.analysis.model import ProviderUnavailableError, SideSelector, Verdict
+from kvpolicy.analysis.prometheus import DEFAULT_SELECTOR_TEMPLATE, PrometheusProvider
+from kvpolicy.analysis.provider import MetricsProvider
+from kvpolicy.analysis.scrape import ScrapeProvider
+from kvpolicy.api.reasons import AnalysisReason
+from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, KVPolicy, LatencyProvider, Phase
+from kvpolicy.credentials import Credentials
+from kvpolicy.kube.api import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, SERVICES, KubeApi, label_selector
+from kvpolicy.kube.references import ReferenceReader, prometheus_credentials
+from kvpolicy.planning.gpu import PRESENT_LABEL, gpu_facts, required_affinity_admits
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.job_gates import PHASE_GATES
+from kvpolicy.rollout.metric_checks import check_due, checks_for, needs_baseline
+from kvpolicy.rollout.ownership import governing_policy
+from kvpolicy.rollout.rules import rollout_hash
+from kvpolicy.rollout.step_types import JobView, Observations, PodView
+from kvpolicy.rollout.tick import REPLAN_PHASES
+
+Obj = dict[str, Any]
+GPU_PRESENT = {PRESENT_LABEL: "true"}
+JOB_NAME_LABEL = "job-name"
+# The scheduler's PodScheduled reason for a pod it cannot place (Kubernetes', not one of ours).
+POD_UNSCHEDULABLE = "Unschedulable"
+# The kubelet's waiting reasons of a container that will not start without someone's help.
+START_FAILURES = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+# What each phase's step looks at beyond the target (fewer requests per pass: 1,000 policies poll one API server).
+PHASE_NEEDS: dict[Phase, frozenset[str]] = {
+    Phase.CANARY_STARTING: frozenset({"canary", "pods", "services"}),
+    **{gate.phase: frozenset({"jobs"}) for gate in PHASE_GATES},
+    Phase.LATENCY_ANALYSIS: frozenset({"canary", "pods", "jobs"}),
+    Phase.PROMOTING: frozenset({"canary", "services"}),
+    Phase.ROLLING_BACK: frozenset({"canary", "services", "jobs"}),
+}
+
+
+def _condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == type_:
+            return dict(condition)
+    return None
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView:
+    ready = _condition(pod, "Ready")
+    scheduled = _condition(pod, "PodScheduled")
+    unschedulable = None
+    if scheduled and scheduled.get("status") == "False" and scheduled.get("reason") == POD_UNSCHEDULABLE:
+        unschedulable = str(scheduled.get("message") or POD_UNSCHEDULABLE)
+    return PodView(
+        name=pod["metadata"]["name"],
+        ip=(pod.get("status") or {}).get("podIP"),
+        ready=bool(ready and ready.get("status") == "True"),
+        unschedulable=unschedulable,
+        labels=dict(pod["metadata"].get("labels") or {}),
+    )
+
+
+def not_starting(pod: Mapping[str, Any]) -> str | None:
+    """Why a pod cannot start, in the scheduler's or the kubelet's words; None when nothing stops it."""
+    name = pod["metadata"]["name"]
+    unschedulable = pod_view(pod).unschedulable
+    if unschedulable is not None:
+        return f"pod {name} is {POD_UNSCHEDULABLE}: {unschedulable}"
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in START_FAILURES:
+            return f"pod {name} is {waiting['reason']}: {waiting.get('message') or 'no message'}"
+    return None
+
+
+def job_view(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> JobView:
+    """A Job's outcome: its conditions, and how its latest finished pod ended (exit code, reason, termination
+    message); while it runs, why its pod cannot start, if it cannot."""
+    complete, failed = _condition(job, "Complete"), _condition(job, "Failed")
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    finished_at = ""
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            terminated = (status.get("state") or {}).get("terminated")
+            if terminated and str(terminated.get("finishedAt") or "") >= finished_at:
+                finished_at = str(terminated.get("finishedAt") or "")
+                exit_code = terminated.get("exitCode")
+                reason = terminated.get("reason")
+                message = terminated.get("message")
+    running = not _finished(job)
+    waiting = [pod for pod in pods if running and not pod["metadata"].get("deletionTimestamp")]
+    stuck = [why for pod in waiting if (why := not_starting(pod)) is not None]
+    return JobView(
+        name=job["metadata"]["name"],
+        succeeded=bool(complete and complete.get("status") == "True"),
+        failed=bool(failed and failed.get("status") == "True"),
+        failure_reason=str(failed.get("reason")) if failed and failed.get("status") == "True" else None,
+        exit_code=exit_code,
+        terminated_reason=reason,
+        termination_message=message,
+        not_starting=stuck[0] if stuck else None,
+    )
+
+
+def _finished(job: Mapping[str, Any]) -> bool:
+    return any((_condition(job, type_) or {}).get("status") == "True" for type_ in ("Complete", "Failed"))
+
+
+def live(objects: Sequence[Obj]) -> list[Obj]:
+    return [obj for obj in objects if not obj["metadata"].get("deletionTimestamp")]
+
+
+def gpu_node_selector(policy: KVPolicy, target: Mapping[str, Any]) -> dict[str, str]:
+    if policy.spec.gpu_node_selector:
+        return dict(policy.spec.gpu_node_selector)
+    selector = (target["spec"]["template"].get("spec") or {}).get("nodeSelector")
+    return dict(selector) if selector else dict(GPU_PRESENT)
+
+
+def gpu_pool(policy: KVPolicy, target: Mapping[str, Any], nodes: Sequence[Obj]) -> list[Obj]:
+    """The nodes the target's pods may land on among those its selector listed: a target placed by required node
+    affinity (Karpenter, GKE and EKS node pools) is held to it too, unless spec.gpuNodeSelector names the pool."""
+    if policy.spec.gpu_node_selector:
+        return list(nodes)
+    affinity = (target["spec"]["template"].get("spec") or {}).get("affinity")
+    return [
+        node
+        for node in nodes
+        if required_affinity_admits(node["metadata"]["name"], node["metadata"].get("labels") or {}, affinity)
+    ]
+
+
+@dataclass
+class LatencyAnalyser:
+    """Evaluates the metrics checks (metric_checks.py) of a canary against the target's own pods, through the
+    configured provider.
+
+    Prometheus providers are kept per URL and selector template, and per policy where `prometheusAuth` gives
+    credentials: a rotated Secret (seen through `references`, within its TTL) replaces the policy's provider.
+    Credentials that cannot be read are a ProviderUnavailableError, like any provider that cannot answer."""
+
+    scrape: ScrapeProvider = field(default_factory=ScrapeProvider)
+    references: ReferenceReader | None = None  # None: policies with prometheusAuth get ProviderUnavailable
+    _prometheus: dict[str, tuple[str, PrometheusProvider]] = field(default_factory=dict)
+
+    async def provider(self, policy: KVPolicy) -> MetricsProvider:
+        latency = policy.spec.gates.latency
+        if latency.provider != LatencyProvider.PROMETHEUS or not latency.prometheus_url:
+            return self.scrape
+        analysis = policy.spec.analysis
+        template = (analysis.selector_template if analysis else None) or DEFAULT_SELECTOR_TEMPLATE
+        url, auth = latency.prometheus_url, latency.prometheus_auth
+        if auth is None:
+            return await self._prometheus_for(f"{url} {template}", url, template, "", None)
+        if self.references is None:
+            raise ProviderUnavailableError(
+                AnalysisReason.CREDENTIALS_SECRET_UNREADABLE, "this operator reads no Secrets for prometheusAuth"
+            )
+        namespace = str(policy.metadata.get("namespace", ""))
+        resolved = await prometheus_credentials(self.references, namespace, auth)
+        key = f"{namespace}/{policy.metadata.get('name', '')} {url} {template}"
+        return await self._prometheus_for(key, url, template, resolved.digest, resolved.credentials)
+
+    async def _prometheus_for(
+        self, key: str, url: str, template: str, digest: str, credentials: Credentials | None
+    ) -> PrometheusProvider:
+        kept = self._prometheus.get(key)
+        if kept is not None and kept[0] == digest:
+            return kept[1]
+        if kept is not None:  # rotated credentials: a new session with the new TLS context and headers
+            await kept[1].close()
+        provider = PrometheusProvider(url, credentials=credentials, selector_template=template)
+        self._prometheus[key] = (digest, provider)
+        return provider
+
+    @staticmethod
+    def side(policy: KVPolicy, target: Mapping[str, Any], role: str, pods: Sequence[PodView]) -> SideSelector:
+        port = b.serving_port(b.vllm_container(target, policy.spec.target_ref.container))
+        ready = [pod for pod in pods if pod.ready and pod.ip]
+        return SideSelector(
+            role=role,
+            namespace=str(policy.metadata.get("namespace", "")),
+            pods=tuple(pod.name for pod in ready),
+            labels=dict(ready[0].labels) if ready else {},
+            endpoints=tuple(f"http://{pod.ip}:{port}" for pod in ready),
+        )
+
+    async def evaluate(
+        self,
+        policy: KVPolicy,
+        target: Mapping[str, Any],
+        checks: Sequence[AnyCheck],
+        canary: Sequence[PodView],
+        baseline: Sequence[PodView],
+    ) -> tuple[CheckVerdict, ...]:
+        """Each check's verdict, in order; an unavailable provider is a verdict, never an exception."""
+        try:
+            provider = await self.provider(policy)
+        except ProviderUnavailableError as error:
+            unavailable = Verdict.provider_unavailable(error)
+            return tuple(CheckVerdict(check, unavailable) for check in checks)
+        sides = Sides(self.side(policy, target, "canary", canary), self.side(policy, target, "baseline", baseline))
+        return tuple([CheckVerdict(check, await check.evaluate(provider, policy, sides)) for check in checks])
+
+    async def close(self) -> None:
+        await self.scrape.close()
+        for _, provider in self._prometheus.values():
+            await provider.close()
+
+
+@dataclass
+class Observer:
+    api: KubeApi
+    analyser: LatencyAnalyser | None = None
+
+    async def observe(self, policy: KVPolicy, now: datetime) -> Observations:
+        status = policy.status
+        namespace = str(policy.metadata.get("namespace", ""))
+        name = str(policy.metadata.get("name", ""))
+        peers = await self.api.list_objects(KVPOLICIES, namespace)
+        governed_by = governing_policy(policy.metadata, policy.spec.target_ref.name, peers)
+        if governed_by is not None:  # nothing else matters until that policy is gone
+            return Observations(now=now, governed_by=governed_by)
+        restarting = status.spec_hash != rollout_hash(policy.spec)
+        phase = Phase.PLANNING if restarting or status.phase is None else status.phase
+        if phase == Phase.ROLLED_BACK:
+            return Observations(now=now)
+        target = await self.api.get(DEPLOYMENTS, namespace, policy.spec.target_ref.name)
+        gpu = None
+        if target is not None and (phase == Phase.PLANNING or phase in REPLAN_PHASES):
+            listed = await self.api.list_objects(NODES, None, label_selector(gpu_node_selector(policy, target)))
+            gpu = gpu_facts([node["metadata"].get("labels") or {} for node in gpu_pool(policy, target, listed)])
+        if phase == Phase.PLANNING or phase in TERMINAL_PHASES:  # decided: the target's drift; HeldBF16: the GPUs too
+            return Observations(now=now, target=target, gpu=gpu)
+
+        needs = PHASE_NEEDS.get(phase, frozenset())
+        by_policy = label_selector(b.policy_labels(name))
+        canary = None
+        if "canary" in needs and status.canary is not None:
+            canary = await self.api.get(DEPLOYMENTS, namespace, status.canary.deployment)
+        # The canary's pods, and the gate Jobs' (their termination messages, or why they cannot start).
+        all_pods = await self.api.list_objects(PODS, namespace, by_policy) if needs & {"pods", "jobs"} else []
+        pods = live(all_pods) if "pods" in needs else []
+        canary_pods = tuple(pod_view(pod) for pod in pods if b.CANARY_LABEL in (pod["metadata"].get("labels") or {}))
+        services: frozenset[str] = frozenset()
+        if "services" in needs:
+            services_found = live(await self.api.list_objects(SERVICES, namespace, by_policy))
+            services = frozenset(service["metadata"]["name"] for service in services_found)
+        jobs = {}
+        for job in await self.api.list_objects(JOBS, namespace, by_policy) if "jobs" in needs else []:
+            job_name = job["metadata"]["name"]
+            job_pods = [pod for pod in all_pods if pod["metadata"].get("labels", {}).get(JOB_NAME_LABEL) == job_name]
+            jobs[job_name] = job_view(job, job_pods)
+        checks = await self._checks(policy, target, canary_pods, now) if target is not None else ()
+        return Observations(
+            now=now,
+            target=target,
+            gpu=gpu,
+            checks=checks,
+            canary=next(iter(live([canary] if canary else [])), None),
+            canary_pods=canary_pods,
+            services=services,
+            jobs=jobs,
+        )
+
+    async def _checks(
+        self, policy: KVPolicy, target: Obj, canary_pods: Sequence[PodView], now: datetime
+    ) -> tuple[CheckVerdict, ...]:
+        """The metrics checks due this pass, evaluated (none without an analyser)."""
+        if self.analyser is None:
+            return ()
+        canary_ready = any(pod.ready for pod in canary_pods)
+        due = [check for check in checks_for(policy) if check_due(check, policy, canary_ready, now)]
+        if not due:
+            return ()
+        baseline = await self._baseline(policy, target) if needs_baseline(due) else []
+        return await self.analyser.evaluate(policy, target, due, canary_pods, baseline)
+
+    async def _baseline(self, policy: KVPolicy, target: Obj) -> list[PodView]:
+        """The target's own pods (not the canary's that joined its Service)."""
+        namespace = str(policy.metadata.get("namespace", ""))
+        selector = target["spec"]["selector"].get("matchLabels") or {}
+        target_pods = live(await self.api.list_objects(PODS, namespace, label_selector(selector)))
+        return [
+            pod_view(pod)
+            for pod in target_pods
+            if (pod["metadata"].get("labels") or {}).get(b.ROLE_LABEL) != b.ROLE_CANARY
+        ]

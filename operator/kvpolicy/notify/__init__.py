@@ -1,0 +1,1 @@
+"""What the operator tells the outside world: webhook notifications and its own Prometheus metrics."""

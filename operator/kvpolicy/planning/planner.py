@@ -1,0 +1,261 @@
+"""The planner: a pure function from a KVPolicy spec and GPU facts to a plan with its reasons.
+
+Hard rules cannot be overridden by `kvCache.dtype: FP8`: FP8 is never planned on an unknown GPU, on a truncating
+FP8 accumulator (Hopper, Ada) without an image that declares two-level accumulation, for MLA without calibrated
+scales, or where no attention backend runs an FP8 KV cache on the GPU for the model (attention.py). Soft rules
+(decode break-even, head_dim-256 prefill penalty, no FP8 tensor cores) choose BF16 under `Auto` and give way to an
+explicit `FP8` with a warning. An explicit `BF16` is always honoured, with a warning when the rules would have planned
+FP8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvpolicy.api.reasons import BF16_CAUSES, PlanCode
+from kvpolicy.api.v1alpha1 import (
+    AttentionKind,
+    GpuFacts,
+    GpuGeneration,
+    ImageFeature,
+    KVCacheDtype,
+    KVPolicySpec,
+    KVScales,
+    Plan,
+    PlanReason,
+    Severity,
+    SkipSlidingWindowLayers,
+)
+from kvpolicy.planning.attention import choose_backend
+
+# Published decode break-even (vLLM blog 2026-04-22, Llama-3.1-8B): FP8's lower ITL slope pays for its higher
+# intercept only above these context lengths.
+DEFAULT_BREAK_EVEN_TOKENS = {
+    GpuGeneration.HOPPER: 7010,
+    GpuGeneration.ADA: 7010,
+    GpuGeneration.BLACKWELL: 4000,
+    GpuGeneration.AMPERE: 0,
+}
+# Sliding-window layers are "many and small" (skip them) when they are at least this share of all layers and
+# their window is at most this many tokens: their KV is tiny, so FP8 saves little and only adds error.
+SKIP_SW_MIN_LAYER_SHARE = 0.25
+SKIP_SW_MAX_WINDOW_TOKENS = 4096
+
+GATE_PREFLIGHT = "GpuPreflight"
+GATE_ACCURACY = "Accuracy"
+GATE_LATENCY = "Latency"
+
+TRUNCATING_ACCUMULATORS = (GpuGeneration.HOPPER, GpuGeneration.ADA)
+
+
+@dataclass
+class _Draft:
+    fp8: bool = True
+    hard_refusal: bool = False
+    backend: str | None = None
+    reasons: list[PlanReason] = field(default_factory=list)
+
+    def say(self, code: str, message: str, severity: Severity = Severity.INFO) -> None:
+        self.reasons.append(PlanReason(code=code, message=message, severity=severity))
+
+    def refuse(self, code: str, message: str) -> None:
+        """A hard rule: BF16 whatever the spec asks."""
+        self.fp8 = False
+        self.hard_refusal = True
+        self.say(code, message, Severity.WARNING)
+
+    def soft_bf16(self, code: str, message: str) -> None:
+        self.fp8 = False
+        self.say(code, message)
+
+
+def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
+    """Apply every rule as if dtype were Auto; the caller then reconciles with an explicit dtype."""
+    draft = _Draft()
+    generation = gpu.generation
+    if gpu.mixed:
+        draft.say("MixedGPUGenerations", gpu.message, Severity.WARNING)
+
+    if generation == GpuGeneration.UNKNOWN:
+        draft.refuse(
+            "UnknownGPU", f"GPU generation unknown ({gpu.message}): FP8 attention numerics cannot be vouched for"
+        )
+        return draft
+
+    if generation in TRUNCATING_ACCUMULATORS:
+        name = gpu.product or generation.value
+        features = spec.images.fp8_patched_features
+        if spec.images.fp8_patched is None or ImageFeature.TWO_LEVEL_ACCUMULATION not in features:
+            draft.refuse(
+                "NoTwoLevelImage",
+                f"{name} FP8 tensor cores truncate while accumulating, so long-context attention shrinks "
+                "(-57% at 128k on an H200); set images.fp8Patched to an image with TwoLevelAccumulation",
+            )
+            return draft
+        draft.say(
+            "TwoLevelAccumulationImage",
+            f"{name} truncates FP8 accumulation; {spec.images.fp8_patched} promotes partial sums per tile "
+            "(two-level accumulation)",
+        )
+    elif generation == GpuGeneration.BLACKWELL:
+        draft.say("BlackwellNoFixNeeded", "Blackwell FP8 attention (FlashInfer) accumulates without truncation")
+    elif generation == GpuGeneration.AMPERE:
+        draft.soft_bf16(
+            "NoFP8TensorCores",
+            f"{gpu.product or 'Ampere'} (compute capability {gpu.compute_capability or '8.x'}) has no FP8 tensor "
+            "cores: an FP8 KV cache only saves memory and decode is not faster; set kvCache.dtype FP8 to take it",
+        )
+
+    mla = spec.model.attention == AttentionKind.MLA
+    if mla and spec.kv_cache.scales != KVScales.CALIBRATED:
+        draft.refuse(
+            "MLARequiresCalibratedScales",
+            "MLA attention (FlashMLA) shifts outputs with uncalibrated FP8 scales; set kvCache.scales Calibrated "
+            "with kvCache.scalesSource",
+        )
+        return draft
+
+    choice = choose_backend(generation, gpu.compute_capability, mla, spec.model.head_dim, gpu.pool_capabilities)
+    if choice.backend is None:
+        draft.refuse(PlanCode.NO_FP8_ATTENTION_BACKEND, f"{choice.reason}: the canary could not start")
+        return draft
+    draft.backend = choice.backend
+
+    break_even = spec.workload.decode_break_even_tokens or DEFAULT_BREAK_EVEN_TOKENS.get(generation, 0)
+    typical = spec.workload.typical_tokens
+    if break_even and typical < break_even:
+        draft.soft_bf16(
+            "BelowDecodeBreakEven",
+            f"typical context {typical} tokens is below the decode break-even of {break_even} tokens on "
+            f"{generation.value}: FP8's higher per-step cost outweighs its smaller KV reads",
+        )
+    elif break_even:
+        draft.say(
+            "AboveDecodeBreakEven",
+            f"typical context {typical} tokens is above the decode break-even of {break_even} tokens: "
+            "FP8 decodes faster",
+        )
+
+    if spec.model.head_dim >= 256 and generation in TRUNCATING_ACCUMULATORS and not mla:
+        if ImageFeature.FAST_HEAD_DIM_256 in spec.images.fp8_patched_features:
+            draft.say(
+                "FastHeadDim256Path", "the patched image declares a head_dim-256 path without the prefill penalty"
+            )
+        elif spec.workload.prefill_latency_critical:
+            draft.soft_bf16(
+                "HeadDim256PrefillPenalty",
+                f"head_dim {spec.model.head_dim} with two-level accumulation raises TTFT ~1.6x and the workload is "
+                "prefill-latency critical",
+            )
+        else:
+            draft.say(
+                "HeadDim256PrefillCost",
+                f"head_dim {spec.model.head_dim}: two-level accumulation raises TTFT ~1.6x; accepted because the "
+                "workload is not prefill-latency critical",
+                Severity.WARNING,
+            )
+
+    return draft
+
+
+def _skip_layers(spec: KVPolicySpec, draft: _Draft) -> list[str]:
+    window = spec.model.sliding_window
+    choice = spec.kv_cache.skip_sliding_window_layers
+    if window is None or choice == SkipSlidingWindowLayers.NEVER:
+        return []
+    share = window.layer_count / spec.model.num_layers
+    if choice == SkipSlidingWindowLayers.ALWAYS:
+        draft.say("SkipSlidingWindowLayers", "sliding-window layers stay BF16 (kvCache.skipSlidingWindowLayers Always)")
+        return ["sliding_window"]
+    if share >= SKIP_SW_MIN_LAYER_SHARE and window.window_tokens <= SKIP_SW_MAX_WINDOW_TOKENS:
+        draft.say(
+            "SkipSlidingWindowLayers",
+            f"{window.layer_count} of {spec.model.num_layers} layers use a {window.window_tokens}-token window: "
+            "their KV is small, so they stay BF16 (--kv-cache-dtype-skip-layers sliding_window)",
+        )
+        return ["sliding_window"]
+    draft.say("SlidingWindowLayersFP8", "sliding-window layers are few or wide: they use FP8 like the rest")
+    return []
+
+
+def plan(spec: KVPolicySpec, gpu: GpuFacts) -> Plan:
+    draft = _rules(spec, gpu)
+    requested = spec.kv_cache.dtype
+    if requested == KVCacheDtype.BF16:
+        if draft.fp8:
+            draft.say(
+                "BF16Requested", "kvCache.dtype BF16 is honoured, though the rules would plan FP8", Severity.WARNING
+            )
+        else:
+            draft.say("BF16Requested", "kvCache.dtype BF16 is honoured")
+        draft.fp8 = False
+    elif requested == KVCacheDtype.FP8 and not draft.fp8:
+        if draft.hard_refusal:
+            draft.say("FP8Refused", "kvCache.dtype FP8 is refused: a safety rule above forbids it", Severity.WARNING)
+        else:
+            draft.say("FP8Requested", "kvCache.dtype FP8 is honoured against the rules above", Severity.WARNING)
+            draft.fp8 = True
+
+    if not draft.fp8:
+        draft.say("HoldBF16", "the target keeps its BF16 KV cache; no canary is started")
+        return Plan(
+            kv_cache_dtype=KVCacheDtype.BF16,
+            vllm_kv_cache_dtype="auto",
+            image=spec.images.baseline,
+            reasons=draft.reasons,
+        )
+
+    if spec.kv_cache.scales == KVScales.CALIBRATED:
+        draft.say("CalibratedScales", f"calibrated per-head KV scales from {spec.kv_cache.scales_source}")
+    else:
+        draft.say(
+            "UncalibratedScales",
+            "FP8 scales are 1.0 (uncalibrated): the accuracy gate must show recovery >= minRecovery, else calibrate",
+        )
+    skip = _skip_layers(spec, draft)
+    backend = draft.backend
+    if backend is None:  # pragma: no cover - an FP8 plan always passed the backend rule
+        raise RuntimeError("FP8 planned without an attention backend")
+    args = ["--kv-cache-dtype", "fp8"]
+    if skip:
+        args += ["--kv-cache-dtype-skip-layers", *skip]
+    args += ["--attention-backend", backend]
+    # Only a truncating GPU needs another image; elsewhere the canary runs the target's own image, whatever it is
+    # now (a hand-made hotfix included), so the gates compare the KV cache alone and promotion changes nothing else.
+    image = spec.images.fp8_patched if gpu.generation in TRUNCATING_ACCUMULATORS else None
+
+    gates = []
+    if spec.gates.gpu_preflight.enabled and gpu.generation in TRUNCATING_ACCUMULATORS:
+        gates.append(GATE_PREFLIGHT)
+    if spec.gates.accuracy.enabled:
+        gates.append(GATE_ACCURACY)
+    else:
+        draft.say(
+            "AccuracyGateDisabled",
+            "gates.accuracy is disabled: an FP8 numerics error would reach users as fluent wrong answers",
+            Severity.WARNING,
+        )
+    if spec.gates.latency.enabled:
+        gates.append(GATE_LATENCY)
+    draft.say("CanaryFP8", f"canary runs FP8 KV ({' '.join(args)}), gated by {', '.join(gates) or 'nothing'}")
+    return Plan(
+        kv_cache_dtype=KVCacheDtype.FP8,
+        vllm_kv_cache_dtype="fp8",
+        skip_layers=skip,
+        image=image,
+        attention_backend=backend,
+        extra_args=args,
+        gates=gates,
+        reasons=draft.reasons,
+    )
+
+
+def bf16_cause(plan_: Plan) -> PlanReason:
+    """Why a plan holds BF16: its most specific cause (BF16_CAUSES order), else its last reason."""
+    by_code = {reason.code: reason for reason in plan_.reasons}
+    for code in BF16_CAUSES:
+        if code in by_code:
+            return by_code[code]
+    if plan_.reasons:
+        return plan_.reasons[-1]
+    return PlanReason(code=PlanCode.HOLD_BF16, message="the plan keeps BF16")

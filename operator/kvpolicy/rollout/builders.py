@@ -1,0 +1,522 @@
+"""Pure builders of the objects the operator creates or patches: names, canary, Services, gate Jobs, container patches.
+
+Every name is deterministic (policy + generation), so creating an object twice is harmless: AlreadyExists means done.
+Names and label values derived from the policy's name follow the one rule in child_names.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpolicy.api.v1alpha1 import API_VERSION, KIND, KVPolicySpec, Plan, PodTemplateRecord
+from kvpolicy.gate_programs.report import DEFAULT_TERMINATION_LOG
+from kvpolicy.rollout.child_names import child_name, label_value
+
+Obj = dict[str, Any]
+
+POLICY_LABEL = "kvpolicy.dev/policy"
+ROLE_LABEL = "kvpolicy.dev/role"
+CANARY_LABEL = "kvpolicy.dev/canary"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "kvpolicy"
+ROLE_CANARY = "canary"
+ROLE_BASELINE = "baseline"
+ROLE_GATE = "gate"
+ROLE_PREFLIGHT = "preflight"
+
+DEFAULT_SERVING_PORT = 8000
+# vLLM flags the plan owns: stripped from the target's arguments before the plan's are appended.
+KV_FLAGS = ("--kv-cache-dtype", "--kv-cache-dtype-skip-layers", "--attention-backend")
+# Flags whose value is a list of tokens (until the next flag) rather than one token.
+MULTI_VALUE_FLAGS = frozenset({"--kv-cache-dtype-skip-layers"})
+GATE_TERMINATION_LOG = str(DEFAULT_TERMINATION_LOG)
+
+
+def rollout_suffix(generation: int, run: int = 1) -> str:
+    """`g<generation>`, and `r<run>` for a rollout run again at the same generation (drift, a changed target, a
+    retry), so its children never share a name with an earlier run's that may still be terminating."""
+    return f"g{generation}" if run <= 1 else f"g{generation}r{run}"
+
+
+def canary_name(policy: str, generation: int, run: int = 1) -> str:
+    return child_name(policy, f"canary-{rollout_suffix(generation, run)}")
+
+
+def baseline_service_name(policy: str, generation: int, run: int = 1) -> str:
+    """The gates' view of the target's pods, one per rollout (its canary's generation and run)."""
+    return child_name(policy, f"baseline-{rollout_suffix(generation, run)}")
+
+
+def job_name(policy: str, gate: str, generation: int, run: int = 1) -> str:
+    """gate: accuracy, latency or preflight."""
+    return child_name(policy, f"{gate}-{rollout_suffix(generation, run)}")
+
+
+def policy_labels(policy: str) -> dict[str, str]:
+    """The label every child of the policy carries: what observe and cleanup select them by."""
+    return {POLICY_LABEL: label_value(policy)}
+
+
+@dataclass(frozen=True)
+class PolicyRef:
+    """The identity of a KVPolicy that its children point back to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self) -> Obj:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    def labels(self, role: str) -> dict[str, str]:
+        return {**policy_labels(self.name), ROLE_LABEL: role, MANAGED_BY_LABEL: MANAGED_BY}
+
+    def metadata(self, name: str, role: str, extra_labels: Mapping[str, str] | None = None) -> Obj:
+        return {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": {**self.labels(role), **(extra_labels or {})},
+            "ownerReferences": [self.owner_reference()],
+        }
+
+
+# ------------------------------------------------------------------------------------------------ the vLLM container
+
+
+class TargetShapeError(ValueError):
+    """The target Deployment cannot be rolled out (no such container, no pod template)."""
+
+
+def container_index(deployment: Mapping[str, Any], container: str | None) -> int:
+    containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
+    if not containers:
+        raise TargetShapeError(f"Deployment {deployment['metadata']['name']} has no containers in its pod template")
+    if container is None:
+        return 0
+    for index, item in enumerate(containers):
+        if item.get("name") == container:
+            return index
+    names = ", ".join(str(item.get("name")) for item in containers)
+    raise TargetShapeError(
+        f"Deployment {deployment['metadata']['name']} has no container {container!r} (it has: {names}); "
+        "fix spec.targetRef.container"
+    )
+
+
+def vllm_container(deployment: Mapping[str, Any], container: str | None) -> Obj:
+    containers: list[Obj] = deployment["spec"]["template"]["spec"]["containers"]
+    return containers[container_index(deployment, container)]
+
+
+def container_record(container: Mapping[str, Any]) -> PodTemplateRecord:
+    """What a rollback must restore: image, command, args, env, exactly as they were."""
+    return PodTemplateRecord(
+        image=container.get("image", ""),
+        command=copy.deepcopy(container.get("command")),
+        args=copy.deepcopy(container.get("args")),
+        env=copy.deepcopy(container.get("env")),
+    )
+
+
+def split_kv_flags(tokens: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A command line split into (everything else, the plan-owned flags with their values), both in order; both
+    `--flag value` and `--flag=value` forms."""
+    rest: list[str] = []
+    owned: list[str] = []
+    skipping_values = False
+    skip_one = False
+    for token in tokens:
+        if skip_one:
+            skip_one = False
+            owned.append(token)
+            continue
+        if skipping_values:
+            if not token.startswith("-"):
+                owned.append(token)
+                continue
+            skipping_values = False
+        flag = token.split("=", 1)[0]
+        if flag in KV_FLAGS:
+            owned.append(token)
+            if "=" not in token:
+                if flag in MULTI_VALUE_FLAGS:
+                    skipping_values = True
+                else:
+                    skip_one = True
+            continue
+        rest.append(token)
+    return rest, owned
+
+
+def strip_kv_flags(tokens: Sequence[str]) -> list[str]:
+    """Remove the plan-owned flags from a command line."""
+    return split_kv_flags(tokens)[0]
+
+
+def kv_cache_dtype(tokens: Sequence[str]) -> str:
+    """The --kv-cache-dtype a command line selects ("auto" when absent)."""
+    value = "auto"
+    for index, token in enumerate(tokens):
+        if token.startswith("--kv-cache-dtype="):
+            value = token.split("=", 1)[1]
+        elif token == "--kv-cache-dtype" and index + 1 < len(tokens):
+            value = tokens[index + 1]
+    return value
+
+
+def runs_fp8(record: PodTemplateRecord) -> bool:
+    tokens = [*(record.command or []), *(record.args or [])]
+    return kv_cache_dtype(tokens).startswith("fp8")
+
+
+def with_plan(record: PodTemplateRecord, plan: Plan) -> PodTemplateRecord:
+    """The container configuration the plan asks for: plan image (or the same), KV flags replaced by the plan's."""
+    command = strip_kv_flags(record.command) if record.command is not None else None
+    args = strip_kv_flags(record.args) if record.args is not None else None
+    if args is not None or command is None:
+        args = [*(args or []), *plan.extra_args]
+    else:
+        command = [*command, *plan.extra_args]
+    return PodTemplateRecord(image=plan.image or record.image, command=command, args=args, env=record.env)
+
+
+def without_fp8(record: PodTemplateRecord) -> PodTemplateRecord:
+    """The BF16 configuration of a container that was set to FP8 outside a recorded promotion."""
+    return PodTemplateRecord(
+        image=record.image,
+        command=strip_kv_flags(record.command) if record.command is not None else None,
+        args=strip_kv_flags(record.args) if record.args is not None else None,
+        env=record.env,
+    )
+
+
+SERVING_FIELDS = ("image", "command", "args", "env")
+
+
+def container_patch(deployment: Mapping[str, Any], container: str | None, desired: PodTemplateRecord) -> list[Obj]:
+    """A JSON patch setting one container's image, command, args and env exactly to `desired`.
+
+    It first tests the container's name and the values it replaces, so a patch computed against an old template
+    cannot hit another container or overwrite an edit it has not seen.
+    """
+    index = container_index(deployment, container)
+    current = deployment["spec"]["template"]["spec"]["containers"][index]
+    path = f"/spec/template/spec/containers/{index}"
+    ops: list[Obj] = [{"op": "test", "path": f"{path}/name", "value": current.get("name")}]
+    # The fields it replaces must still be what was observed: an edit made since fails the patch (422), and the next
+    # pass observes it (and restarts the analysis rather than overwrite a configuration nobody gated).
+    ops += [
+        {"op": "test", "path": f"{path}/{name}", "value": current[name]} for name in SERVING_FIELDS if name in current
+    ]
+    for attribute, value in (("image", desired.image), ("command", desired.command), ("args", desired.args)):
+        if value is not None:
+            ops.append({"op": "add", "path": f"{path}/{attribute}", "value": value})
+        elif attribute in current:
+            ops.append({"op": "remove", "path": f"{path}/{attribute}"})
+    if desired.env is not None:
+        ops.append({"op": "add", "path": f"{path}/env", "value": desired.env})
+    elif "env" in current:
+        ops.append({"op": "remove", "path": f"{path}/env"})
+    return ops
+
+
+def serving_port(container: Mapping[str, Any]) -> int:
+    """The port vLLM listens on: the container port named http, else the first, else --port, else 8000."""
+    ports = container.get("ports") or []
+    for port in ports:
+        if port.get("name") == "http":
+            return int(port["containerPort"])
+    if ports:
+        return int(ports[0]["containerPort"])
+    tokens = [*(container.get("command") or []), *(container.get("args") or [])]
+    for index, token in enumerate(tokens):
+        if token.startswith("--port="):
+            return int(token.split("=", 1)[1])
+        if token == "--port" and index + 1 < len(tokens):
+            return int(tokens[index + 1])
+    return DEFAULT_SERVING_PORT
+
+
+def service_url(service: str, namespace: str, port: int) -> str:
+    return f"http://{service}.{namespace}.svc:{port}"
+
+
+# ------------------------------------------------------------------------------------------------ canary and Services
+
+
+def template_labels(deployment: Mapping[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = deployment["spec"]["template"].get("metadata", {}).get("labels") or {}
+    return dict(labels)
+
+
+def canary_pod_labels(policy: PolicyRef, name: str, target: Mapping[str, Any], joined: bool) -> dict[str, str]:
+    """Before the accuracy gate the canary's pods carry none of the target's labels, so no Service that selects the
+    target's pods (the users' Service included) can send them traffic; joining adds the target's labels back."""
+    own = {**policy.labels(ROLE_CANARY), CANARY_LABEL: name}
+    return {**template_labels(target), **own} if joined else own
+
+
+def canary_deployment(
+    policy: PolicyRef, name: str, target: Mapping[str, Any], spec: KVPolicySpec, plan: Plan, joined: bool = False
+) -> Obj:
+    """A Deployment cloned from the target's pod template, running the plan's image and vLLM flags."""
+    template = copy.deepcopy(target["spec"]["template"])
+    index = container_index(target, spec.target_ref.container)
+    container = template["spec"]["containers"][index]
+    desired = with_plan(container_record(container), plan)
+    container["image"] = desired.image
+    for attribute, value in (("command", desired.command), ("args", desired.args)):
+        if value is None:
+            container.pop(attribute, None)
+        else:
+            container[attribute] = value
+    metadata = template.setdefault("metadata", {})
+    metadata["labels"] = canary_pod_labels(policy, name, target, joined)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": policy.metadata(name, ROLE_CANARY, {CANARY_LABEL: name}),
+        "spec": {
+            "replicas": spec.rollout.canary_replicas,
+            "selector": {"matchLabels": {**policy_labels(policy.name), CANARY_LABEL: name}},
+            # Recreate: relabelling the canary to join the traffic must not need a second GPU for a surge pod.
+            "strategy": {"type": "Recreate"},
+            "template": template,
+        },
+    }
+
+
+def join_patch(policy: PolicyRef, name: str, target: Mapping[str, Any]) -> Obj:
+    """Merge patch giving the canary's pods the target's labels, so the target's Service sends them traffic."""
+    return {"spec": {"template": {"metadata": {"labels": canary_pod_labels(policy, name, target, joined=True)}}}}
+
+
+def is_joined(canary: Mapping[str, Any], target: Mapping[str, Any]) -> bool:
+    labels = template_labels(canary)
+    return all(labels.get(key) == value for key, value in template_labels(target).items())
+
+
+def _service(policy: PolicyRef, name: str, role: str, selector: Mapping[str, str], port: int) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": policy.metadata(name, role),
+        "spec": {
+            "selector": dict(selector),
+            "ports": [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def canary_service(policy: PolicyRef, name: str, port: int) -> Obj:
+    return _service(policy, name, ROLE_CANARY, {**policy_labels(policy.name), CANARY_LABEL: name}, port)
+
+
+def baseline_service(policy: PolicyRef, target: Mapping[str, Any], port: int, name: str) -> Obj:
+    """The gates' view of the target's pods. It selects what the target's Deployment selects, which the canary's pods
+    only match once they have joined (ReplicaRatio, after the accuracy gate)."""
+    selector = target["spec"]["selector"].get("matchLabels") or template_labels(target)
+    return _service(policy, name, ROLE_BASELINE, selector, port)
+
+
+# ------------------------------------------------------------------------------------------------------- gate Jobs
+
+
+@dataclass(frozen=True)
+class GateJob:
+    """What differs between gate Jobs: name, role, image, command, resources, and where the pod may run."""
+
+    name: str
+    role: str
+    image: str
+    command: list[str]
+    timeout_seconds: int
+    resources: Obj
+    pod_placement: Obj  # nodeSelector / tolerations / affinity copied from the target for GPU Jobs
+    image_pull_secrets: list[Obj] = field(default_factory=list)  # the target's: the images may share its registry
+    env: list[Obj] = field(default_factory=list)
+
+
+# The Pod Security Standards' "restricted" profile. The gate tools run as the operator image's user (Dockerfile: USER
+# 10001); naming the user lets a root-by-default image (a vLLM image for the probe) run too.
+GATE_USER = 10001
+POD_SECURITY_CONTEXT: Obj = {
+    "runAsNonRoot": True,
+    "runAsUser": GATE_USER,
+    "runAsGroup": GATE_USER,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: Obj = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+# The one writable place on a read-only root filesystem (temporary files; the probe's Triton and CUDA caches).
+SCRATCH_DIR = "/tmp"
+SCRATCH_VOLUME: Obj = {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}
+
+
+def gate_job(policy: PolicyRef, job: GateJob) -> Obj:
+    labels = policy.labels(job.role)
+    container = {
+        "name": job.role if job.role != ROLE_GATE else "gate",
+        "image": job.image,
+        "command": job.command,
+        "resources": copy.deepcopy(job.resources),
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
+        "volumeMounts": [{"name": SCRATCH_VOLUME["name"], "mountPath": SCRATCH_DIR}],
+        "terminationMessagePath": GATE_TERMINATION_LOG,
+        # The tools write their JSON verdict to the termination log; logs are the fallback if they crash first.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if job.env:
+        container["env"] = copy.deepcopy(job.env)
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        # The gate tools talk to the canary and baseline over HTTP; they need no Kubernetes credentials.
+        "automountServiceAccountToken": False,
+        "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
+        "containers": [container],
+        "volumes": [copy.deepcopy(SCRATCH_VOLUME)],
+        **copy.deepcopy(job.pod_placement),
+    }
+    if job.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = copy.deepcopy(job.image_pull_secrets)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": policy.metadata(job.name, job.role),
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": job.timeout_seconds,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def with_one_gpu(resources: Obj) -> Obj:
+    """`resources` plus the one GPU the preflight probe measures, whatever the operator's settings say."""
+    result = copy.deepcopy(resources)
+    for part in ("requests", "limits"):
+        result.setdefault(part, {})[GPU_RESOURCE] = 1
+    return result
+
+
+def image_pull_secrets(target: Mapping[str, Any]) -> list[Obj]:
+    secrets: list[Obj] = target["spec"]["template"]["spec"].get("imagePullSecrets") or []
+    return copy.deepcopy(secrets)
+
+
+# The probe's GPU toolchains (Triton, CUDA) cache compiled kernels under $HOME, which the read-only root cannot hold.
+PREFLIGHT_ENV: list[Obj] = [{"name": "HOME", "value": SCRATCH_DIR}]
+
+
+# The gate tools read the servers' API key from this variable, which the gate Job sets from spec.vllmAuth's Secret:
+# the Job's spec names the Secret and the variable, never the key itself.
+API_KEY_ENV = "KVPOLICY_VLLM_API_KEY"
+
+
+def api_key_env(spec: KVPolicySpec) -> list[Obj]:
+    """The gate container's env entry for the servers' API key (none without spec.vllmAuth)."""
+    if spec.vllm_auth is None:
+        return []
+    ref = spec.vllm_auth.api_key_secret_ref
+    return [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def _api_key_args(spec: KVPolicySpec) -> list[str]:
+    return ["--api-key-env", API_KEY_ENV] if spec.vllm_auth is not None else []
+
+
+def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]:
+    accuracy = spec.gates.accuracy
+    return [
+        "kvpolicy",
+        "gate",
+        "accuracy",
+        "--canary",
+        canary_url,
+        "--baseline",
+        baseline_url,
+        "--length",
+        str(spec.capped_accuracy_length),
+        "--model",
+        spec.model.served_model_name,
+        "--min-recovery",
+        accuracy.min_recovery,
+        "--confidence",
+        accuracy.confidence,
+        "--max-samples",
+        str(accuracy.max_samples),
+        *_api_key_args(spec),
+    ]
+
+
+def latency_lengths(spec: KVPolicySpec) -> list[int]:
+    """Prompt lengths the latency probe fits its curves over (at least three): spread up to the longest prompt."""
+    longest = spec.capped_accuracy_length
+    lengths = {max(1, longest // 16), max(1, longest // 4), min(spec.workload.typical_tokens, longest), longest}
+    return sorted(lengths)
+
+
+def latency_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]:
+    latency = spec.gates.latency
+    longest = spec.capped_accuracy_length
+    workload = sorted({min(spec.workload.typical_tokens, longest), longest})
+    return [
+        "kvpolicy",
+        "gate",
+        "latency",
+        "--canary",
+        canary_url,
+        "--baseline",
+        baseline_url,
+        "--model",
+        spec.model.served_model_name,
+        "--lengths",
+        *[str(length) for length in latency_lengths(spec)],
+        "--workload-lengths",
+        *[str(length) for length in workload],
+        "--ttft-max-ratio",
+        latency.ttft_max_ratio,
+        "--itl-max-ratio",
+        latency.itl_max_ratio,
+        *_api_key_args(spec),
+    ]
+
+
+def preflight_command(spec: KVPolicySpec, probe_backend: str) -> list[str]:
+    """The probe measures the attention the canary will run (`probe_backend`, see attention.PROBE_BACKENDS) up to
+    the full context the gates vouch for: it sends no prompt, so it needs no room for an answer (hence the uncapped
+    `accuracy_length`)."""
+    return [
+        "python",
+        "-m",
+        "kvkernels.probe",
+        "--backend",
+        probe_backend,
+        "--max-len",
+        str(spec.accuracy_length),
+        "--head-dim",
+        str(spec.model.head_dim),
+        "--json",
+    ]
+
+
+def pod_placement(target: Mapping[str, Any]) -> Obj:
+    """The target's scheduling constraints, so a GPU Job lands on the same pool."""
+    pod_spec = target["spec"]["template"]["spec"]
+    return {key: copy.deepcopy(pod_spec[key]) for key in ("nodeSelector", "tolerations", "affinity") if key in pod_spec}

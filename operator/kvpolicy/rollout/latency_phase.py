@@ -1,0 +1,184 @@
+"""The LatencyAnalysis phase: join the traffic (ReplicaRatio), then judge the canary's latency from live metrics
+checks or from the synthetic latency probe Job, and promote after the bake."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from kvpolicy.analysis.model import Action as AnalysisAction
+from kvpolicy.analysis.model import AnalysisState, Verdict
+from kvpolicy.analysis.verdicts import next_analysis_state
+from kvpolicy.api.reasons import Reason
+from kvpolicy.api.v1alpha1 import (
+    ConditionStatus,
+    ConditionType,
+    GateResult,
+    GateVerdict,
+    LatencyAnalysis,
+    LatencyCheck,
+    OnInconclusive,
+    Traffic,
+    VerdictKind,
+)
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.job_gates import LATENCY_PROBE, Then
+from kvpolicy.rollout.rules import latency_gate_config
+from kvpolicy.rollout.step_types import Kind, Patch, parse_timestamp, timestamp
+from kvpolicy.rollout.tick import Tick, advance, deadline_rollback, rollback, run_job, watch_capacity
+
+GATE = ConditionType.LATENCY_GATE_PASSED
+
+
+def _passed(t: Tick, reason: str, message: str) -> None:
+    """The latency evidence is good: promote once the bake window has passed."""
+    latency = t.status.latency
+    assert latency is not None and latency.started_at is not None
+    started = parse_timestamp(latency.started_at) or t.now
+    remaining = t.spec.rollout.bake_seconds - (t.now - started).total_seconds()
+    if remaining > 0:
+        t.condition(GATE, ConditionStatus.UNKNOWN, Reason.BAKING, f"{message}; {remaining:.0f} s of bake left")
+        t.requeue = min(t.requeue, remaining)
+        return
+    t.condition(GATE, ConditionStatus.TRUE, reason, message)
+    t.event("Normal", Reason.LATENCY_GATE_PASSED, message)
+    advance(t)
+
+
+def _inconclusive(t: Tick, reason: str, message: str) -> None:
+    if t.spec.gates.latency.on_inconclusive == OnInconclusive.ROLLBACK:
+        t.condition(GATE, ConditionStatus.FALSE, reason, message)
+        rollback(t, reason, message)
+        return
+    if t.condition(GATE, ConditionStatus.UNKNOWN, reason, f"holding (onInconclusive Hold): {message}"):
+        t.event("Warning", Reason.LATENCY_INCONCLUSIVE, f"holding (onInconclusive Hold): {message}")
+    t.requeue = t.config.idle_seconds
+
+
+def _synthetic(t: Tick) -> None:
+    latency = t.status.latency
+    assert latency is not None
+    if latency.probe is None or latency.probe.verdict == GateVerdict.RUNNING:
+        latency.probe = GateResult(verdict=GateVerdict.RUNNING, job=t.job(LATENCY_PROBE))
+        result = run_job(t, LATENCY_PROBE)
+        if result is None:
+            return
+        latency.probe = result
+    judgement = LATENCY_PROBE.judge(t.spec, latency.probe)
+    if judgement.then == Then.ADVANCE:
+        _passed(t, judgement.reason, judgement.message)
+    elif judgement.then == Then.ROLLBACK:
+        t.condition(GATE, judgement.status, judgement.reason, judgement.message)
+        rollback(t, judgement.decided.reason, judgement.decided.message)
+    else:
+        _inconclusive(t, judgement.reason, judgement.message)
+
+
+def analysis_state(latency: LatencyAnalysis) -> AnalysisState:
+    """The analysis as the status keeps it."""
+    started = parse_timestamp(latency.started_at)
+    assert started is not None
+    last = latency.last
+    return AnalysisState(
+        started_at=started,
+        checks=latency.checks,
+        passes=latency.passes,
+        breaches=latency.breaches,
+        inconclusive=latency.inconclusive,
+        consecutive_breaches=latency.consecutive_failures,
+        inconclusive_since=parse_timestamp(latency.inconclusive_since),
+        last_check_at=parse_timestamp(last.at) if last else None,
+        last_verdict=last.verdict if last else None,
+        last_reason=last.reason if last else None,
+    )
+
+
+def record_check(latency: LatencyAnalysis, state: AnalysisState, verdict: Verdict, now: datetime) -> None:
+    """Keep the analysis and its latest check in the status."""
+    latency.checks = state.checks
+    latency.passes = state.passes
+    latency.breaches = state.breaches
+    latency.inconclusive = state.inconclusive
+    latency.consecutive_failures = state.consecutive_breaches
+    latency.inconclusive_since = timestamp(state.inconclusive_since) if state.inconclusive_since else None
+    latency.last = LatencyCheck(
+        verdict=verdict.kind,
+        reason=verdict.reason,
+        message=verdict.message,
+        # What the gate compared: resolved quantiles, and means where both sides' quantiles shared a bucket.
+        ratios={c.key: round(c.ratio, 4) for c in (*(q for q in verdict.checks if q.resolved), *verdict.mean_checks)},
+        values=dict(verdict.values),
+        canary_requests=int(verdict.canary.requests) if verdict.canary else None,
+        baseline_requests=int(verdict.baseline.requests) if verdict.baseline else None,
+        at=timestamp(now),
+    )
+
+
+def _live(t: Tick) -> None:
+    latency = t.status.latency
+    assert latency is not None
+    config = latency_gate_config(t.spec)
+    verdict = t.obs.analysis_verdict()
+    if verdict is not None:
+        if verdict.needs_attention and (latency.last is None or latency.last.reason != verdict.reason):
+            # Waiting will not fix it (a rejected query, an unusable credential): say so once, as it appears.
+            t.event("Warning", verdict.reason, verdict.message)
+        state, outcome = next_analysis_state(config, analysis_state(latency), verdict, t.now)
+        record_check(latency, state, verdict, t.now)
+        if verdict.kind == VerdictKind.BREACH and outcome.action != AnalysisAction.ROLLBACK:
+            t.event("Warning", Reason.LATENCY_BREACH, outcome.message)
+        if outcome.action == AnalysisAction.PROMOTE:
+            t.condition(GATE, ConditionStatus.TRUE, outcome.reason, outcome.message)
+            t.event("Normal", Reason.LATENCY_GATE_PASSED, outcome.message)
+            advance(t)
+            return
+        if outcome.action == AnalysisAction.ROLLBACK:
+            t.condition(GATE, ConditionStatus.FALSE, outcome.reason, outcome.message)
+            rollback(t, outcome.reason, outcome.message)
+            return
+        if outcome.action == AnalysisAction.HOLD:
+            # Once per stall: the checks that follow repeat the outcome until a conclusive one ends the stall.
+            stalled_already = t.condition_reason(GATE) == outcome.reason
+            t.condition(GATE, ConditionStatus.UNKNOWN, outcome.reason, outcome.message)
+            if not stalled_already:
+                serving = f"the canary {t.canary.deployment} keeps serving its share of the traffic"
+                holding = f"holding (onInconclusive Hold), {serving}; fix the metrics or set spec.rollout.abort"
+                t.event("Warning", outcome.reason, f"{outcome.message}; {holding}")
+        else:
+            t.condition(GATE, ConditionStatus.UNKNOWN, outcome.reason, outcome.message)
+        t.status.message = outcome.message
+    last = parse_timestamp(latency.last.at) if latency.last else None
+    due = (last + timedelta(seconds=config.interval_seconds) - t.now).total_seconds() if last else 0.0
+    # A check that was due but not made (no analyser) must not spin: look again after the usual poll.
+    t.requeue = due if due > 0 else t.config.poll_seconds
+
+
+def latency_analysis(t: Tick) -> None:
+    target = t.obs.target
+    latency = t.status.latency
+    assert target is not None and latency is not None
+    joining = t.spec.rollout.traffic == Traffic.REPLICA_RATIO
+    if latency.started_at is None:
+        canary = t.observed_canary
+        if joining and canary is not None and not b.is_joined(canary, target):
+            t.add(Patch(Kind.DEPLOYMENT, t.canary.deployment, b.join_patch(t.ref, t.canary.deployment, target)))
+            t.status.message = f"canary {t.canary.deployment} joining the Service(s) of {t.spec.target_ref.name}"
+            return
+        if canary is None or t.ready_canary_pods(joined=joining) < t.spec.rollout.canary_replicas:
+            deadline_rollback(t, watch_capacity(t), f"canary {t.canary.deployment} (joining traffic)")
+            return
+        latency.started_at = timestamp(t.now)
+        if joining:
+            joined = f"canary {t.canary.deployment} now serves a share of the users' traffic"
+            t.event("Normal", Reason.TRAFFIC_JOINED, joined)
+        else:
+            t.event(
+                "Normal",
+                Reason.LATENCY_ANALYSIS_STARTED,
+                "synthetic traffic only: the latency probe drives the canary",
+            )
+    if not LATENCY_PROBE.runs(t.spec, t.plan):
+        _passed(t, Reason.LATENCY_GATE_DISABLED, "gates.latency is disabled")
+    elif joining:
+        _live(t)
+    else:
+        _synthetic(t)

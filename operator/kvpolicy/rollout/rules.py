@@ -1,0 +1,105 @@
+"""Rules derived from a KVPolicy's spec and status alone, shared by the step, observe and the reconciler: what defines a
+rollout, the latency gate's settings, when a metrics check is due, and when a phase must be over."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timedelta
+
+from kvpolicy.analysis.model import LatencyGateConfig, parse_ratio
+from kvpolicy.api.v1alpha1 import (
+    ApplyMode,
+    ConditionStatus,
+    ConditionType,
+    KVPolicy,
+    KVPolicySpec,
+    Phase,
+    Plan,
+    Traffic,
+    parse_decimal,
+)
+from kvpolicy.rollout.job_gates import GATE_OF_PHASE, LATENCY_PROBE
+from kvpolicy.rollout.step_types import parse_timestamp
+
+# Spec fields that steer a running rollout, or say how its decision is applied and watched, rather than define what
+# is gated: changing them must not restart the analysis (nor must notifications). A field added with a default must be
+# listed here too, or every stored policy would restart when the operator is upgraded.
+CONTROL_FIELDS = ("paused", "abort", "approval", "approved", "approvedRollout", "retryRollout", "applyMode", "onDrift")
+# Credentials by reference say how to reach the servers and Prometheus, not what is rolled out: fixing a wrong Secret
+# name lets a waiting rollout go on instead of restarting it.
+OUTSIDE_THE_ROLLOUT = ("notifications", "vllmAuth")
+
+
+def rollout_hash(spec: KVPolicySpec) -> str:
+    """A digest of everything in the spec that defines the rollout (the control fields left out)."""
+    data = spec.to_k8s()
+    rollout = data.get("rollout", {})
+    for name in CONTROL_FIELDS:
+        rollout.pop(name, None)
+    for name in OUTSIDE_THE_ROLLOUT:
+        data.pop(name, None)
+    data.get("gates", {}).get("latency", {}).pop("prometheusAuth", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def is_paused(policy: KVPolicy) -> bool:
+    return any(c.type == ConditionType.PAUSED and c.status == ConditionStatus.TRUE for c in policy.status.conditions)
+
+
+def latency_gate_config(spec: KVPolicySpec) -> LatencyGateConfig:
+    latency = spec.gates.latency
+    return LatencyGateConfig(
+        ttft_max_ratio=parse_ratio(latency.ttft_max_ratio, "gates.latency.ttftMaxRatio"),
+        itl_max_ratio=parse_ratio(latency.itl_max_ratio, "gates.latency.itlMaxRatio"),
+        quantiles=tuple(parse_decimal(q) for q in latency.quantiles),
+        window_seconds=latency.window_seconds,
+        min_requests=max(1, latency.min_requests),
+        interval_seconds=latency.interval_seconds,
+        consecutive_failure_limit=latency.consecutive_failure_limit,
+        on_inconclusive=latency.on_inconclusive,
+        inconclusive_deadline_seconds=latency.inconclusive_deadline_seconds,
+        bake_seconds=spec.rollout.bake_seconds,
+    )
+
+
+def uses_live_analysis(spec: KVPolicySpec, plan_: Plan | None) -> bool:
+    """ReplicaRatio rollouts judge latency from live traffic (metrics analysis); Synthetic ones from the probe Job."""
+    gated = plan_ is not None and LATENCY_PROBE.runs(spec, plan_)
+    return gated and spec.rollout.traffic == Traffic.REPLICA_RATIO
+
+
+def latency_check_due(policy: KVPolicy, now: datetime) -> bool:
+    """Whether observe should run a metrics check for this step (pure, shared by observe and the tests)."""
+    status = policy.status
+    if status.phase != Phase.LATENCY_ANALYSIS or not uses_live_analysis(policy.spec, status.plan):
+        return False
+    if policy.spec.rollout.paused:  # the step holds the analysis: a check would be thrown away
+        return False
+    if status.latency is None or status.latency.started_at is None:
+        return False
+    last = parse_timestamp(status.latency.last.at) if status.latency.last else None
+    return last is None or now >= last + timedelta(seconds=policy.spec.gates.latency.interval_seconds)
+
+
+def phase_deadline(policy: KVPolicy) -> datetime | None:
+    """When the current phase must be over (the RolloutStuck alert fires past it); None for phases that may hold."""
+    status, spec = policy.status, policy.spec
+    entered = parse_timestamp(status.phase_entered_at)
+    if entered is None or status.phase is None or is_paused(policy):
+        return None
+    phase = status.phase
+    seconds: float
+    if phase in GATE_OF_PHASE:
+        seconds = GATE_OF_PHASE[phase].deadline_seconds(spec)
+    elif phase == Phase.LATENCY_ANALYSIS:
+        latency = spec.gates.latency
+        seconds = spec.rollout.progress_deadline_seconds + spec.rollout.bake_seconds
+        seconds += latency.inconclusive_deadline_seconds if latency.enabled else 0
+    elif phase == Phase.PROMOTING and spec.rollout.apply_mode == ApplyMode.ADVISORY:
+        return None  # waiting for a GitOps repository to take the change may take a review's time
+    elif phase in (Phase.CANARY_STARTING, Phase.PROMOTING, Phase.ROLLING_BACK):
+        seconds = spec.rollout.progress_deadline_seconds
+    else:
+        return None
+    return entered + timedelta(seconds=seconds)

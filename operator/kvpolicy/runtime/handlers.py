@@ -1,0 +1,245 @@
+"""kopf handlers, kept thin: each hands over to the `Reconciler` kept in kopf's memo.
+
+They live in a registry of their own (`registry`), which `kvpolicy run` (and the tests' KopfRunner) hand to kopf, so
+importing this module never changes what another kopf operator in the same process runs. Settings come from the memo
+`kvpolicy run` passes, else from the environment (`OperatorOptions.from_env`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import kopf
+
+from kvpolicy import __version__
+from kvpolicy.api.reasons import Reason
+from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
+from kvpolicy.kube.api import ApiError, KubeApi, KubernetesApi
+from kvpolicy.kube.cached import CachedKubeApi, operator_selections
+from kvpolicy.kube.executor import post_events
+from kvpolicy.kube.leader import LeaderFencedApi
+from kvpolicy.kube.login import ClusterLogin
+from kvpolicy.kube.observe import LatencyAnalyser
+from kvpolicy.kube.references import ReferenceReader
+from kvpolicy.notify.notifier import DeliverySettings, Notifier, NotifierConfig
+from kvpolicy.rollout.builders import POLICY_LABEL
+from kvpolicy.rollout.step_types import Event, StepConfig, default_gate_resources
+from kvpolicy.runtime.reconciler import Reconciler
+
+DEFAULT_GATE_IMAGE = f"ghcr.io/kvpolicy/kvpolicy-operator:{__version__}"
+# The FP8 serving image kernels/Dockerfile builds (vLLM v0.12.0 + kvkernels); it also runs the preflight probe.
+DEFAULT_PROBE_IMAGE = f"ghcr.io/kvpolicy/vllm-fp8-twolevel:v0.12.0-kv{__version__}"
+
+
+def _positive_float(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"{name}={text!r} must be above 0")
+    return value
+
+
+RESOURCES_EXAMPLE = '{"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}\''
+
+
+def _resources(name: str) -> dict[str, Any] | None:
+    """A container's `resources` as JSON in environment variable `name` (the chart's gateJobs values); None if unset."""
+    text = os.environ.get(name)
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{name} is not JSON; give resources such as {RESOURCES_EXAMPLE}") from None
+    parts_ok = isinstance(value, dict) and set(value) <= {"requests", "limits"}
+    if not parts_ok or not all(
+        isinstance(amounts, dict) and all(isinstance(amount, str | int) for amount in amounts.values())
+        for amounts in value.values()
+    ):
+        raise ValueError(f"{name}={text} is not requests/limits of quantities, such as {RESOURCES_EXAMPLE}")
+    resources: dict[str, Any] = value
+    return resources
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    gate_image: str = DEFAULT_GATE_IMAGE
+    probe_image: str = DEFAULT_PROBE_IMAGE
+    poll_seconds: float = 5.0
+    idle_seconds: float = 300.0
+    metrics_port: int | None = None
+    metrics_address: str = "0.0.0.0"
+    notifications: NotifierConfig = field(default_factory=NotifierConfig)
+    gate_resources: dict[str, Any] = field(default_factory=default_gate_resources)
+    preflight_resources: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, metrics_port: int | None = None, metrics_address: str = "0.0.0.0") -> OperatorOptions:
+        """KVPOLICY_GATE_IMAGE, KVPOLICY_PROBE_IMAGE, KVPOLICY_POLL_SECONDS, KVPOLICY_IDLE_SECONDS; notifications:
+        KVPOLICY_NOTIFICATIONS, KVPOLICY_NAMESPACE, KVPOLICY_NOTIFY_ATTEMPTS, KVPOLICY_NOTIFY_TIMEOUT_SECONDS; the gate
+        Jobs' resources as JSON: KVPOLICY_GATE_RESOURCES, KVPOLICY_PREFLIGHT_RESOURCES (besides its GPU)."""
+        defaults = cls()
+        delivery = DeliverySettings(
+            attempts=int(_positive_float("KVPOLICY_NOTIFY_ATTEMPTS", DeliverySettings.attempts)),
+            timeout_seconds=_positive_float("KVPOLICY_NOTIFY_TIMEOUT_SECONDS", DeliverySettings.timeout_seconds),
+        )
+        notifications = NotifierConfig.parse(
+            os.environ.get("KVPOLICY_NOTIFICATIONS", ""), os.environ.get("KVPOLICY_NAMESPACE", ""), delivery
+        )
+        return cls(
+            gate_image=os.environ.get("KVPOLICY_GATE_IMAGE") or DEFAULT_GATE_IMAGE,
+            probe_image=os.environ.get("KVPOLICY_PROBE_IMAGE") or DEFAULT_PROBE_IMAGE,
+            poll_seconds=_positive_float("KVPOLICY_POLL_SECONDS", 5.0),
+            idle_seconds=_positive_float("KVPOLICY_IDLE_SECONDS", 300.0),
+            metrics_port=metrics_port,
+            metrics_address=metrics_address,
+            notifications=notifications,
+            gate_resources=_resources("KVPOLICY_GATE_RESOURCES") or defaults.gate_resources,
+            preflight_resources=_resources("KVPOLICY_PREFLIGHT_RESOURCES") or defaults.preflight_resources,
+        )
+
+    def step_config(self) -> StepConfig:
+        return StepConfig(
+            gate_image=self.gate_image,
+            probe_image=self.probe_image,
+            poll_seconds=self.poll_seconds,
+            idle_seconds=self.idle_seconds,
+            gate_resources=self.gate_resources,
+            preflight_resources=self.preflight_resources,
+        )
+
+
+class RetryForever:
+    """kopf's `error_backoffs`: an iterable without a length, so that kopf retries a failed API request until it
+    succeeds, as client-go's reflectors do. kopf's default (8 backoffs, 54 s) ends the watchers, and with them the
+    operator, after about 85 s of 5xx. Each iteration starts the schedule again (one per request)."""
+
+    def __init__(self, first: tuple[float, ...] = (1, 1, 2, 3, 5, 8, 13), then: float = 15.0) -> None:
+        self.first = first
+        self.then = then
+
+    def __iter__(self) -> Iterator[float]:
+        return itertools.chain(self.first, itertools.repeat(self.then))
+
+
+def ride_out_api_outages(settings: kopf.OperatorSettings) -> None:
+    """kopf's networking for an API server that may go away for any length of time: retry forever, and notice a
+    connection that died silently (no timeouts by default) so that its watch is made again."""
+    settings.networking.error_backoffs = RetryForever()
+    settings.networking.connect_timeout = 10.0
+    settings.networking.request_timeout = 60.0
+    settings.watching.connect_timeout = 10.0
+    settings.watching.server_timeout = 300.0  # the API server ends a quiet watch after this, and kopf watches again
+    settings.watching.client_timeout = 330.0
+
+
+def _reconciler(memo: Any) -> Reconciler:
+    reconciler: Reconciler = memo["reconciler"]
+    return reconciler
+
+
+def _cluster_login(memo: Any) -> ClusterLogin:
+    """The credentials `kvpolicy run` found (in the memo), else the service account or the kubeconfig."""
+    if memo.get("login") is None:
+        memo["login"] = ClusterLogin.discover()
+    login: ClusterLogin = memo["login"]
+    return login
+
+
+class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled configuration as a digest: a full copy of the spec, labels and annotations in an annotation
+    of the object itself doubles what the object carries, so a large but admitted policy (a 200 KiB annotation, a
+    long spec) would pass the API server's 256 KiB annotation limit and every kopf patch, the finalizer's removal
+    included, would be refused. kopf only needs to tell that the essence changed (no handler here reads its diff)."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        essence = super().build(body=body, extra_fields=extra_fields)
+        digest = hashlib.sha256(json.dumps(essence, sort_keys=True, default=str).encode()).hexdigest()
+        return cast(kopf.BodyEssence, {"sha256": digest})
+
+
+registry = kopf.OperatorRegistry()
+
+
+@kopf.on.login(registry=registry)
+async def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    """kopf authenticates as the operator's own client does (exec plugins included), and asks again after a 401."""
+    return await _cluster_login(memo).connection_info()
+
+
+@kopf.on.startup(registry=registry)
+async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = DigestDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    # The operator posts its own events with specific reasons; kopf's per-handler chatter would only add API load.
+    settings.posting.level = logging.ERROR
+    ride_out_api_outages(settings)
+    options: OperatorOptions = memo.get("options") or OperatorOptions.from_env()
+    # The children each pass lists, and the nodes' labels, come from watches (kube/cached.py).
+    api: KubeApi = CachedKubeApi(await KubernetesApi.connect(_cluster_login(memo)), operator_selections(POLICY_LABEL))
+    memo["api"] = api
+    fence = memo.get("fence")
+    if fence is not None:  # leader election (supervisor.py): write only while this replica holds the Lease
+        api = LeaderFencedApi(api, fence)
+    notifier = Notifier(api, options.notifications.receivers(), options.notifications.settings)
+    memo["reconciler"] = Reconciler(
+        api, options.step_config(), LatencyAnalyser(references=ReferenceReader(api)), notifier=notifier
+    )
+
+
+@kopf.on.cleanup(registry=registry)
+async def shutdown(memo: Any, **_: Any) -> None:
+    reconciler = memo.get("reconciler")
+    if reconciler is not None and reconciler.analyser is not None:
+        await reconciler.analyser.close()
+    if reconciler is not None and reconciler.notifier is not None:
+        await reconciler.notifier.close()
+    if memo.get("api") is not None:
+        await memo["api"].close()
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, registry=registry)
+async def rollout(stopped: kopf.DaemonStopped, meta: kopf.Meta, memo: Any, **_: Any) -> None:
+    """One loop per KVPolicy for its whole life; all its progress is in its status."""
+    await _reconciler(memo).run_policy(str(meta["namespace"]), str(meta["name"]), str(meta["uid"]), stopped)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+def watched(body: kopf.Body, event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    """Wake a policy's loop at once when its spec changes, instead of at its next requeue; once a policy is gone,
+    wake those that waited for its target."""
+    if "reconciler" in memo:
+        meta = body.get("metadata", {})
+        reconciler = _reconciler(memo)
+        reconciler.notice(str(meta.get("uid")), meta.get("generation"), bool(meta.get("deletionTimestamp")))
+        if event.get("type") == "DELETED":
+            reconciler.released(str(meta.get("namespace")), str(meta.get("name")))
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
+async def deleted(body: kopf.Body, memo: Any, **_: Any) -> None:
+    """Remove the canary, Services and Jobs now (ownerReferences would, later) and say what the target runs."""
+    reconciler = _reconciler(memo)
+    raw = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), **dict(body)}
+    try:
+        stated = await reconciler.cleanup(raw)
+    except ApiError as error:
+        if error.retryable:
+            raise kopf.TemporaryError(str(error), delay=reconciler.config.poll_seconds) from error
+        raise kopf.PermanentError(str(error)) from error
+    await post_events(
+        reconciler.api, raw, [Event("Normal", Reason.DELETED, f"children removed; {stated}")], reconciler.clock()
+    )

@@ -1,0 +1,358 @@
+"""The per-policy loop: read the policy, observe, step, apply, sleep until the step's requeue time or a spec change.
+
+API failures that may pass (409, 429, 5xx, network) are retried with exponential backoff; nothing is lost because
+the next pass observes again and every action is idempotent. A request the API server refuses for good (422, 403,
+...), an invalid spec and a target another policy governs are said in the `Ready` condition, a Warning event (when
+that changes) and the reconcile-error metric, and the loop goes on: the phase deadlines still fire. Deleting a policy
+removes its children and leaves the target in a stated configuration, whether its spec is valid or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from kvpolicy.api.reasons import Reason
+from kvpolicy.api.v1alpha1 import (
+    API_VERSION,
+    KIND,
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    KVPolicy,
+    KVPolicyStatus,
+    Phase,
+    PodTemplateRecord,
+    TargetRef,
+)
+from kvpolicy.kube.api import DEPLOYMENTS, JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, label_selector
+from kvpolicy.kube.executor import Rejected, apply_actions, post_events, write_status
+from kvpolicy.kube.observe import LatencyAnalyser, Observer
+from kvpolicy.notify import metrics
+from kvpolicy.notify.notifier import Notifier
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.conditions import set_condition
+from kvpolicy.rollout.job_gates import finished_gates
+from kvpolicy.rollout.rules import phase_deadline
+from kvpolicy.rollout.step import step
+from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult, parse_timestamp, timestamp
+
+logger = logging.getLogger(__name__)
+Obj = dict[str, Any]
+MAX_MESSAGE = 1024
+
+
+def invalid_spec_message(error: ValidationError) -> str:
+    """Every field error of an invalid KVPolicy, `field.path: what is wrong`, joined."""
+    problems = []
+    for problem in error.errors():
+        where = ".".join(str(part) for part in problem["loc"])
+        text = str(problem["msg"]).removeprefix("Value error, ")
+        problems.append(f"{where}: {text}" if where else text)
+    return f"invalid KVPolicy: {'; '.join(problems)}"[:MAX_MESSAGE]
+
+
+def _conditions(raw: Obj) -> list[Condition]:
+    """The stored conditions that still parse (an invalid policy's status is read as leniently as it can be)."""
+    parsed = []
+    for item in (raw.get("status") or {}).get("conditions") or []:
+        try:
+            parsed.append(Condition.model_validate(item))
+        except ValidationError:
+            continue
+    return parsed
+
+
+class StopFlag(Protocol):
+    """kopf's DaemonStopped, or anything truthy once the loop must end with an awaitable `wait()`."""
+
+    def __bool__(self) -> bool: ...
+
+    def wait(self) -> Awaitable[Any]: ...
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class Reconciler:
+    api: KubeApi
+    config: StepConfig
+    analyser: LatencyAnalyser | None = None
+    clock: Callable[[], datetime] = _utcnow
+    notifier: Notifier | None = None
+    max_backoff_seconds: float = 60.0
+    _wake: dict[str, asyncio.Event] = field(default_factory=dict, init=False)
+    _generations: dict[str, int] = field(default_factory=dict, init=False)
+    _phases: dict[str, str] = field(default_factory=dict, init=False)
+    # The policy as the API server returned it to this loop's last status write: the next pass starts from it
+    # instead of reading the policy again, unless a watch event says the spec changed (or a write failed).
+    _known: dict[str, Obj] = field(default_factory=dict, init=False)
+    # Policies waiting for the one that governs their target to be deleted: (namespace, its name) -> their uids.
+    _waiting: dict[tuple[str, str], set[str]] = field(default_factory=dict, init=False)
+    # Loops sleeping out a retryable API failure: `wake_backing_off` wakes them when the API server answers again.
+    _backing_off: set[str] = field(default_factory=set, init=False)
+
+    @property
+    def observer(self) -> Observer:
+        return Observer(self.api, self.analyser)
+
+    # ----------------------------------------------------------------------------------------------------- waking
+
+    def notice(self, uid: str, generation: int | None, deleting: bool) -> None:
+        """A watch event for a policy: wake its loop early when the spec changed or it is being deleted."""
+        seen = self._generations.get(uid)
+        if deleting or (generation is not None and seen is not None and generation != seen):
+            # What the loop last wrote is no longer the whole truth: read the policy again.
+            self._known.pop(uid, None)
+            self._wake.setdefault(uid, asyncio.Event()).set()
+
+    def released(self, namespace: str, name: str) -> None:
+        """A policy is gone: wake the loops of the policies that waited for its target."""
+        for uid in self._waiting.pop((namespace, name), set()):
+            self._known.pop(uid, None)
+            self._wake.setdefault(uid, asyncio.Event()).set()
+
+    def wake_backing_off(self) -> None:
+        """The API server answers again (supervisor.py's probe): loops backing off after an API failure look again
+        now rather than at the end of their backoff (up to a minute)."""
+        for uid in self._backing_off:
+            self._wake.setdefault(uid, asyncio.Event()).set()
+
+    async def _sleep(self, uid: str, stopped: StopFlag, delay: float) -> None:
+        event = self._wake.setdefault(uid, asyncio.Event())
+        if not event.is_set() and delay > 0:
+
+            async def until_stopped() -> None:
+                await stopped.wait()
+
+            waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(until_stopped())}
+            try:
+                await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+                await asyncio.gather(*waiters, return_exceptions=True)
+        event.clear()
+
+    # ------------------------------------------------------------------------------------------------------ loop
+
+    async def run_policy(self, namespace: str, name: str, uid: str, stopped: StopFlag) -> None:
+        failures = 0
+        try:
+            while not stopped:
+                try:
+                    delay = await self.reconcile_once(namespace, name, uid)
+                    failures = 0
+                    self._backing_off.discard(uid)
+                except ApiError as error:
+                    # Reading the policy or writing its status failed, so no condition can say it: the metric, the
+                    # log and (once per run of failures that will not pass) an event do.
+                    self._known.pop(uid, None)
+                    if error.retryable:
+                        self._backing_off.add(uid)
+                    failures += 1
+                    delay = self._backoff(failures) if error.retryable else self.max_backoff_seconds
+                    metrics.record_reconcile_error(error.reason or str(error.code))
+                    logger.warning("%s/%s: %s; retrying in %.1f s", namespace, name, error, delay)
+                    if not error.retryable and failures == 1:
+                        about = {"metadata": {"namespace": namespace, "name": name, "uid": uid}}
+                        refused = Event("Warning", Reason.API_REQUEST_REJECTED, str(error))
+                        await post_events(self.api, {**self._identity(), **about}, [refused], self.clock())
+                except Exception:
+                    # A bug must not end the policy's loop for good: say so loudly and try again later.
+                    self._known.pop(uid, None)
+                    failures += 1
+                    delay = self._backoff(failures)
+                    metrics.record_reconcile_error("Unexpected")
+                    logger.exception("%s/%s: unexpected error; retrying in %.1f s", namespace, name, delay)
+                if delay is None:
+                    return
+                await self._sleep(uid, stopped, delay)
+        finally:
+            self._wake.pop(uid, None)
+            self._generations.pop(uid, None)
+            self._known.pop(uid, None)
+            self._backing_off.discard(uid)
+
+    @staticmethod
+    def _identity() -> Obj:
+        return {"apiVersion": API_VERSION, "kind": KIND}
+
+    def _backoff(self, failures: int) -> float:
+        return min(self.max_backoff_seconds, self.config.poll_seconds * 2.0 ** min(failures, 10) / 4)
+
+    async def reconcile_once(self, namespace: str, name: str, uid: str | None = None) -> float | None:
+        """One pass; the seconds until the next one, or None when the policy is gone or being deleted."""
+        raw = self._known.pop(uid, None) if uid else None
+        if raw is None:
+            raw = await self.api.get(KVPOLICIES, namespace, name)
+        if raw is None or raw["metadata"].get("deletionTimestamp"):
+            return None
+        uid = raw["metadata"]["uid"]
+        self._generations[uid] = int(raw["metadata"].get("generation") or 1)
+        try:
+            policy = KVPolicy.model_validate(raw)
+        except ValidationError as error:
+            # The API server's schema should have refused it (or was tightened since it was stored): say what is
+            # wrong, count it for the alert, and wait for a fix.
+            metrics.record_reconcile_error(Reason.INVALID_SPEC)
+            await self._not_ready(raw, Reason.INVALID_SPEC, invalid_spec_message(error))
+            return self.config.idle_seconds
+        now = self.clock()
+        try:
+            observations = await self.observer.observe(policy, now)
+            result = step(policy, observations, self.config)
+            rejected = await apply_actions(self.api, namespace, result.actions)
+        except ApiError as error:
+            if error.retryable:
+                raise
+            metrics.record_reconcile_error(error.reason or str(error.code))
+            await self._not_ready(raw, Reason.API_REQUEST_REJECTED, f"the API server refused a request: {error}")
+            return self.max_backoff_seconds
+        for refused in rejected:
+            metrics.record_reconcile_error(refused.error.reason or str(refused.error.code))
+        events = list(result.events)
+        readiness = self._readiness(policy, result, observations, rejected)
+        if readiness is not None:
+            events.append(readiness)
+        status = result.status.to_k8s()
+        written = await write_status(self.api, raw, status)
+        if written is None:
+            return None
+        self._known[uid] = written
+        await post_events(self.api, raw, events, now)
+        if self.notifier is not None:
+            self.notifier.submit(policy, result.notices)  # queued: a slow or dead receiver never holds the loop
+        self._record_metrics(policy, observations, result)
+        if observations.governed_by is not None:
+            self._waiting.setdefault((namespace, observations.governed_by), set()).add(uid)
+        if rejected:
+            # Trying the same request again at once cannot help; the deadlines still fire at the step's pace.
+            return max(result.requeue_after, self.config.poll_seconds)
+        return result.requeue_after
+
+    def _readiness(
+        self, policy: KVPolicy, result: StepResult, observations: Observations, rejected: list[Rejected]
+    ) -> Event | None:
+        """Set the Ready condition after a pass; a Warning event when it turned False or its reason changed. A target
+        governed by another policy is the step's to say (Conflict)."""
+        if observations.governed_by is not None:
+            return None
+        conditions, generation = result.status.conditions, int(policy.metadata.get("generation") or 1)
+        now = timestamp(observations.now)
+        if not rejected:
+            set_condition(conditions, ConditionType.READY, ConditionStatus.TRUE, Reason.RECONCILED, "", now, generation)
+            return None
+        message = "; ".join(refused.describe() for refused in rejected)[:MAX_MESSAGE]
+        reason, status = Reason.API_REQUEST_REJECTED, ConditionStatus.FALSE
+        previous = set_condition(conditions, ConditionType.READY, status, reason, message, now, generation)
+        if previous is not None and (previous.status, previous.reason, previous.message) == (status, reason, message):
+            return None
+        return Event("Warning", reason, message)
+
+    async def _not_ready(self, raw: Obj, reason: Reason, message: str) -> None:
+        """Say in the Ready condition why the operator cannot act on the policy (a Warning event when that is news)
+        without reading the rest of its status, which may not parse either."""
+        conditions = _conditions(raw)
+        generation = int(raw["metadata"].get("generation") or 1)
+        now = self.clock()
+        status = ConditionStatus.FALSE
+        previous = set_condition(conditions, ConditionType.READY, status, reason, message, timestamp(now), generation)
+        if previous is None or (previous.status, previous.reason, previous.message) != (status, reason, message):
+            await post_events(self.api, raw, [Event("Warning", reason, message)], now)
+        else:
+            logger.warning("%s/%s %s: %s", raw["metadata"]["namespace"], raw["metadata"]["name"], reason, message)
+        status_obj = {**(raw.get("status") or {}), "conditions": [c.to_k8s() for c in conditions]}
+        written = await write_status(self.api, raw, status_obj)
+        if written is not None:
+            self._known[str(raw["metadata"]["uid"])] = written
+
+    def _record_metrics(self, policy: KVPolicy, observations: Observations, result: StepResult) -> None:
+        namespace, name = str(policy.metadata["namespace"]), str(policy.metadata["name"])
+        before, after = policy.status, result.status
+        uid = str(policy.metadata.get("uid"))
+        self._phases[uid] = after.phase or Phase.PLANNING
+        metrics.set_policies_by_phase(Counter(self._phases.values()))
+        if after.decision is not None and after.decision != before.decision:
+            metrics.record_decision(after.decision.result, after.decision.reason, namespace, name)
+            started = parse_timestamp(after.rollout_started_at)
+            if started is not None:
+                elapsed = (observations.now - started).total_seconds()
+                metrics.observe_rollout_duration(elapsed, after.decision.result)
+        for gate, done in finished_gates(before, after):
+            metrics.record_gate_result(
+                name, namespace, gate.name, done.verdict, done.recovery, done.canary_score, done.baseline_score
+            )
+        updated = policy.model_copy(update={"status": after})
+        deadline = phase_deadline(updated)
+        metrics.set_phase_deadline(namespace, name, after.phase or "", deadline.timestamp() if deadline else None)
+        analysed = observations.analysis_verdict()
+        if analysed is not None:
+            metrics.record_analysis(namespace, name, analysed)
+        elif after.phase != Phase.LATENCY_ANALYSIS and before.phase == Phase.LATENCY_ANALYSIS:
+            metrics.clear_analysis(namespace, name)
+
+    # -------------------------------------------------------------------------------------------------- deletion
+
+    async def cleanup(self, raw: Obj) -> str:
+        """Remove the policy's children; finish restoring the target if a rollback was under way. Returns what the
+        target is left running, for the event and the log. Nothing here needs a valid spec: an invalid policy (after
+        an upgrade that tightened the schema) must still be deletable."""
+        meta = raw["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], str(meta.get("uid"))
+        selector = label_selector(b.policy_labels(name))
+        for resource in (DEPLOYMENTS, SERVICES, JOBS):
+            for child in await self.api.list_objects(resource, namespace, selector):
+                if any(ref.get("uid") == uid for ref in child["metadata"].get("ownerReferences") or []):
+                    await self.api.delete(resource, namespace, child["metadata"]["name"])
+        self._phases.pop(uid, None)
+        metrics.set_policies_by_phase(Counter(self._phases.values()))
+        metrics.forget_policy(namespace, name)
+        target_ref, status = _stored_target_ref(raw), _stored_status(raw)
+        if target_ref is None:
+            return "its spec names no readable targetRef, so no target was touched"
+        target = await self.api.get(DEPLOYMENTS, namespace, target_ref.name)
+        if target is None:
+            return f"target Deployment {target_ref.name} does not exist"
+        previous = status.previous_template
+        try:
+            container = b.vllm_container(target, target_ref.container)
+        except b.TargetShapeError as error:
+            return f"{target_ref.name} left as it is: {error}"
+        if status.phase == Phase.ROLLING_BACK and previous is not None:
+            patch = b.container_patch(target, target_ref.container, previous)
+            await self.api.patch(DEPLOYMENTS, namespace, target["metadata"]["name"], patch, "json")
+            return f"{target_ref.name} restored to its recorded BF16 configuration (image {previous.image})"
+        current: PodTemplateRecord = b.container_record(container)
+        dtype = "FP8" if b.runs_fp8(current) else "BF16"
+        return f"{target_ref.name} left as it runs: {dtype} KV cache, image {current.image}"
+
+
+def _stored_target_ref(raw: Obj) -> TargetRef | None:
+    try:
+        return TargetRef.model_validate((raw.get("spec") or {}).get("targetRef"))
+    except ValidationError:
+        return None
+
+
+def _stored_status(raw: Obj) -> KVPolicyStatus:
+    try:
+        return KVPolicyStatus.model_validate(raw.get("status") or {})
+    except ValidationError:
+        return KVPolicyStatus()
+
+
+async def close(reconciler: Reconciler) -> None:
+    if reconciler.analyser is not None:
+        with contextlib.suppress(Exception):
+            await reconciler.analyser.close()

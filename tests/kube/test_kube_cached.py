@@ -1,0 +1,187 @@
+"""Lists answered from watches (kube/cached.py) against the dev cluster: following adds, changes and deletes,
+bookmarks, a 410 or a failing watch (lists fall back to the API server meanwhile), and what is never cached."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from e2e_helpers import until
+from kvpolicy.kube import cached
+from kvpolicy.kube.api import DEPLOYMENTS, NODES, SERVICES, KubernetesApi
+from kvpolicy.kube.cached import CachedKubeApi, Informer, Selection, equality_terms, operator_selections
+from kvpolicy.kube.login import ClusterLogin
+from kvpolicy_dev.devcluster import ThreadedDevCluster
+
+TEAM = "example.com/team"
+
+
+def service(name: str, team: str | None) -> dict[str, Any]:
+    labels = {TEAM: team} if team else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"selector": {"app": name}, "ports": [{"port": 80}]},
+    }
+
+
+@pytest_asyncio.fixture(loop_scope="function")  # the tests' own loop; the cluster runs on its own thread
+async def api(devcluster: ThreadedDevCluster) -> AsyncIterator[CachedKubeApi]:
+    """The operator's selections, and the Services labelled with a team."""
+    selections = {**operator_selections("kvpolicy.dev/policy"), SERVICES: Selection(TEAM, namespaced=True)}
+    client = CachedKubeApi(await KubernetesApi.connect(ClusterLogin.discover(devcluster.environ())), selections)
+    yield client
+    await client.close()
+
+
+async def until_listed(api: CachedKubeApi, namespace: str, selector: str, expected: list[str]) -> None:
+    """Wait until listing `selector` gives the `expected` names (a cache follows its watch by an event)."""
+    for _ in range(200):
+        if await names(api, namespace, selector) == expected:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{selector} never listed {expected}: {await names(api, namespace, selector)}")
+
+
+def lists_sent(devcluster: ThreadedDevCluster, plural: str) -> int:
+    """Plain (not watch) lists of `plural` the API server has answered."""
+    requests = devcluster.call(lambda: list(devcluster.cluster.api))
+    return sum(
+        1
+        for r in requests
+        if r.method.value == "GET" and r.url.path.endswith(f"/{plural}") and r.params.get("watch") is None
+    )
+
+
+async def names(api: CachedKubeApi, namespace: str, selector: str) -> list[str]:
+    return [obj["metadata"]["name"] for obj in await api.list_objects(SERVICES, namespace, selector)]
+
+
+async def test_a_synced_informer_answers_lists_and_follows_changes(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, api: CachedKubeApi
+) -> None:
+    ns = devcluster_namespace
+    devcluster.create({**service("a", "red"), "metadata": {**service("a", "red")["metadata"], "namespace": ns}})
+    assert await names(api, ns, f"{TEAM}=red") == ["a"], "answered by the API server while the informer starts"
+    informer = api.informer(SERVICES, ns)
+    assert informer is not None
+    await until(lambda: informer.synced, "the informer to sync")
+    before = lists_sent(devcluster, "services")
+    assert await api.create(SERVICES, ns, service("b", "red")) is True
+    assert await api.create(SERVICES, ns, service("c", "blue")) is True
+    assert await api.create(SERVICES, ns, service("d", None)) is True
+    await until_listed(api, ns, f"{TEAM}=red", ["a", "b"])
+    assert await names(api, ns, f"{TEAM}=blue") == ["c"]
+    await api.patch(SERVICES, ns, "a", {"metadata": {"labels": {TEAM: "blue"}}})
+    await api.delete(SERVICES, ns, "b")
+    await until_listed(api, ns, f"{TEAM}=blue", ["a", "c"])
+    await until_listed(api, ns, f"{TEAM}=red", [])
+    assert lists_sent(devcluster, "services") == before, "no list reached the API server once synced"
+
+
+async def test_lists_an_informer_cannot_answer_go_to_the_api_server(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, api: CachedKubeApi
+) -> None:
+    ns = devcluster_namespace
+    await api.create(SERVICES, ns, service("a", "red"))
+    await names(api, ns, f"{TEAM}=red")
+    informer = api.informer(SERVICES, ns)
+    assert informer is not None
+    await until(lambda: informer.synced, "the informer to sync")
+    before = lists_sent(devcluster, "services")
+    assert await names(api, ns, "") == ["a"], "no selector: not the cached selection"
+    assert await names(api, ns, f"{TEAM} in (red)") == ["a"], "set-based terms are the API server's to evaluate"
+    assert await names(api, ns, f"{TEAM}!=blue") == ["a"]
+    assert await api.list_objects(DEPLOYMENTS, ns, f"{TEAM}=red") == [], "not a cached resource"
+    assert lists_sent(devcluster, "services") == before + 3
+    assert api.informer(DEPLOYMENTS, ns) is None
+
+
+async def test_nodes_are_cached_as_their_metadata(devcluster: ThreadedDevCluster, api: CachedKubeApi) -> None:
+    selector = "kvpolicy.dev/node-pool=h200"
+    fresh = await api.list_objects(NODES, None, selector)
+    informer = api.informer(NODES, None)
+    assert informer is not None
+    await until(lambda: informer.synced, "the node informer to sync")
+    cached_nodes = await api.list_objects(NODES, None, selector)
+    assert [node["metadata"] for node in cached_nodes] == [node["metadata"] for node in fresh]
+    assert all(set(node) == {"apiVersion", "kind", "metadata"} for node in cached_nodes), "status is not kept"
+
+
+async def test_a_quiet_watch_gets_bookmarks_with_the_latest_version(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, api: CachedKubeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A watch that matches nothing still learns how far the server got, so resuming it replays nothing and does not
+    fall out of the server's event window."""
+    devcluster.call(setattr, devcluster.cluster.api, "bookmark_seconds", 0.2)
+    try:
+        start = (await api.api.list_collection(SERVICES, devcluster_namespace, f"{TEAM}=none"))["metadata"]
+        await api.api.create(SERVICES, devcluster_namespace, service("other", "red"))  # not in the selection
+        latest = devcluster.call(lambda: devcluster.cluster.api.store.resource_version)
+        events = api.api.watch(SERVICES, devcluster_namespace, f"{TEAM}=none", start["resourceVersion"], 5)
+        async for event_type, obj in events:
+            assert event_type == "BOOKMARK", obj
+            assert int(obj["metadata"]["resourceVersion"]) >= latest
+            break
+    finally:
+        devcluster.call(setattr, devcluster.cluster.api, "bookmark_seconds", 1.0)
+
+
+async def synced_informer(api: CachedKubeApi, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Informer:
+    monkeypatch.setattr(cached, "WATCH_SECONDS", 1)  # the server ends each watch after a second: it is resumed
+    monkeypatch.setattr(cached, "RETRY_SECONDS", 0.1)
+    await names(api, namespace, f"{TEAM}=red")
+    informer = api.informer(SERVICES, namespace)
+    assert informer is not None
+    await until(lambda: informer.synced, "the informer to sync")
+    return informer
+
+
+@pytest.mark.parametrize(("code", "times"), [(410, 1), (500, 2)])
+async def test_a_failed_watch_lists_again_and_follows_on(
+    devcluster: ThreadedDevCluster,
+    devcluster_namespace: str,
+    api: CachedKubeApi,
+    monkeypatch: pytest.MonkeyPatch,
+    code: int,
+    times: int,
+) -> None:
+    """410 Gone (the version fell out of the server's window): list again at once; anything else: after a pause."""
+    ns = devcluster_namespace
+    informer = await synced_informer(api, ns, monkeypatch)
+    fault = devcluster.fail_next(times, code, method="GET", resource="services", namespace=ns)
+    await until(lambda: devcluster.call(lambda: fault.hits) == times, "the resumed watch to fail", within=15)
+    await api.create(SERVICES, ns, service("late", "red"))
+    await until_listed(api, ns, f"{TEAM}=red", ["late"])
+    await until(lambda: informer.synced, "the informer to list again")
+    lists_before = lists_sent(devcluster, "services")
+    await until_listed(api, ns, f"{TEAM}=red", ["late"])
+    assert lists_sent(devcluster, "services") == lists_before, "the cache answers again, and has what came since"
+
+
+async def test_while_an_informer_is_not_synced_lists_go_to_the_api_server(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, api: CachedKubeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ns = devcluster_namespace
+    informer = await synced_informer(api, ns, monkeypatch)
+    monkeypatch.setattr(cached, "RETRY_SECONDS", 3.0)  # the pause after a failure, before listing again
+    fault = devcluster.fail_next(1, 500, method="GET", resource="services", namespace=ns)
+    await until(lambda: devcluster.call(lambda: fault.hits) == 1, "the resumed watch to fail", within=15)
+    await until(lambda: not informer.synced, "the informer to notice")
+    lists_before = lists_sent(devcluster, "services")
+    await api.create(SERVICES, ns, service("late", "red"))
+    assert await names(api, ns, f"{TEAM}=red") == ["late"], "the API server answered, up to date"
+    assert lists_sent(devcluster, "services") == lists_before + 1 and not informer.synced
+    await until(lambda: informer.synced, "the informer to list again")
+    assert await names(api, ns, f"{TEAM}=red") == ["late"]
+
+
+def test_only_equality_selectors_are_answered_from_a_cache() -> None:
+    assert equality_terms("a=b,c.io/d=e") == {"a": "b", "c.io/d": "e"}
+    assert equality_terms("") == {}
+    for selector in ("a!=b", "a==b", "a in (b)", "a", "!a"):
+        assert equality_terms(selector) is None, selector
