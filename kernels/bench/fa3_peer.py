@@ -10,7 +10,7 @@ scheduler metadata vLLM precomputes when it captures CUDA graphs, the faster of 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -73,8 +73,10 @@ def decode_fns(
     cache: PagedKVCache,
     max_seq_len: int,
     scales: tuple[float, float, float] = (1.0, 1.0, 1.0),
+    fixed_splits: Sequence[int] = (),
 ) -> dict[str, Callable[[], torch.Tensor]]:
-    """FA3 decode calls, {"fa3-heuristic": ..., "fa3-scheduled": ...}, each returning [sequences, Hq, D]."""
+    """FA3 decode calls, {"fa3-heuristic": ..., "fa3-scheduled": ..., "fa3-splits-N": ... for N in fixed_splits},
+    each returning [sequences, Hq, D]; the last ones force FA3's split-KV count (`num_splits=N`)."""
     from vllm.vllm_flash_attn import get_scheduler_metadata
 
     seqs, heads, head_dim = q.shape
@@ -90,7 +92,12 @@ def decode_fns(
         page_size=page_size, causal=True,
     )  # fmt: skip
     varlen = _varlen()
-    return {
+    fns = {
         "fa3-heuristic": partial(varlen, q, cache.key_cache, cache.value_cache, **common),
         "fa3-scheduled": partial(varlen, q, cache.key_cache, cache.value_cache, scheduler_metadata=metadata, **common),
     }
+    for splits in fixed_splits:
+        fns[f"fa3-splits-{splits}"] = partial(
+            varlen, q, cache.key_cache, cache.value_cache, num_splits=splits, **common
+        )
+    return fns

@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -146,6 +146,21 @@ class CudaKernel:
     module: ctypes.c_void_p
     signature: tuple[ArgKind, ...]
     shared_bytes: int
+    _resident: dict[int, int] = field(default_factory=dict, repr=False)
+
+    def resident_blocks(self, threads: int) -> int:
+        """Blocks of `threads` threads that fit on one multiprocessor at once (registers, shared memory, warps), as
+        the driver computes it from the loaded code: a host-side query (cached), no work on the device."""
+        if threads not in self._resident:
+            blocks = ctypes.c_int()
+            _check_driver(
+                _driver_library().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                    ctypes.byref(blocks), self.function, ctypes.c_int(threads), ctypes.c_size_t(self.shared_bytes)
+                ),
+                "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+            )
+            self._resident[threads] = blocks.value
+        return self._resident[threads]
 
     def launch(self, grid: tuple[int, int, int], threads: int, stream: int, args: Sequence[Arg]) -> None:
         if len(args) != len(self.signature):

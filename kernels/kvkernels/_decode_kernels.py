@@ -109,21 +109,33 @@ def paged_decode_reduce_kernel(
     s_mh,
     s_os,
     s_oh,
-    HEAD_DIM: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLITS_BLOCK: tl.constexpr,
 ):
-    """Combines the splits of one (sequence, query head). Grid: (sequences, query heads)."""
+    """Combines the splits of one (sequence, query head) for BLOCK_D output columns. Grid: (sequences, query heads,
+    head_dim / BLOCK_D). Splits are read SPLITS_BLOCK at a time, so any number of them stays in registers: a first
+    pass finds the largest running max, a second weighs each split by exp2(its max - that)."""
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    offs_p = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
-    split_ok = offs_p < num_splits
-    stats = seq * s_ms + head * s_mh + offs_p
-    # A split past the end of a short sequence saw no token: max -inf, weight 0.
-    m = tl.load(PartMax + stats, mask=split_ok, other=float("-inf"))
-    l_sum = tl.load(PartSum + stats, mask=split_ok, other=0.0)
-    weight = tl.where(m > float("-inf"), tl.math.exp2(m - tl.max(m, 0)), 0.0)
-    parts = seq * s_as + head * s_ah + offs_p[:, None] * s_ap + offs_d[None, :]
-    acc = tl.load(PartAcc + parts, mask=split_ok[:, None], other=0.0)
-    out = tl.sum(acc * weight[:, None], 0) * (out_scale / tl.sum(l_sum * weight, 0))
+    offs_p = tl.arange(0, SPLITS_BLOCK)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    stats = PartMax + seq * s_ms + head * s_mh
+    sums = PartSum + seq * s_ms + head * s_mh
+    parts = PartAcc + seq * s_as + head * s_ah + offs_d[None, :]
+    m_max = tl.full([SPLITS_BLOCK], float("-inf"), tl.float32)
+    for first in range(0, num_splits, SPLITS_BLOCK):
+        split = first + offs_p
+        m_max = tl.maximum(m_max, tl.load(stats + split, mask=split < num_splits, other=float("-inf")))
+    overall = tl.max(m_max, 0)
+    acc = tl.zeros([SPLITS_BLOCK, BLOCK_D], tl.float32)
+    l_sum = tl.zeros([SPLITS_BLOCK], tl.float32)
+    for first in range(0, num_splits, SPLITS_BLOCK):
+        split = first + offs_p
+        ok = split < num_splits
+        # A split past the end of a short sequence saw no token: max -inf, weight 0.
+        m = tl.load(stats + split, mask=ok, other=float("-inf"))
+        weight = tl.where(m > float("-inf"), tl.math.exp2(m - overall), 0.0)
+        l_sum += tl.load(sums + split, mask=ok, other=0.0) * weight
+        acc += tl.load(parts + split[:, None] * s_ap, mask=ok[:, None], other=0.0) * weight[:, None]
+    out = tl.sum(acc, 0) * (out_scale / tl.sum(l_sum, 0))
     tl.store(Out + seq * s_os + head * s_oh + offs_d, out.to(Out.dtype.element_ty))

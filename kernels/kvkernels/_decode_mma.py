@@ -29,13 +29,18 @@ class MmaDecodeConfig:
     """Launch shape of the CUDA decode kernel: tokens per pipeline step, copy stages in flight, KV heads per block
     (the block's warps read the same tokens of that many heads, so a page's bytes are fetched together; the effective
     number is the largest divisor of the model's KV heads up to this), warps per KV head (token slices), and blocks to
-    aim for per multiprocessor (splits follow from it). Defaults: the fastest on an H200 (BENCHMARKS.md)."""
+    aim for per multiprocessor at most, and the fewest pipeline steps (tiles per warp) a split is cut down to for the
+    sake of more waves of blocks (splits follow from both, `choose_mma_splits`). Defaults: the fastest on an H200
+    over 140 decode shapes beside FA3 (BENCHMARKS.md): 3 stages and splits of >= 128 steps gave the best geometric
+    mean; with one sequence of 262,144 tokens the partial kernel took 139 us with 124 steps a split, 143 with 62 and
+    150 with 31, and every extra split adds a partial to write and merge."""
 
     tile: int = 16
-    stages: int = 2
+    stages: int = 3
     heads_per_block: int = 8
     warps_per_head: int = 1
     blocks_per_multiprocessor: int = 4
+    min_split_steps: int = 128
 
     def heads_in_block(self, kv_heads: int) -> int:
         return math.gcd(kv_heads, self.heads_per_block)
@@ -52,9 +57,11 @@ class MmaDecodeConfig:
             or self.heads_per_block < 1
             or self.warps_per_head < 1
             or self.blocks_per_multiprocessor < 1
+            or self.min_split_steps < 1
         ):
             raise ValueError(
-                f"invalid MmaDecodeConfig {self}: tile a multiple of 16, stages >= 2, heads and warps >= 1"
+                f"invalid MmaDecodeConfig {self}: tile a multiple of 16, stages >= 2; heads, warps, blocks and split"
+                " steps >= 1"
             )
 
 
@@ -62,6 +69,26 @@ def choose_num_splits(seqs: int, kv_heads: int, max_len: int, block_n: int, targ
     """Splits per sequence so that the grid has about `target_programs` programs, each with at least one tile."""
     wanted = max(1, -(-target_programs // (seqs * kv_heads)))
     return max(1, min(wanted, -(-max_len // block_n)))
+
+
+def choose_mma_splits(
+    units: int, steps: int, multiprocessors: int, resident_blocks: int, most_blocks: int, min_split_steps: int
+) -> int:
+    """Splits per (sequence, KV-head block) for the CUDA kernel, from shapes the host knows (no device sync).
+
+    `units`: sequences x KV-head blocks; `steps`: pipeline steps of the longest sequence; `resident_blocks`: blocks
+    of the kernel that fit on one multiprocessor at once, so a wave is `multiprocessors * resident_blocks` blocks;
+    `most_blocks`: blocks to launch at most. Splits fill whole waves, as many waves as fit in `most_blocks` (several
+    waves even out sequences of different lengths; the host knows only the longest) while every split keeps
+    `min_split_steps` steps; when no split count keeps that many, one wave (a few short sequences still fill the
+    GPU). Never more splits than steps, never fewer than one.
+    """
+    wave = max(1, multiprocessors * resident_blocks)
+    for waves in range(max(1, most_blocks // wave), 0, -1):
+        splits = waves * wave // units
+        if splits >= 1 and steps >= splits * min_split_steps:
+            return splits
+    return max(1, min(steps, wave // units))
 
 
 @dataclass(frozen=True)
@@ -87,14 +114,21 @@ def plan_launch(
     max_seq_len: int,
     multiprocessors: int,
     num_splits: int | None = None,
+    resident_blocks: int = 1,
 ) -> LaunchPlan:
-    """The launch of `paged_decode_fp8_mma` for this call: without `num_splits`, enough splits for about
-    `config.blocks_per_multiprocessor` blocks per multiprocessor."""
+    """The launch of `paged_decode_fp8_mma` for this call: without `num_splits`, `choose_mma_splits` with waves of
+    `resident_blocks` blocks per multiprocessor and at most `config.blocks_per_multiprocessor` blocks per one."""
     heads_in_block = config.heads_in_block(kv_heads)
     tokens_per_step = config.tile * config.warps_per_head
     if num_splits is None:
-        target = config.blocks_per_multiprocessor * multiprocessors
-        num_splits = choose_num_splits(seqs, kv_heads // heads_in_block, max_seq_len, tokens_per_step, target)
+        num_splits = choose_mma_splits(
+            seqs * (kv_heads // heads_in_block),
+            -(-max_seq_len // tokens_per_step),
+            multiprocessors,
+            resident_blocks,
+            config.blocks_per_multiprocessor * multiprocessors,
+            config.min_split_steps,
+        )
     tokens_per_split = -(-max_seq_len // (num_splits * tokens_per_step)) * tokens_per_step
     return LaunchPlan(
         grid=(num_splits, kv_heads // heads_in_block, seqs),

@@ -10,9 +10,9 @@ import torch
 import triton
 
 from kvkernels import _decode_mma
-from kvkernels._cuda_runtime import CudaBuildUnavailable
+from kvkernels._cuda_runtime import CudaBuildUnavailable, CudaKernel
 from kvkernels._decode_kernels import paged_decode_partial_kernel, paged_decode_reduce_kernel
-from kvkernels._decode_mma import MmaDecodeConfig, choose_num_splits, plan_launch
+from kvkernels._decode_mma import LaunchPlan, MmaDecodeConfig, choose_num_splits, plan_launch
 from kvkernels.modes import AccumulationMode, parse_mode
 from kvkernels.prefill import LOG2_E, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 from kvkernels.quant import FP8_DTYPE, FP8_MAX
@@ -33,6 +33,10 @@ __all__ = [
 MIN_GROUP_ROWS = 16
 # Split-KV programs to launch per multiprocessor when the caller names no target (best measured on an H200).
 PROGRAMS_PER_MULTIPROCESSOR = 16
+# The reduce kernel: output columns per program (more programs when few sequences have many splits) and splits read
+# at a time (all of them in registers at once spilled, and took 69 us for 528 splits of one sequence on an H200).
+REDUCE_COLUMNS = 32
+REDUCE_SPLITS = 32
 
 
 @dataclass(frozen=True)
@@ -146,12 +150,13 @@ def combine_partials(
     log2 units and running sum) into [seqs, heads, D], scaled by `v_scale` (the reduce kernel)."""
     seqs, heads, num_parts, head_dim = part_acc.shape
     out = torch.empty(seqs, heads, head_dim, device=part_acc.device, dtype=out_dtype)
-    paged_decode_reduce_kernel[(seqs, heads)](
+    block_d = min(head_dim, REDUCE_COLUMNS)
+    paged_decode_reduce_kernel[(seqs, heads, head_dim // block_d)](
         part_acc, part_max, part_sum, out, v_scale, num_parts,
         part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
         part_max.stride(0), part_max.stride(1),
         out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_parts),
+        BLOCK_D=block_d, SPLITS_BLOCK=min(triton.next_power_of_2(num_parts), REDUCE_SPLITS),
     )  # fmt: skip
     return out
 
@@ -204,10 +209,7 @@ def _mma_partials(
     reason = _decode_mma.unsupported_reason(q, kc, vc)
     if reason is not None:
         raise ValueError(f"MmaDecodeConfig cannot run this call: {reason}; use DecodeConfig (the Triton kernel)")
-    seqs, heads, head_dim = q.shape
-    page_size, kv_heads = kc.shape[1], kc.shape[2]
-    plan = plan_launch(cfg, seqs, heads, kv_heads, max_seq_len, _multiprocessors(q.device), num_splits)
-    kernel = _decode_mma.kernel_for(q.device, cfg, head_dim, page_size, kv_heads, plan.group)
+    plan, kernel = mma_launch(q, cache, max_seq_len, cfg, num_splits)
     part_acc, part_max, part_sum = _part_buffers(q, plan.num_parts)
     kernel.launch(
         plan.grid,
@@ -225,6 +227,19 @@ def _mma_partials(
         ],
     )  # fmt: skip
     return part_acc, part_max, part_sum
+
+
+def mma_launch(
+    q: torch.Tensor, cache: PagedKVCache, max_seq_len: int, cfg: MmaDecodeConfig, num_splits: int | None = None
+) -> tuple[LaunchPlan, CudaKernel]:
+    """The CUDA kernel for this call's shapes and how it is launched: splits planned from the shapes, the GPU's
+    multiprocessors and how many of the kernel's blocks fit on one (all known on the host: no device sync)."""
+    seqs, heads, head_dim = q.shape
+    page_size, kv_heads = cache.key_cache.shape[1], cache.key_cache.shape[2]
+    kernel = _decode_mma.kernel_for(q.device, cfg, head_dim, page_size, kv_heads, heads // kv_heads)
+    resident = kernel.resident_blocks(32 * cfg.heads_in_block(kv_heads) * cfg.warps_per_head)
+    plan = plan_launch(cfg, seqs, heads, kv_heads, max_seq_len, _multiprocessors(q.device), num_splits, resident)
+    return plan, kernel
 
 
 def _triton_partials(

@@ -62,19 +62,23 @@ def paged_decode_reference(
 ) -> torch.Tensor:
     """One decode step in float64: q [S, Hq, D] against each sequence's cached keys and values, [S, Hq, D] out."""
     outputs = []
+    kv_heads, head_dim = key_cache.shape[2], q.shape[2]
+    _check_gqa(q.shape[1], kv_heads)
     for seq, seq_len in enumerate(seq_lens.tolist()):
         k = gather_paged(key_cache, block_table[seq], seq_len)[None]
         v = gather_paged(value_cache, block_table[seq], seq_len)[None]
+        # The query heads of one KV head as that head's query rows: the same attention without repeating K and V
+        # per query head (a 256k-token sequence stays a few GB in float64).
         out = attention_reference(
-            q[seq][None, :, None],
+            q[seq].reshape(1, kv_heads, -1, head_dim),
             k,
             v,
-            softmax_scale=softmax_scale,
+            softmax_scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim),
             q_scale=q_scale,
             k_scale=k_scale,
             v_scale=v_scale,
         )
-        outputs.append(out[0, :, 0])
+        outputs.append(out[0].reshape(q.shape[1], head_dim))
     return torch.stack(outputs)
 
 

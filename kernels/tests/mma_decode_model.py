@@ -22,6 +22,9 @@ from kvkernels._decode_mma import LaunchPlan, MmaDecodeConfig, plan_launch
 from kvkernels.decode import PagedKVCache, qk_log2_scale
 
 H200_MULTIPROCESSORS = 132
+# Blocks of the default launch shape that fit on one H200 multiprocessor (the driver's occupancy query, head_dim 128
+# and 256: registers allow one block of 8 warps).
+H200_RESIDENT_BLOCKS = 1
 MMA_K = 16  # head_dim elements of one Q·K^T mma step; tokens of one P·V mma step
 QUAD = 4  # lanes that share an mma row
 
@@ -150,9 +153,12 @@ def model_launch(
     config: MmaDecodeConfig,
     num_splits: int | None = None,
     multiprocessors: int = H200_MULTIPROCESSORS,
+    resident_blocks: int = H200_RESIDENT_BLOCKS,
 ) -> LaunchPlan:
     kv_heads = cache.key_cache.shape[2]
-    return plan_launch(config, q.shape[0], q.shape[1], kv_heads, max_seq_len, multiprocessors, num_splits)
+    return plan_launch(
+        config, q.shape[0], q.shape[1], kv_heads, max_seq_len, multiprocessors, num_splits, resident_blocks
+    )
 
 
 def model_paged_decode(
@@ -166,10 +172,12 @@ def model_paged_decode(
     v_scale: float = 1.0,
     num_splits: int | None = None,
     multiprocessors: int = H200_MULTIPROCESSORS,
+    resident_blocks: int = H200_RESIDENT_BLOCKS,
 ) -> tuple[torch.Tensor, Partials]:
     """`paged_decode(..., config=config)` as the CUDA kernel computes it: fp32 output [seqs, heads, D], partials."""
     plan = model_launch(
-        q, cache, max_seq_len=max_seq_len, config=config, num_splits=num_splits, multiprocessors=multiprocessors
-    )
+        q, cache, max_seq_len=max_seq_len, config=config, num_splits=num_splits, multiprocessors=multiprocessors,
+        resident_blocks=resident_blocks,
+    )  # fmt: skip
     partials = model_partials(q, cache, plan, config, qk_log2_scale(q.shape[2], None, q_scale, k_scale))
     return model_combine(partials, v_scale), partials

@@ -14,7 +14,14 @@ import pytest
 import torch
 import triton
 from kvkernels._cuda_runtime import CudaBuildUnavailable, compile_cubin, nvrtc_library
-from kvkernels._decode_mma import MmaDecodeConfig, defines, layout_unsupported_reason, source
+from kvkernels._decode_mma import (
+    MmaDecodeConfig,
+    choose_mma_splits,
+    defines,
+    layout_unsupported_reason,
+    plan_launch,
+    source,
+)
 from kvkernels.decode import DecodeConfig, build_paged_cache, default_decode_config
 from kvkernels.quant import FP8_DTYPE
 
@@ -57,20 +64,72 @@ def test_cpu_calls_default_to_the_triton_kernel() -> None:
 
 
 def test_launch_shape_sizes_and_validation() -> None:
-    # 8 KV heads, 3 stages of 32 tokens: 8 warps x 3 x 8 KiB = 192 KiB, one block per Hopper SM; the default (2
-    # stages of 16 tokens) takes 64 KiB, three blocks.
-    assert MmaDecodeConfig().shared_bytes(128, kv_heads=8) == 8 * 2 * 4096
+    # 8 KV heads, 3 stages of 32 tokens: 8 warps x 3 x 8 KiB = 192 KiB, one block per Hopper SM; the default (3
+    # stages of 16 tokens) takes 96 KiB (its registers allow one block of 8 warps per SM anyway).
+    assert MmaDecodeConfig().shared_bytes(128, kv_heads=8) == 8 * 3 * 4096
     assert MmaDecodeConfig(tile=32, stages=3, heads_per_block=8).shared_bytes(128, kv_heads=8) == 8 * 3 * 16 * 512
     # A model with 2 KV heads gets blocks of 2 heads; 12 KV heads, blocks of 4 (the largest divisor up to 8).
     assert MmaDecodeConfig(heads_per_block=8).heads_in_block(2) == 2
     assert MmaDecodeConfig(heads_per_block=8).heads_in_block(12) == 4
     assert MmaDecodeConfig(tile=16, stages=2, heads_per_block=1).shared_bytes(256, kv_heads=8) == 2 * 16 * 512
-    for bad in (MmaDecodeConfig(tile=24), MmaDecodeConfig(stages=1), MmaDecodeConfig(warps_per_head=0)):
+    for bad in (
+        MmaDecodeConfig(tile=24),
+        MmaDecodeConfig(stages=1),
+        MmaDecodeConfig(warps_per_head=0),
+        MmaDecodeConfig(min_split_steps=0),
+    ):
         with pytest.raises(ValueError, match="invalid MmaDecodeConfig"):
             bad.validate()
     assert defines(MmaDecodeConfig(), 128, 16, 8, 4)["ROWS16"] == 0
     assert defines(MmaDecodeConfig(), 128, 16, 8, 9)["ROWS16"] == 1
     assert defines(MmaDecodeConfig(heads_per_block=8), 128, 16, 2, 4)["HEADS_PER_BLOCK"] == 2
+
+
+H200_SMS, H200_RESIDENT = 132, 1  # the default launch shape keeps one block of 8 warps per multiprocessor
+
+
+@pytest.mark.parametrize(
+    ("seqs", "query_heads", "kv_heads", "length", "splits"),
+    [
+        (1, 32, 8, 262144, 132),  # one long sequence: one wave of 124-step splits (was 528 splits of 32 steps)
+        (1, 32, 8, 32768, 132),  # too short for 128 steps a split: still one wave that fills the GPU
+        (2, 64, 8, 131072, 66),
+        (8, 32, 8, 32768, 16),
+        (16, 32, 8, 131072, 33),  # many sequences: 4 waves as before
+        (64, 64, 8, 16384, 8),  # 4 waves exactly (was 9 splits: 576 blocks, a fifth wave of 48)
+        (128, 32, 8, 4096, 2),  # 2 waves: 4 would cut splits below 128 steps
+        (8, 8, 4, 65536, 16),
+        (200, 32, 8, 4096, 2),
+        (600, 32, 8, 4096, 1),
+    ],
+)
+def test_plan_fills_whole_waves_of_an_h200(
+    seqs: int, query_heads: int, kv_heads: int, length: int, splits: int
+) -> None:
+    plan = plan_launch(MmaDecodeConfig(), seqs, query_heads, kv_heads, length, H200_SMS, resident_blocks=H200_RESIDENT)
+    assert plan.grid == (splits, 1, seqs)
+    assert plan.num_parts == splits and plan.tokens_per_split * splits >= length
+
+
+@pytest.mark.parametrize("resident", [1, 2, 3])
+@pytest.mark.parametrize("units", [1, 2, 3, 7, 16, 64, 131, 132, 133, 500, 2000])
+@pytest.mark.parametrize("steps", [1, 5, 63, 64, 100, 1000, 16384])
+def test_split_choice_bounds(resident: int, units: int, steps: int) -> None:
+    sms, most = 132, 4 * 132
+    wave = sms * resident
+    min_steps = MmaDecodeConfig().min_split_steps
+    splits = choose_mma_splits(units, steps, sms, resident, most, min_steps)
+    assert 1 <= splits <= max(1, steps)
+    blocks = splits * units
+    if splits > 1:
+        waves = -(-blocks // wave)
+        assert blocks <= max(most, wave)  # no more blocks than aimed for
+        # splits keep enough steps, unless even one wave of splits cannot
+        assert steps >= splits * min_steps or waves == 1
+        if splits < steps:  # not cut to one step a split: whole waves, short of full by less than one split's blocks
+            assert waves * wave - blocks < units
+    if units < wave and steps >= wave // units:
+        assert blocks > wave - units  # a few short sequences still fill the GPU once
 
 
 @pytest.mark.parametrize(

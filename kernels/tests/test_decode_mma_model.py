@@ -36,7 +36,9 @@ class Case:
     group: int = 4
     head_dim: int = 128
     config: MmaDecodeConfig = field(default_factory=MmaDecodeConfig)
-    num_splits: int | None = None  # None: the kernel's own choice for an H200's 132 SMs
+    num_splits: int | None = None  # None: the kernel's own choice (plan_launch) for these multiprocessors
+    multiprocessors: int = mma_decode_model.H200_MULTIPROCESSORS
+    resident_blocks: int = mma_decode_model.H200_RESIDENT_BLOCKS
 
 
 # Lengths around pages (1, P-1, P, P+1), around split and slice boundaries, odd ones; few, one and many splits.
@@ -56,6 +58,12 @@ CASES = [
     Case("head-dim-256-gqa-16", (1, 15, 17, 250), group=16, head_dim=256, config=MmaDecodeConfig(tile=16)),
     Case("head-dim-256-page-32-tile-32", (2, 32, 97, 161), page=32, head_dim=256, num_splits=3,
          config=MmaDecodeConfig(tile=32)),
+    # The planner's own split counts on a small GPU: whole waves of splits of >= 64 steps (2 SMs x 2 resident
+    # blocks, 4 waves: 4 splits of 1,040 tokens of each sequence, the last one short), and one wave of short splits
+    # for two sequences (4 x 384).
+    Case("planned-waves", (1, 2100, 3000, 4097), multiprocessors=2, resident_blocks=2,
+         config=MmaDecodeConfig(blocks_per_multiprocessor=8, min_split_steps=64)),
+    Case("planned-one-wave", (1500, 7), group=8, multiprocessors=8),
 ]  # fmt: skip
 
 
@@ -118,6 +126,7 @@ def check_model(model: types.ModuleType, case: Case, seed: int = 0) -> None:
     c = inputs.cache
     out, partials = model.model_paged_decode(
         inputs.q, c, max_seq_len=max(case.lengths), config=case.config, num_splits=case.num_splits,
+        multiprocessors=case.multiprocessors, resident_blocks=case.resident_blocks,
         q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
     )  # fmt: skip
     ref = paged_decode_reference(
@@ -143,8 +152,16 @@ def test_model_uses_the_kernels_launch_plan() -> None:
     case = CASES[0]
     inputs = make_inputs(case)
     plan = mma_decode_model.model_launch(inputs.q, inputs.cache, max_seq_len=77, config=case.config)
-    # 7 sequences x one block of both KV heads; 4 blocks per SM on 132 SMs -> 76 wanted, 5 tiles of 16 at most.
+    # 7 sequences x one block of both KV heads, 5 tiles of 16 in the longest: too short for 64-step splits, so one
+    # wave (132 blocks, 18 splits of each sequence) capped at one split per tile.
     assert (plan.grid, plan.tokens_per_split, plan.num_parts, plan.threads) == ((5, 1, 7), 16, 5, 64)
+    for case, grid, tokens in ((CASES[-2], (4, 1, 4), 1040), (CASES[-1], (4, 1, 2), 384)):
+        inputs = make_inputs(case)
+        plan = mma_decode_model.model_launch(
+            inputs.q, inputs.cache, max_seq_len=max(case.lengths), config=case.config,
+            multiprocessors=case.multiprocessors, resident_blocks=case.resident_blocks,
+        )  # fmt: skip
+        assert (plan.grid, plan.tokens_per_split) == (grid, tokens), case.name
 
 
 def test_model_merge_is_the_reduce_kernel(device: str) -> None:

@@ -12,6 +12,7 @@ from kvkernels.decode import (
     _mma_partials,
     build_paged_cache,
     default_decode_config,
+    mma_launch,
     paged_decode,
     qk_log2_scale,
 )
@@ -19,7 +20,7 @@ from kvkernels.modes import AccumulationMode
 from kvkernels.prefill import attention_prefill
 from kvkernels.quant import FP8_DTYPE, quantize_fp8
 from kvkernels.reference import attention_reference, paged_decode_reference, row_errors
-from mma_decode_model import model_paged_decode
+from mma_decode_model import H200_RESIDENT_BLOCKS, model_paged_decode
 from test_decode_mma_model import CASES, Case, make_inputs
 
 # Compiled kernels only: under TRITON_INTERPRET=1 even a visible GPU would run the interpreter.
@@ -147,18 +148,19 @@ def test_cuda_fp8_decode_matches_its_cpu_model(case: Case) -> None:
     and torch's exp2 round a probability to different f16 neighbours (one f16 ulp, 2^-10 of that probability)."""
     inputs = make_inputs(case, seed=1, device="cuda")
     c, max_len = inputs.cache, max(case.lengths)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     expected, model = model_paged_decode(
-        inputs.q, c, max_seq_len=max_len, config=case.config, num_splits=case.num_splits, multiprocessors=sms,
+        inputs.q, c, max_seq_len=max_len, config=case.config, num_splits=case.num_splits,
+        multiprocessors=case.multiprocessors, resident_blocks=case.resident_blocks,
         q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
     )  # fmt: skip
+    splits = model.acc.shape[2] // case.config.warps_per_head  # the model's plan (the case's GPU), run on this one
     qk_scale = qk_log2_scale(case.head_dim, None, inputs.q_scale, inputs.k_scale)
     acc, run_max, run_sum = (
-        t.cpu() for t in _mma_partials(inputs.q, c, max_len, AccumulationMode.TWO_LEVEL, qk_scale, case.num_splits,
+        t.cpu() for t in _mma_partials(inputs.q, c, max_len, AccumulationMode.TWO_LEVEL, qk_scale, splits,
                                        case.config)
     )  # fmt: skip
     out = paged_decode(
-        inputs.q, c, max_seq_len=max_len, config=case.config, num_splits=case.num_splits, out_dtype=torch.float32,
+        inputs.q, c, max_seq_len=max_len, config=case.config, num_splits=splits, out_dtype=torch.float32,
         q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
     ).cpu()  # fmt: skip
     assert acc.shape == model.acc.shape
@@ -169,3 +171,14 @@ def test_cuda_fp8_decode_matches_its_cpu_model(case: Case) -> None:
     for got, want in ((acc[~empty], model.acc[~empty]), (out, expected)):  # rows of splits that saw tokens
         rel = (got - want).double().norm(dim=-1) / want.double().norm(dim=-1)
         assert float(rel.median()) <= TIE_MEDIAN and float(rel.max()) <= TIE_WORST, (rel.median(), rel.max())
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_default_launch_keeps_one_block_per_h200_multiprocessor(head_dim: int) -> None:
+    """The occupancy the CPU tests' plans assume for an H200 (H200_RESIDENT_BLOCKS), read from the driver."""
+    if "H200" not in torch.cuda.get_device_name(0):
+        pytest.skip("the constant is an H200's")
+    cache, _, _ = _ragged_fp8_cache([100, 300], 16, 8, head_dim, seed=5)
+    q8, _ = quantize_fp8(torch.randn(2, 32, head_dim, device="cuda"))
+    plan, kernel = mma_launch(q8, cache, 300, MmaDecodeConfig())
+    assert kernel.resident_blocks(plan.threads) == H200_RESIDENT_BLOCKS
