@@ -203,3 +203,25 @@ def test_legal_names_with_dots_and_a_kvpolicy_list_are_planned(
     code, out, err = run(capsys, "-f", write(tmp_path, "policies.yaml", [listed]), "--gpu", "H100", "-o", "json")
     assert code == 0, err
     assert out.count('"kvCacheDtype": "FP8"') == 2
+
+
+def test_a_key_given_twice_is_refused_not_silently_overwritten(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    text = EXAMPLE.read_text().replace("spec:\n", "spec:\n  rollout: {bakeSeconds: 60}\n", 1)
+    text += "  rollout: {bakeSeconds: 0}\n"
+    code, out, err = run(capsys, "-f", write(tmp_path, "twice.yaml", text), "--gpu", "H100")
+    assert (code, out) == (2, "")
+    assert "found the key 'rollout' twice" in err and "line" in err and "Traceback" not in err
+
+
+def test_a_kustomize_build_stream_plans_every_kvpolicy_in_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"}, "spec": {}}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "llama"}, "spec": {}}
+    second = manifest(**{"metadata.name": "second"})
+    stream = [deployment, manifest(), service, second]
+    code, out, err = run(capsys, "-f", write(tmp_path, "build.yaml", stream), "--gpu", "H100", "-o", "json")
+    assert code == 0, err
+    assert out.count('"kvCacheDtype": "FP8"') == 2

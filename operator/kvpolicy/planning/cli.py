@@ -59,10 +59,25 @@ def read_input(path: str, what: str) -> tuple[str, str]:
         raise InputError(f"cannot read {what} {path}: not UTF-8 text ({err.reason})") from err
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML as the API server reads it: a key given twice in one mapping is an error, not "the last one wins"."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"found the key {key!r} twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _documents(text: str, source: str) -> list[Any]:
     """The YAML documents of `text`, with the items of `kind: List` documents in their place."""
     try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+        documents = [d for d in yaml.load_all(text, Loader=_UniqueKeyLoader) if d is not None]
     except yaml.YAMLError as err:
         raise InputError(f"{source}: not valid YAML: {err}") from err
     flattened: list[Any] = []
@@ -78,11 +93,16 @@ def _documents(text: str, source: str) -> list[Any]:
 
 
 def load_policies(text: str, source: str) -> list[tuple[str, KVPolicySpec]]:
+    """Every KVPolicy in the stream; other Kubernetes objects (a `kustomize build` or `helm template` output) are
+    passed over, anything that is not an object at all is an error."""
     policies = []
+    passed_over: list[str] = []
     for index, document in enumerate(_documents(text, source)):
-        if not isinstance(document, Mapping) or document.get("kind") != KIND:
-            found = document.get("kind") if isinstance(document, Mapping) else type(document).__name__
-            raise InputError(f"{source}: document {index + 1} is not a {KIND} (kind: {found!r})")
+        if not isinstance(document, Mapping):
+            raise InputError(f"{source}: document {index + 1} is a {type(document).__name__}, not a {KIND}")
+        if document.get("kind") != KIND:
+            passed_over.append(f"document {index + 1} is not a {KIND} (kind: {document.get('kind')!r})")
+            continue
         metadata = document.get("metadata")
         name = str(metadata.get("name", f"document-{index + 1}")) if isinstance(metadata, Mapping) else "?"
         try:
@@ -94,7 +114,7 @@ def load_policies(text: str, source: str) -> list[tuple[str, KVPolicySpec]]:
             ) from err
         policies.append((name, policy.spec))
     if not policies:
-        raise InputError(f"{source}: no {KIND} found")
+        raise InputError(f"{source}: no {KIND} found" + (f" ({'; '.join(passed_over)})" if passed_over else ""))
     return policies
 
 
