@@ -224,6 +224,17 @@ def test_refusals_say_why_without_a_traceback(
     assert error in result.stderr and "Traceback" not in result.stderr
 
 
+def test_resume_of_a_policy_never_paused_says_so_and_writes_nothing(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, kvpolicy_crd: None, plugin_env: dict[str, str]
+) -> None:
+    created = devcluster.create(policy(devcluster_namespace))
+    result = kubectl_run(devcluster, "kvpolicy", "resume", "llama-fp8", "-n", devcluster_namespace, env=plugin_env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "kvpolicy 'llama-fp8' is not paused: nothing to do"
+    stored = devcluster.get(*KVP, "llama-fp8", devcluster_namespace)
+    assert stored["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+
+
 def test_without_a_kubeconfig_the_plugin_says_what_to_set(plugin_env: dict[str, str], tmp_path: Path) -> None:
     environ = {**os.environ, **plugin_env, "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "missing")}
     result = subprocess.run([SCRIPT, "list"], env=environ, capture_output=True, text=True, timeout=60, check=False)

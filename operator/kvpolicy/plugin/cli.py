@@ -227,9 +227,14 @@ async def _retry(session: Session, args: argparse.Namespace) -> None:
     print(f"kvpolicy '{args.name}' rollout {status.rollout_id} retried")
 
 
-def _control(field: str, value: bool, done: str) -> Callable[[Session, argparse.Namespace], Awaitable[None]]:
+def _control(
+    field: str, value: bool, done: str, already: str
+) -> Callable[[Session, argparse.Namespace], Awaitable[None]]:
     async def run(session: Session, args: argparse.Namespace) -> None:
-        await session.policy(args.name)  # NotFound says so before any patch
+        found = await session.policy(args.name)  # NotFound says so before any patch
+        if bool(((found.get("spec") or {}).get("rollout") or {}).get(field, False)) == value:
+            print(f"kvpolicy '{args.name}' {already}: nothing to do")
+            return
         await session.patch_rollout(args.name, {field: value})
         print(f"kvpolicy '{args.name}' {done}")
 
@@ -286,9 +291,9 @@ COMMANDS: dict[str, Callable[[Session, argparse.Namespace], Awaitable[None]]] = 
     "list": _list,
     "approve": _approve,
     "retry": _retry,
-    "abort": _control("abort", True, "aborted: rolling back to BF16"),
-    "pause": _control("paused", True, "paused"),
-    "resume": _control("paused", False, "resumed"),
+    "abort": _control("abort", True, "aborted: rolling back to BF16", "is already aborted"),
+    "pause": _control("paused", True, "paused", "is already paused"),
+    "resume": _control("paused", False, "resumed", "is not paused"),
     "explain": _explain,
 }
 
