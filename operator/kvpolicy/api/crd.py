@@ -132,6 +132,14 @@ class _Structuralizer:
         return out
 
 
+def _without_defaults(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {key: _without_defaults(value) for key, value in node.items() if key != "default"}
+    if isinstance(node, list):
+        return [_without_defaults(item) for item in node]
+    return node
+
+
 def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     schema = model.model_json_schema(by_alias=True, mode="validation", schema_generator=_FactoryDefaults)
     definitions = schema.pop("$defs", {})
@@ -144,7 +152,8 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 def crd_object() -> dict[str, Any]:
     spec_schema = openapi_schema(api.KVPolicySpec)
-    status_schema = openapi_schema(api.KVPolicyStatus)
+    # The operator writes status in full: defaults there would only add empty lists to every status write.
+    status_schema = _without_defaults(openapi_schema(api.KVPolicyStatus))
     status_schema.pop("required", None)
     # kopf may keep its own progress under status.kopf; nothing else is free-form.
     conditions = status_schema["properties"]["conditions"]
