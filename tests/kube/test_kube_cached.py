@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from e2e_helpers import until
+from e2e_helpers import policy, until
+from kvpolicy.api import crd
 from kvpolicy.kube import cached
-from kvpolicy.kube.api import DEPLOYMENTS, NODES, SERVICES, KubernetesApi
+from kvpolicy.kube.api import DEPLOYMENTS, KVPOLICIES, NODES, SERVICES, KubernetesApi
 from kvpolicy.kube.cached import CachedKubeApi, Informer, Selection, equality_terms, operator_selections
 from kvpolicy.kube.login import ClusterLogin
 from kvpolicy_dev.devcluster import ThreadedDevCluster
@@ -110,6 +111,28 @@ async def test_nodes_are_cached_as_their_metadata(devcluster: ThreadedDevCluster
     cached_nodes = await api.list_objects(NODES, None, selector)
     assert [node["metadata"] for node in cached_nodes] == [node["metadata"] for node in fresh]
     assert all(set(node) == {"apiVersion", "kind", "metadata"} for node in cached_nodes), "status is not kept"
+
+
+async def test_ownership_is_read_from_a_cache_unless_asked_fresh(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, api: CachedKubeApi
+) -> None:
+    """Every policy's pass reads which policy governs its target: N policies would cost N lists of N per period."""
+    ns = devcluster_namespace
+    devcluster.apply(crd.crd_object())
+    devcluster.create(policy(ns, name="first"))
+    await api.list_objects(KVPOLICIES, ns)
+    informer = api.informer(KVPOLICIES, ns)
+    assert informer is not None
+    await until(lambda: informer.synced, "the KVPolicy informer to sync")
+    devcluster.create(policy(ns, name="second"))
+    await until(lambda: len(informer.select({})) == 2, "the second policy in the cache")
+    before = lists_sent(devcluster, "kvpolicies")
+    [kept, _] = await api.list_objects(KVPOLICIES, ns)
+    assert lists_sent(devcluster, "kvpolicies") == before, "answered from the cache"
+    assert set(kept) == {"metadata", "spec"} and set(kept["spec"]) == {"targetRef"}, "only what ownership reads"
+    assert set(kept["metadata"]) == {"name", "namespace", "uid", "creationTimestamp"}
+    fresh = await api.list_objects(KVPOLICIES, ns, fresh=True)
+    assert lists_sent(devcluster, "kvpolicies") == before + 1 and len(fresh) == 2
 
 
 async def test_a_quiet_watch_gets_bookmarks_with_the_latest_version(

@@ -41,7 +41,9 @@ class FakeKubeApi:
         found = self.objects.get((resource.plural, namespace, name))
         return copy.deepcopy(found) if found else None
 
-    async def list_objects(self, resource: Resource, namespace: str | None, label_selector: str = "") -> list[Obj]:
+    async def list_objects(
+        self, resource: Resource, namespace: str | None, label_selector: str = "", fresh: bool = False
+    ) -> list[Obj]:
         self._maybe_fail("list", resource)
         return [
             copy.deepcopy(obj)

@@ -81,7 +81,11 @@ class KubeApi(Protocol):
         """The object, or None when it does not exist."""
         ...
 
-    async def list_objects(self, resource: Resource, namespace: str | None, label_selector: str = "") -> list[Obj]: ...
+    async def list_objects(
+        self, resource: Resource, namespace: str | None, label_selector: str = "", fresh: bool = False
+    ) -> list[Obj]:
+        """The objects; `fresh`: as the API server has them now, never from a cache that may lag."""
+        ...
 
     async def create(self, resource: Resource, namespace: str, body: Obj) -> bool:
         """True when created, False when it already existed."""
@@ -149,7 +153,9 @@ class KubernetesApi:
     async def get(self, resource: Resource, namespace: str | None, name: str) -> Obj | None:
         return await self._call(resource, "read", namespace, missing_ok=True, name=name)
 
-    async def list_objects(self, resource: Resource, namespace: str | None, label_selector: str = "") -> list[Obj]:
+    async def list_objects(
+        self, resource: Resource, namespace: str | None, label_selector: str = "", fresh: bool = False
+    ) -> list[Obj]:
         items: list[Obj] = (await self.list_collection(resource, namespace, label_selector)).get("items") or []
         return items
 

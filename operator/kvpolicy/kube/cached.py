@@ -19,7 +19,18 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from kvpolicy.kube.api import JOBS, NODES, PODS, SERVICES, ApiError, KubernetesApi, Obj, PatchType, Resource
+from kvpolicy.kube.api import (
+    JOBS,
+    KVPOLICIES,
+    NODES,
+    PODS,
+    SERVICES,
+    ApiError,
+    KubernetesApi,
+    Obj,
+    PatchType,
+    Resource,
+)
 
 logger = logging.getLogger(__name__)
 # The API server ends each watch after this long, and it is resumed from the last resourceVersion seen.
@@ -141,10 +152,12 @@ class CachedKubeApi:
             await informer.stop()
         await self.api.close()
 
-    async def list_objects(self, resource: Resource, namespace: str | None, label_selector: str = "") -> list[Obj]:
+    async def list_objects(
+        self, resource: Resource, namespace: str | None, label_selector: str = "", fresh: bool = False
+    ) -> list[Obj]:
         informer = self._informer_for(resource, namespace, label_selector)
         labels = equality_terms(label_selector)
-        if informer is None or labels is None or not informer.synced:
+        if fresh or informer is None or labels is None or not informer.synced:
             return await self.api.list_objects(resource, namespace, label_selector)
         return informer.select(labels)
 
@@ -188,7 +201,22 @@ class CachedKubeApi:
         await self.api.post_event(namespace, body)
 
 
+def ownership_view(obj: Obj) -> Obj:
+    """What deciding which policy governs a target reads of a KVPolicy (rollout/ownership.py)."""
+    meta = obj.get("metadata") or {}
+    kept = {key: meta[key] for key in ("name", "namespace", "uid", "creationTimestamp") if key in meta}
+    return {"metadata": kept, "spec": {"targetRef": (obj.get("spec") or {}).get("targetRef")}}
+
+
 def operator_selections(policy_label: str) -> dict[Resource, Selection]:
-    """What the operator's observer lists on every pass: its children by policy label, and the nodes' labels."""
+    """What the operator's observer lists on every pass: its children by policy label, the nodes' labels, and who
+    governs which target (each policy's pass reads every policy of its namespace: without a cache, N policies cost
+    N lists of N objects per period)."""
     children = Selection(policy_label, namespaced=True)
-    return {PODS: children, SERVICES: children, JOBS: children, NODES: Selection(None, False, metadata_only)}
+    return {
+        PODS: children,
+        SERVICES: children,
+        JOBS: children,
+        NODES: Selection(None, False, metadata_only),
+        KVPOLICIES: Selection(None, True, ownership_view),
+    }

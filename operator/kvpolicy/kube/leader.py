@@ -397,8 +397,10 @@ class LeaderFencedApi:
     async def get(self, resource: Resource, namespace: str | None, name: str) -> Obj | None:
         return await self.api.get(resource, namespace, name)
 
-    async def list_objects(self, resource: Resource, namespace: str | None, label_selector: str = "") -> list[Obj]:
-        return await self.api.list_objects(resource, namespace, label_selector)
+    async def list_objects(
+        self, resource: Resource, namespace: str | None, label_selector: str = "", fresh: bool = False
+    ) -> list[Obj]:
+        return await self.api.list_objects(resource, namespace, label_selector, fresh)
 
     async def create(self, resource: Resource, namespace: str, body: Obj) -> bool:
         self._check(f"create {resource.plural}")

@@ -233,12 +233,14 @@ class Observer:
         status = policy.status
         namespace = str(policy.metadata.get("namespace", ""))
         name = str(policy.metadata.get("name", ""))
-        peers = await self.api.list_objects(KVPOLICIES, namespace)
+        restarting = status.spec_hash != rollout_hash(policy.spec)
+        phase = Phase.PLANNING if restarting or status.phase is None else status.phase
+        # Before a rollout's first write, ownership is read from the API server itself: a cache a moment behind could
+        # miss a policy created at the same time for the same target. Later passes may read the cache.
+        peers = await self.api.list_objects(KVPOLICIES, namespace, fresh=phase == Phase.PLANNING)
         governed_by = governing_policy(policy.metadata, policy.spec.target_ref.name, peers)
         if governed_by is not None:  # nothing else matters until that policy is gone
             return Observations(now=now, governed_by=governed_by)
-        restarting = status.spec_hash != rollout_hash(policy.spec)
-        phase = Phase.PLANNING if restarting or status.phase is None else status.phase
         if phase == Phase.ROLLED_BACK:
             return Observations(now=now)
         target = await self.api.get(DEPLOYMENTS, namespace, policy.spec.target_ref.name)
