@@ -40,5 +40,7 @@ def test_the_metric_gets_the_preflight_label() -> None:
     metrics = OperatorMetrics()
     for gate, result in finished_gates(status(), status(preflight=GateVerdict.UNSAFE)):
         metrics.record_gate_result("m", "llm", gate.name, result.verdict, result.recovery, None, None)
-    sample = metrics.registry.get_sample_value("kvpolicy_gate_results_total", {"gate": "preflight", "verdict": "Unsafe"})
+    sample = metrics.registry.get_sample_value(
+        "kvpolicy_gate_results_total", {"gate": "preflight", "verdict": "Unsafe"}
+    )
     assert sample == 1
