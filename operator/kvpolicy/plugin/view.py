@@ -15,6 +15,7 @@ from kvpolicy.api.v1alpha1 import (
     Approval,
     Condition,
     ConditionType,
+    DecisionResult,
     GateResult,
     GateVerdict,
     KVPolicy,
@@ -268,7 +269,7 @@ def _on_drift(parsed: Parsed) -> str:
         return "-"
     if spec.rollout.on_drift is not None:
         return spec.rollout.on_drift.value
-    fp8 = parsed.status.decision is None or parsed.status.decision.result.value == "Promoted"
+    fp8 = parsed.status.decision is None or parsed.status.decision.result == DecisionResult.PROMOTED
     return f"{(OnDrift.REEVALUATE if fp8 else OnDrift.REPORT).value} (default)"
 
 
