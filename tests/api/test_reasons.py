@@ -111,6 +111,42 @@ def test_the_analysis_reasons_are_analysis_reasons() -> None:
     assert raised and raised <= set(AnalysisReason)
 
 
+# Kubernetes' own reasons that share a value with one of ours: the API server's for a 409, the scheduler's PodScheduled.
+KUBERNETES_REASONS = {("kube/executor.py", "Conflict"), ("kube/observe.py", "Unschedulable")}
+
+
+def _reason_literals(tree: ast.AST) -> list[tuple[int, str]]:
+    """String constants (docstrings aside) that spell a reason instead of naming its member."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in ALL_REASONS and id(node) not in docstrings
+    ]
+
+
+def test_no_reason_is_a_string_literal_outside_the_api() -> None:
+    offenders = {
+        f"{name}:{line} {value!r}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if not (name := path.relative_to(PACKAGE).as_posix()).startswith("api/")
+        for line, value in _reason_literals(ast.parse(path.read_text()))
+        if (name, value) not in KUBERNETES_REASONS
+    }
+    assert offenders == set()
+
+
+def test_the_reason_literal_check_catches_a_spelled_reason() -> None:
+    tree = ast.parse('"""A docstring naming Baking."""\nraise GateError("MalformedResponse", f"{x}: Baking")')
+    assert _reason_literals(tree) == [(2, "MalformedResponse")]
+
+
 # Values the controller must never spell as string literals in a comparison.
 CONTRACT_VALUES = ALL_REASONS | {*Phase, *GateVerdict, *VerdictKind, *DecisionResult}
 

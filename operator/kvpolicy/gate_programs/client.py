@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class GateError(Exception):
     """Ends the gate as Inconclusive with a reason code."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: GateReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -47,7 +47,7 @@ class EndpointUnavailable(GateError):
 class RequestRejected(GateError):
     """The endpoint answered 4xx."""
 
-    def __init__(self, message: str, reason: str = GateReason.REQUEST_REJECTED) -> None:
+    def __init__(self, message: str, reason: GateReason = GateReason.REQUEST_REJECTED) -> None:
         super().__init__(reason, message)
 
 
