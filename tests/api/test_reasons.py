@@ -124,11 +124,27 @@ def _reason_literals(tree: ast.AST) -> list[tuple[int, str]]:
         and node.body
         and isinstance(node.body[0], ast.Expr)
     }
-    return [
+    formatted = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+    spelled = [
         (node.lineno, node.value)
         for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and node.value in ALL_REASONS and id(node) not in docstrings
+        if isinstance(node, ast.Constant)
+        and node.value in ALL_REASONS
+        and id(node) not in docstrings
+        and id(node) not in formatted
     ]
+    # A reason built from pieces (f"No{role}Series"): an f-string that starts with a capitalised word and whose text
+    # parts are all single words.
+    built = [
+        (node.lineno, ast.unparse(node))
+        for node in ast.walk(tree)
+        if isinstance(node, ast.JoinedStr)
+        and isinstance(node.values[0], ast.Constant)
+        and str(node.values[0].value)[:1].isupper()
+        and (parts := [part.value for part in node.values if isinstance(part, ast.Constant)])
+        and all(re.fullmatch(r"[A-Za-z0-9]+", str(part)) for part in parts)
+    ]
+    return spelled + built
 
 
 def test_no_reason_is_a_string_literal_outside_the_api() -> None:
@@ -142,9 +158,11 @@ def test_no_reason_is_a_string_literal_outside_the_api() -> None:
     assert offenders == set()
 
 
-def test_the_reason_literal_check_catches_a_spelled_reason() -> None:
+def test_the_reason_literal_check_catches_a_spelled_or_built_reason() -> None:
     tree = ast.parse('"""A docstring naming Baking."""\nraise GateError("MalformedResponse", f"{x}: Baking")')
     assert _reason_literals(tree) == [(2, "MalformedResponse")]
+    built = ast.parse('reason = f"No{side.role.capitalize()}Series"\nmessage = f"No series for {side.role}"')
+    assert _reason_literals(built) == [(1, "f'No{side.role.capitalize()}Series'")]
 
 
 # Values the controller must never spell as string literals in a comparison.

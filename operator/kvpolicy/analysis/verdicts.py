@@ -106,19 +106,23 @@ def _breach_reason(breaches: list[RatioCheck | MeanCheck], error_breach: bool) -
 
 def assess(config: LatencyGateConfig, canary: SideMetrics, baseline: SideMetrics) -> Verdict:
     """Judge one check of the canary against the baseline over the same window."""
-    for side in (canary, baseline):
+    sides = (
+        (canary, AnalysisReason.NO_CANARY_SERIES, AnalysisReason.TOO_FEW_CANARY_REQUESTS),
+        (baseline, AnalysisReason.NO_BASELINE_SERIES, AnalysisReason.TOO_FEW_BASELINE_REQUESTS),
+    )
+    for side, no_series, _ in sides:
         if not side.series_found:
             return _no_data(
-                f"No{side.role.capitalize()}Series",
+                no_series,
                 f"no vLLM latency series found for the {side.role} pods: check that Prometheus scrapes them "
                 "and that the pod selector matches",
                 canary,
                 baseline,
             )
-    for side in (canary, baseline):
+    for side, _, too_few in sides:
         if side.requests < config.min_requests:
             return _no_data(
-                f"TooFew{side.role.capitalize()}Requests",
+                too_few,
                 f"{side.role} served {side.requests:.0f} requests in the last {side.window_seconds:.0f} s, "
                 f"fewer than the {config.min_requests} needed to compare latencies",
                 canary,
