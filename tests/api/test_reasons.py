@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+from enum import StrEnum
 from pathlib import Path
 
 import yaml
@@ -70,35 +71,98 @@ def test_the_alert_runbooks_name_only_reasons_that_exist() -> None:
     assert {"TTFTRatioExceeded", "ITLRatioExceeded", "AnalysisStalled"} <= words
 
 
-def _string_arguments(path: Path, functions: set[str]) -> set[str]:
-    """First string arguments of calls to `functions` in a module."""
-    found = set()
+def _reason_arguments(path: Path, functions: set[str]) -> list[ast.expr]:
+    """The reasons passed to calls of `functions` in a module (their first argument; both arms of `a if c else b`)."""
+    found: list[ast.expr] = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        if isinstance(node, ast.Call) and node.args:
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if name in functions and isinstance(node.args[0].value, str):
-                found.add(node.args[0].value)
-    return found
+            if name in functions:
+                first = node.args[0]
+                found += [first.body, first.orelse] if isinstance(first, ast.IfExp) else [first]
+    # A parameter passed on (`self.say(code, ...)`) is typed as the enum: mypy holds it to a member.
+    return [argument for argument in found if not isinstance(argument, ast.Name)]
+
+
+def _members_of(enum: type[StrEnum], arguments: list[ast.expr]) -> set[str]:
+    """The members of `enum` the arguments name; an argument that is anything else is shown as its source."""
+    return {
+        enum[argument.attr]
+        if isinstance(argument, ast.Attribute)
+        and isinstance(argument.value, ast.Name)
+        and argument.value.id == enum.__name__
+        and argument.attr in enum.__members__
+        else ast.unparse(argument)
+        for argument in arguments
+    }
 
 
 def test_the_planner_says_only_plan_codes() -> None:
-    codes = _string_arguments(Path(planner.__file__), {"say", "refuse", "soft_bf16"})
+    codes = _members_of(PlanCode, _reason_arguments(Path(planner.__file__), {"say", "refuse", "soft_bf16"}))
     assert codes and codes <= set(PlanCode)
 
 
 def test_the_analysis_reasons_are_analysis_reasons() -> None:
     analysis = PACKAGE / "analysis"
-    raised = set().union(*(_string_arguments(path, {"ProviderUnavailableError"}) for path in analysis.glob("*.py")))
-    tree = ast.parse((analysis / "verdicts.py").read_text())
-    formatted = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
-    assessed = {
-        node.value
+    errors = {"ProviderUnavailableError", "QueryRejectedError"}
+    raised = _members_of(
+        AnalysisReason, [arg for path in analysis.glob("*.py") for arg in _reason_arguments(path, errors)]
+    )
+    assert raised and raised <= set(AnalysisReason)
+
+
+# Kubernetes' own reasons that share a value with one of ours: the API server's for a 409, the scheduler's PodScheduled.
+KUBERNETES_REASONS = {("kube/executor.py", "Conflict"), ("kube/observe.py", "Unschedulable")}
+
+
+def _reason_literals(tree: ast.AST) -> list[tuple[int, str]]:
+    """String constants (docstrings aside) that spell a reason instead of naming its member."""
+    docstrings = {
+        id(node.body[0].value)
         for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in formatted
-        if CAMEL.fullmatch(node.value)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
     }
-    assert raised and assessed
-    assert raised | assessed <= set(AnalysisReason)
+    formatted = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+    spelled = [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and node.value in ALL_REASONS
+        and id(node) not in docstrings
+        and id(node) not in formatted
+    ]
+    # A reason built from pieces (f"No{role}Series"): an f-string that starts with a capitalised word and whose text
+    # parts are all single words.
+    built = [
+        (node.lineno, ast.unparse(node))
+        for node in ast.walk(tree)
+        if isinstance(node, ast.JoinedStr)
+        and isinstance(node.values[0], ast.Constant)
+        and str(node.values[0].value)[:1].isupper()
+        and (parts := [part.value for part in node.values if isinstance(part, ast.Constant)])
+        and all(re.fullmatch(r"[A-Za-z0-9]+", str(part)) for part in parts)
+    ]
+    return spelled + built
+
+
+def test_no_reason_is_a_string_literal_outside_the_api() -> None:
+    offenders = {
+        f"{name}:{line} {value!r}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if not (name := path.relative_to(PACKAGE).as_posix()).startswith("api/")
+        for line, value in _reason_literals(ast.parse(path.read_text()))
+        if (name, value) not in KUBERNETES_REASONS
+    }
+    assert offenders == set()
+
+
+def test_the_reason_literal_check_catches_a_spelled_or_built_reason() -> None:
+    tree = ast.parse('"""A docstring naming Baking."""\nraise GateError("MalformedResponse", f"{x}: Baking")')
+    assert _reason_literals(tree) == [(2, "MalformedResponse")]
+    built = ast.parse('reason = f"No{side.role.capitalize()}Series"\nmessage = f"No series for {side.role}"')
+    assert _reason_literals(built) == [(1, "f'No{side.role.capitalize()}Series'")]
 
 
 # Values the controller must never spell as string literals in a comparison.

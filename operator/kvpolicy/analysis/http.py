@@ -8,6 +8,7 @@ from typing import Self
 import aiohttp
 
 from kvpolicy.analysis.model import ProviderUnavailableError
+from kvpolicy.api.reasons import AnalysisReason
 from kvpolicy.credentials import Credentials, CredentialsError
 
 
@@ -49,4 +50,4 @@ class HttpClient:
         try:
             return self.credentials.headers()
         except CredentialsError as error:
-            raise ProviderUnavailableError("CredentialsUnreadable", str(error)) from None
+            raise ProviderUnavailableError(AnalysisReason.CREDENTIALS_UNREADABLE, str(error)) from None

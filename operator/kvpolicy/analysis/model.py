@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
-from kvpolicy.api.reasons import CREDENTIAL_PROBLEMS
+from kvpolicy.api.reasons import CREDENTIAL_PROBLEMS, AnalysisReason
 from kvpolicy.api.v1alpha1 import KVPolicyStatus, OnInconclusive, VerdictKind
 
 DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.95)
@@ -30,7 +30,7 @@ class Action(StrEnum):
 class ProviderUnavailableError(Exception):
     """The metrics source could not answer (unreachable, 5xx, timeout, rejected query): the check is inconclusive."""
 
-    def __init__(self, reason: str, message: str, needs_attention: bool = False) -> None:
+    def __init__(self, reason: AnalysisReason, message: str, needs_attention: bool = False) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message

@@ -19,6 +19,7 @@ from kvpolicy.analysis.http import HttpClient
 from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
 from kvpolicy.analysis.provider import PromQL, QueryRejectedError, ServedReading
 from kvpolicy.analysis.served import CACHE_CONFIG, served_config
+from kvpolicy.api.reasons import AnalysisReason
 from kvpolicy.credentials import Credentials
 from kvpolicy.http_errors import auth_hint, connection_problem, redact_url, status_text
 
@@ -172,22 +173,23 @@ class PrometheusProvider(HttpClient):
                 status = response.status
         except TimeoutError:
             raise ProviderUnavailableError(
-                "PrometheusTimeout", f"Prometheus at {self.shown_url} did not answer within {self.timeout_seconds} s"
+                AnalysisReason.PROMETHEUS_TIMEOUT,
+                f"Prometheus at {self.shown_url} did not answer within {self.timeout_seconds} s",
             ) from None
         except aiohttp.ClientError as exc:
             tls = isinstance(exc, aiohttp.ClientSSLError)
             raise ProviderUnavailableError(
-                "PrometheusTLSError" if tls else "PrometheusUnreachable",
+                AnalysisReason.PROMETHEUS_TLS_ERROR if tls else AnalysisReason.PROMETHEUS_UNREACHABLE,
                 f"cannot reach Prometheus at {self.shown_url}: {connection_problem(exc)}",
             ) from None
         if status in (401, 403):
             raise ProviderUnavailableError(
-                "PrometheusUnauthorized",
+                AnalysisReason.PROMETHEUS_UNAUTHORIZED,
                 f"Prometheus at {self.shown_url} answered {status_text(status)}{auth_hint(status, self.credentials)}",
             )
         if status >= 500:
             raise ProviderUnavailableError(
-                "PrometheusServerError", f"Prometheus at {self.shown_url} answered {status_text(status)}"
+                AnalysisReason.PROMETHEUS_SERVER_ERROR, f"Prometheus at {self.shown_url} answered {status_text(status)}"
             )
         try:
             payload: dict[str, Any] = json.loads(body)
@@ -200,12 +202,14 @@ class PrometheusProvider(HttpClient):
             said = self.credentials.redact(said) if self.credentials is not None else said
             log.warning("Prometheus at %s rejected %r: %s", self.shown_url, promql, said)
             raise QueryRejectedError(
-                "QueryRejected", f"Prometheus at {self.shown_url} rejected {promql!r} ({status_text(status)}{known})"
+                AnalysisReason.QUERY_REJECTED,
+                f"Prometheus at {self.shown_url} rejected {promql!r} ({status_text(status)}{known})",
             )
         data = payload.get("data", {})
         if data.get("resultType") != "vector":
             raise QueryRejectedError(
-                "QueryRejected", f"Prometheus at {self.shown_url} answered {promql!r} with something else than a vector"
+                AnalysisReason.QUERY_REJECTED,
+                f"Prometheus at {self.shown_url} answered {promql!r} with something else than a vector",
             )
         return [(sample.get("metric", {}), float(sample["value"][1])) for sample in data.get("result", [])]
 

@@ -23,6 +23,7 @@ from kvpolicy.analysis.http import HttpClient
 from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
 from kvpolicy.analysis.provider import PromQL, ServedConfig, ServedReading
 from kvpolicy.analysis.served import CACHE_CONFIG, reading, served_config
+from kvpolicy.api.reasons import AnalysisReason
 from kvpolicy.credentials import Credentials
 from kvpolicy.http_errors import auth_hint, connection_problem, redact_url, status_text
 
@@ -152,14 +153,14 @@ class ScrapeProvider(HttpClient):
                 if response.status != 200:
                     hint = auth_hint(response.status, self.credentials)
                     message = f"{shown} answered {status_text(response.status)}{hint}"
-                    raise ProviderUnavailableError("ScrapeFailed", message)
+                    raise ProviderUnavailableError(AnalysisReason.SCRAPE_FAILED, message)
         except TimeoutError:
             raise ProviderUnavailableError(
-                "ScrapeFailed", f"{shown} did not answer within {self.timeout_seconds} s"
+                AnalysisReason.SCRAPE_FAILED, f"{shown} did not answer within {self.timeout_seconds} s"
             ) from None
         except aiohttp.ClientError as exc:
             raise ProviderUnavailableError(
-                "ScrapeFailed", f"cannot scrape {shown}: {connection_problem(exc)}"
+                AnalysisReason.SCRAPE_FAILED, f"cannot scrape {shown}: {connection_problem(exc)}"
             ) from None
         try:
             return parse_scrape(text, self._clock())
@@ -168,7 +169,7 @@ class ScrapeProvider(HttpClient):
             said = self.credentials.redact(said) if self.credentials is not None else said
             log.warning("%s is not a Prometheus text exposition: %s", shown, said)
             raise ProviderUnavailableError(
-                "ScrapeUnparseable", f"{shown} is not a Prometheus text exposition"
+                AnalysisReason.SCRAPE_UNPARSEABLE, f"{shown} is not a Prometheus text exposition"
             ) from None
 
     def _remember(self, endpoint: str, scrape: PodScrape, window_seconds: float) -> PodScrape | None:

@@ -25,6 +25,7 @@ from kvpolicy.analysis.model import (
     describe_unresolved,
     quantile_label,
 )
+from kvpolicy.api.reasons import AnalysisReason
 from kvpolicy.api.v1alpha1 import OnInconclusive, VerdictKind
 
 
@@ -94,30 +95,34 @@ def _compare(config: LatencyGateConfig, canary: SideMetrics, baseline: SideMetri
 def _breach_reason(breaches: list[RatioCheck | MeanCheck], error_breach: bool) -> str:
     """The reason names what breached (reasons are matched by alerts), the message whether quantiles or means did."""
     if error_breach:
-        return "ErrorRatioExceeded"
+        return AnalysisReason.ERROR_RATIO_EXCEEDED
     metrics = sorted({check.metric for check in breaches})
     if metrics == ["ttft"]:
-        return "TTFTRatioExceeded"
+        return AnalysisReason.TTFT_RATIO_EXCEEDED
     if metrics == ["itl"]:
-        return "ITLRatioExceeded"
-    return "LatencyRatioExceeded"
+        return AnalysisReason.ITL_RATIO_EXCEEDED
+    return AnalysisReason.LATENCY_RATIO_EXCEEDED
 
 
 def assess(config: LatencyGateConfig, canary: SideMetrics, baseline: SideMetrics) -> Verdict:
     """Judge one check of the canary against the baseline over the same window."""
-    for side in (canary, baseline):
+    sides = (
+        (canary, AnalysisReason.NO_CANARY_SERIES, AnalysisReason.TOO_FEW_CANARY_REQUESTS),
+        (baseline, AnalysisReason.NO_BASELINE_SERIES, AnalysisReason.TOO_FEW_BASELINE_REQUESTS),
+    )
+    for side, no_series, _ in sides:
         if not side.series_found:
             return _no_data(
-                f"No{side.role.capitalize()}Series",
+                no_series,
                 f"no vLLM latency series found for the {side.role} pods: check that Prometheus scrapes them "
                 "and that the pod selector matches",
                 canary,
                 baseline,
             )
-    for side in (canary, baseline):
+    for side, _, too_few in sides:
         if side.requests < config.min_requests:
             return _no_data(
-                f"TooFew{side.role.capitalize()}Requests",
+                too_few,
                 f"{side.role} served {side.requests:.0f} requests in the last {side.window_seconds:.0f} s, "
                 f"fewer than the {config.min_requests} needed to compare latencies",
                 canary,
@@ -126,14 +131,14 @@ def assess(config: LatencyGateConfig, canary: SideMetrics, baseline: SideMetrics
     compared = _compare(config, canary, baseline)
     if compared.missing_quantiles:
         return _no_data(
-            "MissingLatencyQuantile",
+            AnalysisReason.MISSING_LATENCY_QUANTILE,
             f"cannot compare {', '.join(compared.missing_quantiles)}: no observations in the window",
             canary,
             baseline,
         )
     if compared.missing_means:
         return _no_data(
-            "MissingLatencyMean",
+            AnalysisReason.MISSING_LATENCY_MEAN,
             f"{'; '.join(compared.missing_means)}: the quantiles cannot tell the sides apart and there is no mean "
             "to compare",
             canary,
@@ -158,7 +163,7 @@ def assess(config: LatencyGateConfig, canary: SideMetrics, baseline: SideMetrics
     parts = [worst.describe(), *(check.describe() for check in mean_checks if check is not worst)]
     return Verdict(
         VerdictKind.PASS,
-        "WithinThresholds",
+        AnalysisReason.WITHIN_THRESHOLDS,
         f"all {len(evidence)} comparisons within thresholds over {canary.requests:.0f} canary and "
         f"{baseline.requests:.0f} baseline requests; closest: {'; '.join(parts)}",
         checks,
@@ -181,12 +186,12 @@ def next_analysis_state(
         if baked_seconds >= config.bake_seconds and state.passes >= config.required_passes:
             return state, Outcome(
                 Action.PROMOTE,
-                "AnalysisPassed",
+                AnalysisReason.ANALYSIS_PASSED,
                 f"{state.passes} passing checks over {baked_seconds:.0f} s of bake: {verdict.message}",
             )
         return state, Outcome(
             Action.CONTINUE,
-            "Baking",
+            AnalysisReason.BAKING,
             f"{state.passes}/{config.required_passes} passing checks, "
             f"{max(0.0, config.bake_seconds - baked_seconds):.0f} s of bake left",
         )
@@ -211,7 +216,7 @@ def next_analysis_state(
         action = Action.ROLLBACK if config.on_inconclusive is OnInconclusive.ROLLBACK else Action.HOLD
         return state, Outcome(
             action,
-            "AnalysisStalled",
+            AnalysisReason.ANALYSIS_STALLED,
             f"no conclusive check for {stalled_seconds:.0f} s (deadline {config.inconclusive_deadline_seconds:.0f} s,"
             f" onInconclusive={config.on_inconclusive.value}); last: {verdict.kind.value}/{verdict.reason}: "
             f"{verdict.message}",

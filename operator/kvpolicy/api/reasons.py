@@ -71,7 +71,6 @@ class Reason(StrEnum):
     DRIFT_REPORTED = "DriftReported"
     ADVISED = "ChangeAdvised"
     AWAITING_ADOPTION = "AwaitingAdoption"
-    APPROVAL_FOR_ANOTHER_ROLLOUT = "ApprovalForAnotherRollout"
     DEPRECATED_APPROVAL = "DeprecatedApproval"
     RETRY_REQUESTED = "RetryRequested"
     NOTIFICATION_FAILED = "NotificationFailed"

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kvpolicy.api.reasons import GateReason
 from kvpolicy.api.v1alpha1 import AccuracyGate, parse_decimal
 from kvpolicy.credentials import CredentialsError, CredentialsSource
 from kvpolicy.gate_programs import niah
@@ -89,12 +90,12 @@ async def shared_pieces(client: Tokenizing) -> SharedPieces:
         *(client.tokenize(sentence, add_special_tokens=False) for sentence in sentences),
     )
     if not all(filler):
-        raise GateError("MalformedResponse", f"{client.base_url} tokenized a filler sentence to no tokens")
+        raise GateError(GateReason.MALFORMED_RESPONSE, f"{client.base_url} tokenized a filler sentence to no tokens")
     try:
         prefix, suffix = split_special_tokens(with_special, header)
     except ValueError:
         raise GateError(
-            "TokenizerUnsupported",
+            GateReason.TOKENIZER_UNSUPPORTED,
             f"{client.base_url}'s special tokens change the text's own tokens: cannot build prompts as token ids",
         ) from None
     return SharedPieces(prefix, suffix, tuple(header), tuple(tuple(ids) for ids in filler))
@@ -107,7 +108,7 @@ async def sample_pieces(client: Tokenizing, shared: SharedPieces, sample: niah.N
         client.tokenize(niah.question_text(sample), add_special_tokens=False),
     )
     if not all(needles):
-        raise GateError("MalformedResponse", f"{client.base_url} tokenized a needle to no tokens")
+        raise GateError(GateReason.MALFORMED_RESPONSE, f"{client.base_url} tokenized a needle to no tokens")
     return niah.PromptPieces(
         prefix=shared.prefix,
         suffix=shared.suffix,
@@ -123,7 +124,7 @@ async def sized_prompt(client: Tokenizing, shared: SharedPieces, sample: niah.Ni
     pieces = await sample_pieces(client, shared, sample)
     if pieces.fixed_tokens > length:
         raise GateError(
-            "LengthTooShort",
+            GateReason.LENGTH_TOO_SHORT,
             f"length {length} leaves no room for haystack: the header, needles and question alone take "
             f"{pieces.fixed_tokens} tokens",
         )
@@ -164,9 +165,9 @@ def sequential_decision(interval: RecoveryInterval, samples: int, options: Accur
     if samples < options.min_samples:
         return None
     if interval.low > options.min_recovery:
-        return "Pass", "RecoveryAboveThreshold"
+        return "Pass", GateReason.RECOVERY_ABOVE_THRESHOLD
     if interval.high < options.min_recovery:
-        return "Fail", "RecoveryBelowThreshold"
+        return "Fail", GateReason.RECOVERY_BELOW_THRESHOLD
     return None
 
 
@@ -176,14 +177,15 @@ async def _check_endpoints(canary: VllmClient, baseline: VllmClient, length: int
     for client, limit in zip((canary, baseline), limits, strict=True):
         if length + ANSWER_TOKENS > limit:
             raise GateError(
-                "LengthExceedsMaxModelLen",
+                GateReason.LENGTH_EXCEEDS_MAX_MODEL_LEN,
                 f"{client.base_url} serves at most {limit} tokens; a {length}-token prompt plus {ANSWER_TOKENS} "
                 f"answer tokens does not fit (lower --length or raise --max-model-len)",
             )
     canary_pieces, baseline_pieces = await asyncio.gather(shared_pieces(canary), shared_pieces(baseline))
     if canary_pieces != baseline_pieces:
         raise GateError(
-            "TokenizerMismatch", "canary and baseline tokenize the same text differently: they serve other tokenizers"
+            GateReason.TOKENIZER_MISMATCH,
+            "canary and baseline tokenize the same text differently: they serve other tokenizers",
         )
     return baseline_pieces
 
@@ -193,7 +195,7 @@ async def _answer(client: VllmClient, prompt: list[int]) -> str:
     completion = await client.complete(prompt, ANSWER_TOKENS)
     if completion.prompt_tokens is not None and completion.prompt_tokens != len(prompt):
         raise GateError(
-            "PromptLengthMismatch",
+            GateReason.PROMPT_LENGTH_MISMATCH,
             f"{client.base_url} counted {completion.prompt_tokens} prompt tokens for a {len(prompt)}-token prompt",
         )
     return completion.text
@@ -248,7 +250,9 @@ async def _evaluate(
         f"after {options.max_samples} prompts the recovery interval {interval.low:.3f}-{interval.high:.3f} "
         f"still contains {options.min_recovery}"
     )
-    return _result(options, "Inconclusive", "SampleCapReached", message, options.max_samples, counts, interval)
+    return _result(
+        options, "Inconclusive", GateReason.SAMPLE_CAP_REACHED, message, options.max_samples, counts, interval
+    )
 
 
 def validate(options: AccuracyOptions) -> None:
@@ -274,7 +278,7 @@ async def run_accuracy_gate(
     try:
         opened = credentials.open() if credentials is not None else None
     except CredentialsError as error:
-        return _result(options, "Inconclusive", "CredentialsUnreadable", str(error))
+        return _result(options, "Inconclusive", GateReason.CREDENTIALS_UNREADABLE, str(error))
     async with open_session(opened) as session:
 
         def client(url: str) -> VllmClient:

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import numpy as np
 
+from kvpolicy.api.reasons import GateReason
 from kvpolicy.credentials import Credentials, CredentialsError
 from kvpolicy.http_errors import connection_problem, status_text
 
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 class GateError(Exception):
     """Ends the gate as Inconclusive with a reason code."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: GateReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -40,13 +41,13 @@ class EndpointUnavailable(GateError):
     """The endpoint kept failing (down, hanging, 5xx, or answering garbage)."""
 
     def __init__(self, message: str) -> None:
-        super().__init__("EndpointUnavailable", message)
+        super().__init__(GateReason.ENDPOINT_UNAVAILABLE, message)
 
 
 class RequestRejected(GateError):
     """The endpoint answered 4xx."""
 
-    def __init__(self, message: str, reason: str = "RequestRejected") -> None:
+    def __init__(self, message: str, reason: GateReason = GateReason.REQUEST_REJECTED) -> None:
         super().__init__(reason, message)
 
 
@@ -54,7 +55,7 @@ class Unauthorized(RequestRejected):
     """The endpoint answered 401 or 403: no API key, or the wrong one."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, "Unauthorized")
+        super().__init__(message, GateReason.UNAUTHORIZED)
 
 
 class _Transient(Exception):
@@ -160,7 +161,7 @@ class VllmClient:
             try:
                 headers |= self._credentials.headers()
             except CredentialsError as error:
-                raise GateError("CredentialsUnreadable", str(error)) from None
+                raise GateError(GateReason.CREDENTIALS_UNREADABLE, str(error)) from None
         return headers
 
     def _refused(self, path: str, status: int, body: str) -> Exception:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from kvpolicy.api.reasons import GateReason
 from kvpolicy.api.v1alpha1 import LatencyGate, parse_decimal
 from kvpolicy.credentials import CredentialsError, CredentialsSource
 from kvpolicy.gate_programs.client import GateError, VllmClient, open_session
@@ -112,7 +113,7 @@ def validate(options: LatencyOptions) -> None:
 async def _filler_ids(client: VllmClient) -> list[int]:
     ids = await client.tokenize(" " + FILLER, add_special_tokens=False)
     if not ids:
-        raise GateError("MalformedResponse", f"{client.base_url} tokenized the filler to nothing")
+        raise GateError(GateReason.MALFORMED_RESPONSE, f"{client.base_url} tokenized the filler to nothing")
     return ids
 
 
@@ -122,7 +123,7 @@ async def _prepare(client: VllmClient, options: LatencyOptions) -> list[int]:
     longest = max(options.lengths)
     if longest + options.output_tokens > limit:
         raise GateError(
-            "LengthExceedsMaxModelLen",
+            GateReason.LENGTH_EXCEEDS_MAX_MODEL_LEN,
             f"{client.base_url} serves at most {limit} tokens; {longest} input plus {options.output_tokens} output "
             "tokens do not fit (lower --lengths or --output-tokens)",
         )
@@ -176,7 +177,9 @@ def _evaluate(options: LatencyOptions, canary: Fit, baseline: Fit) -> dict[str, 
             breaches.append(f"TTFT x{ttft_ratio:.2f} at {length} tokens (limit {options.ttft_max_ratio})")
         if itl_ratio > options.itl_max_ratio:
             breaches.append(f"ITL x{itl_ratio:.2f} at {length} tokens (limit {options.itl_max_ratio})")
-    verdict, reason = ("Breach", "LatencyAboveLimit") if breaches else ("Pass", "LatencyWithinLimits")
+    verdict, reason = (
+        ("Breach", GateReason.LATENCY_ABOVE_LIMIT) if breaches else ("Pass", GateReason.LATENCY_WITHIN_LIMITS)
+    )
     message = "; ".join(breaches) if breaches else "canary TTFT and ITL stay within limits at every workload length"
     return {
         "gate": "latency",
@@ -219,7 +222,7 @@ async def run_latency_probe(
     try:
         opened = credentials.open() if credentials is not None else None
     except CredentialsError as error:
-        return _inconclusive(options, "CredentialsUnreadable", str(error))
+        return _inconclusive(options, GateReason.CREDENTIALS_UNREADABLE, str(error))
     async with open_session(opened) as session:
         clients = [
             VllmClient(session, url, options.model, options.request_timeout_seconds, options.retry_delays_s, opened)

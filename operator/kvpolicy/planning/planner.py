@@ -55,16 +55,16 @@ class _Draft:
     backend: str | None = None
     reasons: list[PlanReason] = field(default_factory=list)
 
-    def say(self, code: str, message: str, severity: Severity = Severity.INFO) -> None:
+    def say(self, code: PlanCode, message: str, severity: Severity = Severity.INFO) -> None:
         self.reasons.append(PlanReason(code=code, message=message, severity=severity))
 
-    def refuse(self, code: str, message: str) -> None:
+    def refuse(self, code: PlanCode, message: str) -> None:
         """A hard rule: BF16 whatever the spec asks."""
         self.fp8 = False
         self.hard_refusal = True
         self.say(code, message, Severity.WARNING)
 
-    def soft_bf16(self, code: str, message: str) -> None:
+    def soft_bf16(self, code: PlanCode, message: str) -> None:
         self.fp8 = False
         self.say(code, message)
 
@@ -74,11 +74,12 @@ def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
     draft = _Draft()
     generation = gpu.generation
     if gpu.mixed:
-        draft.say("MixedGPUGenerations", gpu.message, Severity.WARNING)
+        draft.say(PlanCode.MIXED_GPU_GENERATIONS, gpu.message, Severity.WARNING)
 
     if generation == GpuGeneration.UNKNOWN:
         draft.refuse(
-            "UnknownGPU", f"GPU generation unknown ({gpu.message}): FP8 attention numerics cannot be vouched for"
+            PlanCode.UNKNOWN_GPU,
+            f"GPU generation unknown ({gpu.message}): FP8 attention numerics cannot be vouched for",
         )
         return draft
 
@@ -87,21 +88,23 @@ def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
         features = spec.images.fp8_patched_features
         if spec.images.fp8_patched is None or ImageFeature.TWO_LEVEL_ACCUMULATION not in features:
             draft.refuse(
-                "NoTwoLevelImage",
+                PlanCode.NO_TWO_LEVEL_IMAGE,
                 f"{name} FP8 tensor cores truncate while accumulating, so long-context attention shrinks "
                 "(-57% at 128k on an H200); set images.fp8Patched to an image with TwoLevelAccumulation",
             )
             return draft
         draft.say(
-            "TwoLevelAccumulationImage",
+            PlanCode.TWO_LEVEL_ACCUMULATION_IMAGE,
             f"{name} truncates FP8 accumulation; {spec.images.fp8_patched} promotes partial sums per tile "
             "(two-level accumulation)",
         )
     elif generation == GpuGeneration.BLACKWELL:
-        draft.say("BlackwellNoFixNeeded", "Blackwell FP8 attention (FlashInfer) accumulates without truncation")
+        draft.say(
+            PlanCode.BLACKWELL_NO_FIX_NEEDED, "Blackwell FP8 attention (FlashInfer) accumulates without truncation"
+        )
     elif generation == GpuGeneration.AMPERE:
         draft.soft_bf16(
-            "NoFP8TensorCores",
+            PlanCode.NO_FP8_TENSOR_CORES,
             f"{gpu.product or 'Ampere'} (compute capability {gpu.compute_capability or '8.x'}) has no FP8 tensor "
             "cores: an FP8 KV cache only saves memory and decode is not faster; set kvCache.dtype FP8 to take it",
         )
@@ -109,7 +112,7 @@ def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
     mla = spec.model.attention == AttentionKind.MLA
     if mla and spec.kv_cache.scales != KVScales.CALIBRATED:
         draft.refuse(
-            "MLARequiresCalibratedScales",
+            PlanCode.MLA_REQUIRES_CALIBRATED_SCALES,
             "MLA attention (FlashMLA) shifts outputs with uncalibrated FP8 scales; set kvCache.scales Calibrated "
             "with kvCache.scalesSource",
         )
@@ -125,13 +128,13 @@ def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
     typical = spec.workload.typical_tokens
     if break_even and typical < break_even:
         draft.soft_bf16(
-            "BelowDecodeBreakEven",
+            PlanCode.BELOW_DECODE_BREAK_EVEN,
             f"typical context {typical} tokens is below the decode break-even of {break_even} tokens on "
             f"{generation.value}: FP8's higher per-step cost outweighs its smaller KV reads",
         )
     elif break_even:
         draft.say(
-            "AboveDecodeBreakEven",
+            PlanCode.ABOVE_DECODE_BREAK_EVEN,
             f"typical context {typical} tokens is above the decode break-even of {break_even} tokens: "
             "FP8 decodes faster",
         )
@@ -139,17 +142,18 @@ def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
     if spec.model.head_dim >= 256 and generation in TRUNCATING_ACCUMULATORS and not mla:
         if ImageFeature.FAST_HEAD_DIM_256 in spec.images.fp8_patched_features:
             draft.say(
-                "FastHeadDim256Path", "the patched image declares a head_dim-256 path without the prefill penalty"
+                PlanCode.FAST_HEAD_DIM_256_PATH,
+                "the patched image declares a head_dim-256 path without the prefill penalty",
             )
         elif spec.workload.prefill_latency_critical:
             draft.soft_bf16(
-                "HeadDim256PrefillPenalty",
+                PlanCode.HEAD_DIM_256_PREFILL_PENALTY,
                 f"head_dim {spec.model.head_dim} with two-level accumulation raises TTFT ~1.6x and the workload is "
                 "prefill-latency critical",
             )
         else:
             draft.say(
-                "HeadDim256PrefillCost",
+                PlanCode.HEAD_DIM_256_PREFILL_COST,
                 f"head_dim {spec.model.head_dim}: two-level accumulation raises TTFT ~1.6x; accepted because the "
                 "workload is not prefill-latency critical",
                 Severity.WARNING,
@@ -165,16 +169,19 @@ def _skip_layers(spec: KVPolicySpec, draft: _Draft) -> list[str]:
         return []
     share = window.layer_count / spec.model.num_layers
     if choice == SkipSlidingWindowLayers.ALWAYS:
-        draft.say("SkipSlidingWindowLayers", "sliding-window layers stay BF16 (kvCache.skipSlidingWindowLayers Always)")
+        draft.say(
+            PlanCode.SKIP_SLIDING_WINDOW_LAYERS,
+            "sliding-window layers stay BF16 (kvCache.skipSlidingWindowLayers Always)",
+        )
         return ["sliding_window"]
     if share >= SKIP_SW_MIN_LAYER_SHARE and window.window_tokens <= SKIP_SW_MAX_WINDOW_TOKENS:
         draft.say(
-            "SkipSlidingWindowLayers",
+            PlanCode.SKIP_SLIDING_WINDOW_LAYERS,
             f"{window.layer_count} of {spec.model.num_layers} layers use a {window.window_tokens}-token window: "
             "their KV is small, so they stay BF16 (--kv-cache-dtype-skip-layers sliding_window)",
         )
         return ["sliding_window"]
-    draft.say("SlidingWindowLayersFP8", "sliding-window layers are few or wide: they use FP8 like the rest")
+    draft.say(PlanCode.SLIDING_WINDOW_LAYERS_FP8, "sliding-window layers are few or wide: they use FP8 like the rest")
     return []
 
 
@@ -184,20 +191,24 @@ def plan(spec: KVPolicySpec, gpu: GpuFacts) -> Plan:
     if requested == KVCacheDtype.BF16:
         if draft.fp8:
             draft.say(
-                "BF16Requested", "kvCache.dtype BF16 is honoured, though the rules would plan FP8", Severity.WARNING
+                PlanCode.BF16_REQUESTED,
+                "kvCache.dtype BF16 is honoured, though the rules would plan FP8",
+                Severity.WARNING,
             )
         else:
-            draft.say("BF16Requested", "kvCache.dtype BF16 is honoured")
+            draft.say(PlanCode.BF16_REQUESTED, "kvCache.dtype BF16 is honoured")
         draft.fp8 = False
     elif requested == KVCacheDtype.FP8 and not draft.fp8:
         if draft.hard_refusal:
-            draft.say("FP8Refused", "kvCache.dtype FP8 is refused: a safety rule above forbids it", Severity.WARNING)
+            draft.say(
+                PlanCode.FP8_REFUSED, "kvCache.dtype FP8 is refused: a safety rule above forbids it", Severity.WARNING
+            )
         else:
-            draft.say("FP8Requested", "kvCache.dtype FP8 is honoured against the rules above", Severity.WARNING)
+            draft.say(PlanCode.FP8_REQUESTED, "kvCache.dtype FP8 is honoured against the rules above", Severity.WARNING)
             draft.fp8 = True
 
     if not draft.fp8:
-        draft.say("HoldBF16", "the target keeps its BF16 KV cache; no canary is started")
+        draft.say(PlanCode.HOLD_BF16, "the target keeps its BF16 KV cache; no canary is started")
         return Plan(
             kv_cache_dtype=KVCacheDtype.BF16,
             vllm_kv_cache_dtype="auto",
@@ -206,10 +217,10 @@ def plan(spec: KVPolicySpec, gpu: GpuFacts) -> Plan:
         )
 
     if spec.kv_cache.scales == KVScales.CALIBRATED:
-        draft.say("CalibratedScales", f"calibrated per-head KV scales from {spec.kv_cache.scales_source}")
+        draft.say(PlanCode.CALIBRATED_SCALES, f"calibrated per-head KV scales from {spec.kv_cache.scales_source}")
     else:
         draft.say(
-            "UncalibratedScales",
+            PlanCode.UNCALIBRATED_SCALES,
             "FP8 scales are 1.0 (uncalibrated): the accuracy gate must show recovery >= minRecovery, else calibrate",
         )
     skip = _skip_layers(spec, draft)
@@ -231,13 +242,13 @@ def plan(spec: KVPolicySpec, gpu: GpuFacts) -> Plan:
         gates.append(GATE_ACCURACY)
     else:
         draft.say(
-            "AccuracyGateDisabled",
+            PlanCode.ACCURACY_GATE_DISABLED,
             "gates.accuracy is disabled: an FP8 numerics error would reach users as fluent wrong answers",
             Severity.WARNING,
         )
     if spec.gates.latency.enabled:
         gates.append(GATE_LATENCY)
-    draft.say("CanaryFP8", f"canary runs FP8 KV ({' '.join(args)}), gated by {', '.join(gates) or 'nothing'}")
+    draft.say(PlanCode.CANARY_FP8, f"canary runs FP8 KV ({' '.join(args)}), gated by {', '.join(gates) or 'nothing'}")
     return Plan(
         kv_cache_dtype=KVCacheDtype.FP8,
         vllm_kv_cache_dtype="fp8",

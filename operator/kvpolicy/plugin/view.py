@@ -14,7 +14,8 @@ from kvpolicy.api.v1alpha1 import (
     ApplyMode,
     Approval,
     Condition,
-    ConditionStatus,
+    ConditionType,
+    DecisionResult,
     GateResult,
     GateVerdict,
     KVPolicy,
@@ -27,6 +28,7 @@ from kvpolicy.api.v1alpha1 import (
     Severity,
 )
 from kvpolicy.planning.planner import GATE_ACCURACY, GATE_PREFLIGHT
+from kvpolicy.rollout.conditions import condition_holds
 from kvpolicy.rollout.job_gates import PHASE_GATES
 from kvpolicy.rollout.step_types import parse_timestamp
 
@@ -127,7 +129,7 @@ class Parsed:
         return self.status.phase
 
     def paused(self) -> bool:
-        return any(c.type == "Paused" and c.status == ConditionStatus.TRUE for c in self.status.conditions)
+        return condition_holds(self.status.conditions, ConditionType.PAUSED)
 
 
 def phase_icon(parsed: Parsed) -> str:
@@ -135,7 +137,7 @@ def phase_icon(parsed: Parsed) -> str:
     if parsed.paused():
         return PAUSED
     if phase in (Phase.PROMOTED, Phase.HELD_BF16):
-        drifted = any(c.type == "Drifted" and c.status == ConditionStatus.TRUE for c in parsed.status.conditions)
+        drifted = condition_holds(parsed.status.conditions, ConditionType.DRIFTED)
         return WARNING if drifted else PASSED
     if phase in (Phase.ROLLED_BACK, Phase.ROLLING_BACK):
         return FAILED
@@ -216,7 +218,7 @@ def _latency_lines(parsed: Parsed, now: datetime) -> list[str]:
         return [f"  {'Latency':<13} {RUNNING} pending"]
     if latency.probe is not None:
         return [_job_gate_line("Latency probe", latency.probe, True)]
-    passed = any(c.type == "LatencyGatePassed" and c.status == ConditionStatus.TRUE for c in status.conditions)
+    passed = condition_holds(status.conditions, ConditionType.LATENCY_GATE_PASSED)
     failed = status.phase in (Phase.ROLLING_BACK, Phase.ROLLED_BACK) and latency.consecutive_failures > 0
     icon = PASSED if passed else FAILED if failed else RUNNING
     if latency.started_at is None:
@@ -267,7 +269,7 @@ def _on_drift(parsed: Parsed) -> str:
         return "-"
     if spec.rollout.on_drift is not None:
         return spec.rollout.on_drift.value
-    fp8 = parsed.status.decision is None or parsed.status.decision.result.value == "Promoted"
+    fp8 = parsed.status.decision is None or parsed.status.decision.result == DecisionResult.PROMOTED
     return f"{(OnDrift.REEVALUATE if fp8 else OnDrift.REPORT).value} (default)"
 
 

@@ -1,6 +1,9 @@
-"""Setting a `metav1.Condition` in a status's list, as the step and the reconciler both do."""
+"""The one place that sets and looks up a `metav1.Condition` in a status's list (the step, the reconciler, the
+kubectl plugin)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from kvpolicy.api.v1alpha1 import Condition, ConditionStatus, ConditionType
 
@@ -41,5 +44,13 @@ def set_condition(
     return None
 
 
-def find_condition(conditions: list[Condition], type_: ConditionType) -> Condition | None:
+def find_condition(conditions: Sequence[Condition], type_: ConditionType) -> Condition | None:
     return next((condition for condition in conditions if condition.type == type_), None)
+
+
+def condition_holds(
+    conditions: Sequence[Condition], type_: ConditionType, status: ConditionStatus = ConditionStatus.TRUE
+) -> bool:
+    """Whether the condition of this type is set, with this status."""
+    found = find_condition(conditions, type_)
+    return found is not None and found.status == status

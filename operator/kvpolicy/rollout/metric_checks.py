@@ -21,7 +21,8 @@ from kvpolicy.analysis.model import SideMetrics, Verdict
 from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.analysis.served import CANARY_CONFIG
 from kvpolicy.analysis.verdicts import assess
-from kvpolicy.api.v1alpha1 import ConditionStatus, KVPolicy, Phase
+from kvpolicy.api.v1alpha1 import KVPolicy, Phase
+from kvpolicy.rollout.conditions import condition_holds
 from kvpolicy.rollout.rules import latency_check_due, latency_gate_config
 
 
@@ -55,7 +56,7 @@ def check_due(check: AnyCheck, policy: KVPolicy, canary_ready: bool, now: dateti
     verification = check.verification
     if verification is None or status.phase != Phase.CANARY_STARTING or not canary_ready:
         return False
-    return not any(c.type == verification.condition and c.status == ConditionStatus.TRUE for c in status.conditions)
+    return not condition_holds(status.conditions, verification.condition)
 
 
 def needs_baseline(checks: Sequence[AnyCheck]) -> bool:

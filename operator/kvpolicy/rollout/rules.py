@@ -10,7 +10,6 @@ from datetime import datetime, timedelta
 from kvpolicy.analysis.model import LatencyGateConfig, parse_ratio
 from kvpolicy.api.v1alpha1 import (
     ApplyMode,
-    ConditionStatus,
     ConditionType,
     KVPolicy,
     KVPolicySpec,
@@ -19,6 +18,7 @@ from kvpolicy.api.v1alpha1 import (
     Traffic,
     parse_decimal,
 )
+from kvpolicy.rollout.conditions import condition_holds
 from kvpolicy.rollout.job_gates import GATE_OF_PHASE, LATENCY_PROBE
 from kvpolicy.rollout.step_types import parse_timestamp
 
@@ -44,7 +44,7 @@ def rollout_hash(spec: KVPolicySpec) -> str:
 
 
 def is_paused(policy: KVPolicy) -> bool:
-    return any(c.type == ConditionType.PAUSED and c.status == ConditionStatus.TRUE for c in policy.status.conditions)
+    return condition_holds(policy.status.conditions, ConditionType.PAUSED)
 
 
 def latency_gate_config(spec: KVPolicySpec) -> LatencyGateConfig:

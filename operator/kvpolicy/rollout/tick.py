@@ -29,7 +29,7 @@ from kvpolicy.api.v1alpha1 import (
 )
 from kvpolicy.gate_programs.report import read_report
 from kvpolicy.rollout import builders as b
-from kvpolicy.rollout.conditions import set_condition
+from kvpolicy.rollout.conditions import condition_holds, find_condition, set_condition
 from kvpolicy.rollout.job_gates import JOB_GATES, PHASE_GATES, JobGate, JobInputs
 from kvpolicy.rollout.step_types import (
     Action,
@@ -106,10 +106,11 @@ class Tick:
         return previous is None or previous.status != status
 
     def condition_is(self, type_: ConditionType, status: ConditionStatus) -> bool:
-        return any(c.type == type_ and c.status == status for c in self.status.conditions)
+        return condition_holds(self.status.conditions, type_, status)
 
     def condition_reason(self, type_: ConditionType) -> str | None:
-        return next((c.reason for c in self.status.conditions if c.type == type_), None)
+        found = find_condition(self.status.conditions, type_)
+        return found.reason if found is not None else None
 
     def enter(self, phase: Phase) -> None:
         previous = self.status.phase
