@@ -14,7 +14,7 @@ A false pass is a Pass with true recovery below minRecovery, a false fail a Fail
 Recovery exactly at minRecovery (0.95) is the tests' boundary: there any Pass is wrong, and the rule's error bound
 (1 - confidence, at any stopping time) is what holds it.
 
-Run: .venv/bin/python bench/accuracy_gate_efficiency.py [--runs 1000] [--asked 4 8] [--floor-scan]
+Run: .venv/bin/python bench/accuracy_gate_efficiency.py [--runs 1000] [--asked 4 8] [--floor-scan] [--stake-caps]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from kvpolicy.api.reasons import GateReason
+from kvpolicy.gates import stats
 from kvpolicy.gates.accuracy import AccuracyOptions, sequential_decision
 from kvpolicy.gates.stats import Evidence
 
@@ -139,12 +140,31 @@ def floor_rows(options: AccuracyOptions, runs: int) -> list[str]:
     return rows
 
 
+def stake_cap_rows(options: AccuracyOptions, runs: int) -> list[str]:
+    """The rule with other stake caps (stats.STAKE_CAP), at baseline 0.5, on the scenarios that set it."""
+    scenarios = [Scenario(0.5, recovery) for recovery in (1.0, 0.97, 0.9, 0.8, 0.0)] + [Scenario(0.5, 1.0, "noisy")]
+    header = " | ".join(f"{s.shape} {s.recovery}: P/F/cap, mean prompts" for s in scenarios)
+    rows = [f"| asked | stake cap | {header} |", "|---|---|" + "---|" * len(scenarios)]
+    chosen = stats.STAKE_CAP
+    for cap in (0.5, 0.75, 0.9, 0.95):
+        stats.STAKE_CAP = cap
+        cells = []
+        for scenario in scenarios:
+            tally = Tally.of([run_gate(scenario, options, seed) for seed in range(runs)])
+            cells.append(f"{tally.passes}/{tally.fails}/{tally.inconclusive}, {tally.mean:.1f}")
+        rows.append(f"| {options.asked} | {cap} | {' | '.join(cells)} |")
+    stats.STAKE_CAP = chosen
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000, help="seeded runs per scenario")
     parser.add_argument("--asked", type=int, nargs="+", default=[AccuracyOptions("", "", 1, "").asked])
     parser.add_argument("--shapes", nargs="*", default=["clustered", "noisy"], choices=["clustered", "noisy"])
     parser.add_argument("--floor-scan", action="store_true", help="also: A/A pass rate at low baseline scores")
+    parser.add_argument("--stake-caps", action="store_true", help="also: the rule with other stake caps")
+    parser.add_argument("--no-grid", action="store_true", help="skip the main table")
     args = parser.parse_args()
     defaults = AccuracyOptions(canary="", baseline="", length=1, model="")
     print(
@@ -159,7 +179,11 @@ def main() -> None:
     started = time.perf_counter()
     for asked in args.asked:
         options = replace(defaults, asked=asked, needles=max(defaults.needles, asked))
-        print("\n".join(decision_rows(scenarios_for(tuple(args.shapes)), options, args.runs)), end="\n\n", flush=True)
+        if not args.no_grid:
+            rows = decision_rows(scenarios_for(tuple(args.shapes)), options, args.runs)
+            print("\n".join(rows), end="\n\n", flush=True)
+        if args.stake_caps:
+            print("\n".join(stake_cap_rows(options, args.runs)), end="\n\n", flush=True)
         if args.floor_scan:
             print("\n".join(floor_rows(options, args.runs)), end="\n\n", flush=True)
     print(f"({time.perf_counter() - started:.0f} s)")

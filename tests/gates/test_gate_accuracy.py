@@ -6,6 +6,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 from gate_fakes import (
     MODEL,
     answer_correctly,
@@ -165,3 +166,16 @@ async def test_a_length_too_short_for_the_needles_is_inconclusive() -> None:
     async with in_process_simulator() as url:
         result = await run_accuracy_gate(options(url, url, 100))
     assert (result["verdict"], result["reason"]) == ("Inconclusive", "LengthTooShort")
+
+
+async def answer_nothing(_: web.Request) -> web.StreamResponse:
+    return web.json_response({"choices": [{"index": 0, "text": " I cannot find them."}]})
+
+
+async def test_a_baseline_that_finds_no_needle_is_too_weak_to_judge_with_advice() -> None:
+    async with fake_vllm(answer_nothing) as blind, fake_vllm(answer_correctly) as good:
+        result = await run_accuracy_gate(options(good, blind, 2048))
+    assert (result["verdict"], result["reason"], result["baselineScore"]) == ("Inconclusive", "BaselineTooWeak", 0.0)
+    # Shown below the floor long before the cap, and the message says what to change.
+    assert result["samples"] < 10
+    assert "easier task" in result["message"] and "shorter length" in result["message"]

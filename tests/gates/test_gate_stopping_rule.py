@@ -116,10 +116,14 @@ prompts = st.lists(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1,
 
 
 @settings(max_examples=150, deadline=None)
-@given(prompts=prompts, floor=st.sampled_from([0.0, 0.2, 0.5]))
-def test_a_decision_always_agrees_with_the_scores_it_reports(prompts: list[list[Pair]], floor: float) -> None:
-    options = AccuracyOptions(canary="", baseline="", length=8192, model="m", baseline_floor=floor, max_samples=40)
-    evidence = Evidence.start(options.min_recovery, floor)
+@given(prompts=prompts, floor=st.sampled_from([0.0, 0.2, 0.5]), bar=st.sampled_from([0.8, 0.95, 0.953]))
+def test_a_decision_always_agrees_with_the_scores_it_reports(
+    prompts: list[list[Pair]], floor: float, bar: float
+) -> None:
+    options = AccuracyOptions(
+        canary="", baseline="", length=8192, model="m", min_recovery=bar, baseline_floor=floor, max_samples=40
+    )
+    evidence = Evidence.start(bar, floor)
     for samples, prompt in enumerate(prompts, start=1):
         for canary, baseline in prompt:
             evidence = evidence.add(canary, baseline)
@@ -128,9 +132,9 @@ def test_a_decision_always_agrees_with_the_scores_it_reports(prompts: list[list[
         if reason in (GateReason.RECOVERY_ABOVE_THRESHOLD, GateReason.RECOVERY_BELOW_THRESHOLD):
             assert counts.baseline_score >= floor and counts.recovery is not None
         if reason == GateReason.RECOVERY_ABOVE_THRESHOLD:
-            assert counts.recovery >= options.min_recovery and bounds.low >= 0.95
+            assert counts.recovery >= options.min_recovery and bounds.low >= options.min_recovery
         if reason == GateReason.RECOVERY_BELOW_THRESHOLD:
-            assert counts.recovery < options.min_recovery and bounds.high <= 0.95
+            assert counts.recovery < options.min_recovery and bounds.high <= options.min_recovery
         if reason is not None:
             break
 

@@ -449,8 +449,9 @@ class AccuracyGate(_Model):
     baseline_floor: str = decimal_string(
         "Lowest baseline score (share of needles the BF16 baseline retrieves at the gate's length) the gate judges "
         "by: a baseline shown to score below it, or still below it at maxSamples, makes the gate Inconclusive "
-        "(BaselineTooWeak: pick an easier task or a shorter length), never a pass or a fail. At 0.2 an A/A run "
-        "still passes within maxSamples (bench/accuracy_gate_efficiency.py).",
+        "(BaselineTooWeak: pick an easier task or a shorter length), never a pass or a fail. 0.2 is the lowest "
+        "score at which an A/A run with identical answers still passes within 100 prompts (4 needles asked) in 98% "
+        "of simulated runs (26% at 0.15; bench/accuracy_gate_efficiency.py --floor-scan).",
         "0.2",
     )
     timeout_seconds: Int = Field(default=3600, ge=1, description="Deadline for the gate Job.")

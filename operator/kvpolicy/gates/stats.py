@@ -27,7 +27,9 @@ import numpy as np
 import numpy.typing as npt
 
 # The largest fraction of the wealth staked on one observation, as a share of what its worst outcome can take: betting
-# it all would let one unlucky needle end the test for good. 0.9 measured best (bench/accuracy_gate_efficiency.py).
+# it all would let one unlucky needle end the test for good. At 0.9 an identical A/A passes within 5% of the prompts
+# 0.95 needs (33 vs 31 at baseline 0.5, 4 asked) and a canary that swaps a few needles both ways passes more often
+# than at 0.95; 0.75 costs the A/A 20% more (bench/accuracy_gate_efficiency.py --stake-caps, BENCHMARKS.md).
 STAKE_CAP = 0.9
 # Thresholds the reported recovery bounds are read from: 0.01 steps up to twice the baseline's score.
 BOUND_GRID = np.round(np.arange(0.01, 2.0001, 0.01), 2)
@@ -156,15 +158,16 @@ class Evidence:
         return bool(self.weak.log_wealth[0] >= -math.log(alpha))
 
     def bounds(self, alpha: float) -> RecoveryBounds:
-        """The recovery interval the tests leave open: above the largest grid threshold the "above" test rejects,
-        below the smallest one the "below" test rejects (0 and the grid's top when none does)."""
-        grid = self.thresholds[1:]
-        if grid.size == 0:
+        """The recovery interval the tests leave open: above the largest threshold (the bar or a grid point) the
+        "above" test rejects, below the smallest one the "below" test rejects (0 and the grid's top when none does).
+        So a Pass's lower bound is at least the bar, a Fail's upper bound at most the bar."""
+        if self.thresholds.size == 1:
             raise ValueError("this Evidence was started without bounds")
-        shown_above = grid[self.above.log_wealth[1:] >= -math.log(alpha)]
-        shown_below = grid[self.below.log_wealth[1:] >= -math.log(alpha)]
+        enough = -math.log(alpha)
+        shown_above = self.thresholds[self.above.log_wealth >= enough]
+        shown_below = self.thresholds[self.below.log_wealth >= enough]
         low = float(shown_above.max()) if shown_above.size else 0.0
-        high = float(shown_below.min()) if shown_below.size else float(grid[-1])
+        high = float(shown_below.min()) if shown_below.size else float(BOUND_GRID[-1])
         return RecoveryBounds(point=self.counts.recovery, low=low, high=high)
 
 
