@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from kvpolicy.analysis.model import Verdict
 from kvpolicy.analysis.provider import ServedConfig, ServedReading
 from kvpolicy.analysis.scrape import parse_scrape
-from kvpolicy.analysis.served import CANARY_CONFIG, ServedSides, differences, served_config
+from kvpolicy.analysis.served import CACHE_CONFIG_FIELDS, CANARY_CONFIG, ServedSides, differences, served_config
 from kvpolicy.api.v1alpha1 import VerdictKind
 from operator_helpers import Driver, make_policy
 
@@ -170,15 +171,19 @@ def test_one_label_differing_is_a_mismatch_naming_it_and_both_values() -> None:
     assert "num_gpu_blocks" not in verdict.message
 
 
-def test_per_pod_labels_and_prometheus_target_labels_are_not_configuration() -> None:
+def test_prometheus_target_labels_and_the_engine_index_are_not_configuration() -> None:
     driver = _at_ready_canary()
     assert driver.policy.status.plan is not None
     skip = list(driver.policy.status.plan.skip_layers)
     baseline = _reading(
-        {**REAL_LABELS, "pod": "llm-a", "instance": "10.0.0.1:8000", "zone": "a"},
-        {**REAL_LABELS, "pod": "llm-b", "instance": "10.0.0.2:8000", "zone": "b"},
+        {**REAL_LABELS, "pod": "llm-a", "instance": "10.0.0.1:8000", "pod_template_hash": "7572cbf64b"},
+        {**REAL_LABELS, "pod": "llm-b", "instance": "10.0.0.2:8000", "pod_template_hash": "7572cbf64b"},
     )
-    canary = _reading(_canary_labels(skip, pod="llm-kv-canary-x", instance="10.0.0.3:8000", zone="c", engine="1"))
+    canary = _reading(
+        _canary_labels(
+            skip, pod="llm-kv-canary-x", instance="10.0.0.3:8000", pod_template_hash="11144b3c24", engine="1"
+        )
+    )
     assert _assess(canary, baseline).kind is VerdictKind.PASS
 
 
@@ -217,3 +222,16 @@ def test_a_canary_differing_from_its_target_rolls_back_naming_the_label() -> Non
     decision = driver.policy.status.decision
     assert decision is not None and decision.reason == "CanaryConfigMismatch"
     assert "gpu_memory_utilization is 0.8 on the canary, 0.92 on the target" in decision.message
+
+
+def test_a_field_the_targets_pods_disagree_on_is_not_compared() -> None:
+    baseline = [served_config(REAL_LABELS), served_config({**REAL_LABELS, "gpu_memory_utilization": "0.8"})]
+    canary = [served_config({**REAL_LABELS, "gpu_memory_utilization": "0.7", "enable_prefix_caching": "False"})]
+    (found,) = differences(canary, baseline, backend_planned=True)
+    assert found.label == "enable_prefix_caching"
+
+
+def test_the_compared_fields_are_vllms_cache_config() -> None:
+    cache = pytest.importorskip("vllm.config.cache", reason="vLLM is not installed")
+    assert set(cache.CacheConfig().metrics_info()) == CACHE_CONFIG_FIELDS
+    assert set(REAL_LABELS) - {"engine"} == CACHE_CONFIG_FIELDS

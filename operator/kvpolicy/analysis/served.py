@@ -45,7 +45,52 @@ def reading(found: Sequence[ServedConfig | None], where: str) -> ServedReading:
 
 # --------------------------------------------------------------------------------- the canary configuration check
 
-# Labels the parity check does not compare, each set with why it may differ between a fair canary and its baseline.
+# The labels vLLM 0.32 writes on cache_config_info: one per CacheConfig field (tests check them against the installed
+# vLLM's CacheConfig). Only these are compared: a Prometheus server adds its own target labels to every series
+# (instance, pod, and whatever its relabelling copies from the pod, such as pod_template_hash, which differs between
+# the canary's Deployment and the target's), and `engine` is the series' engine index. A field a later release adds is
+# not compared until it is listed here.
+CACHE_CONFIG_FIELDS = frozenset(
+    {
+        "_block_size_resolved",
+        "block_size",
+        "cache_dtype",
+        "cache_hit_alignment_tokens",
+        "effective_attention_block_size",
+        "enable_mamba_shared_prefix_checkpoint",
+        "enable_prefix_caching",
+        "gpu_memory_utilization",
+        "hash_block_size",
+        "is_attention_free",
+        "kv_cache_dtype_skip_layers",
+        "kv_cache_layout",
+        "kv_cache_max_concurrency",
+        "kv_cache_memory_bytes",
+        "kv_cache_size_tokens",
+        "kv_offloading_backend",
+        "kv_offloading_size",
+        "kv_sharing_fast_prefill",
+        "mamba_block_size",
+        "mamba_cache_dtype",
+        "mamba_cache_mode",
+        "mamba_page_size_padded",
+        "mamba_ssm_cache_dtype",
+        "num_cpu_blocks",
+        "num_gpu_blocks",
+        "num_gpu_blocks_override",
+        "prefix_cache_retention_interval",
+        "prefix_caching_hash_algo",
+        "prefix_match_unit",
+        "replayssm_buffer_len",
+        "skip_page_size_padded",
+        "sliding_window",
+        "swa_bounded_replay",
+        "use_kda_recoverssm",
+        "use_replayssm",
+        "user_specified_block_size",
+    }
+)
+# Fields the parity check does not compare, each set with why it may differ between a fair canary and its baseline.
 # What the plan changes: checked against the plan instead.
 PLAN_CHANGED = frozenset({"cache_dtype", "kv_cache_dtype_skip_layers"})
 # Sized after memory profiling: they follow the KV cache dtype (FP8 holds twice the tokens in the same bytes) and each
@@ -55,23 +100,6 @@ SIZED_BY_MEMORY = frozenset({"num_gpu_blocks", "num_cpu_blocks", "kv_cache_size_
 # layouts differ), and the plan names the canary's backend: they may differ whenever the plan names one.
 RESOLVED_BY_BACKEND = frozenset(
     {"block_size", "effective_attention_block_size", "kv_cache_layout", "hash_block_size", "cache_hit_alignment_tokens"}
-)
-# Which series a sample is, not how the server is configured: vLLM's engine index, and the target labels Prometheus
-# (or its Kubernetes service discovery) adds to every series.
-SERIES_IDENTITY = frozenset(
-    {
-        "engine",
-        "__name__",
-        "instance",
-        "job",
-        "namespace",
-        "pod",
-        "pod_name",
-        "container",
-        "endpoint",
-        "service",
-        "node",
-    }
 )
 
 
@@ -96,17 +124,19 @@ class Difference:
 def differences(
     canary: Sequence[ServedConfig], baseline: Sequence[ServedConfig], backend_planned: bool
 ) -> list[Difference]:
-    """Every cache_config_info label the canary's pods serve differently from the target's own pods, apart from those
-    that may differ (above). A label the target's own pods disagree on is per pod, not configuration; a label on one
-    side only comes from another vLLM release's CacheConfig (the patched image) and has nothing to be compared with."""
-    ignored = PLAN_CHANGED | SIZED_BY_MEMORY | SERIES_IDENTITY | (RESOLVED_BY_BACKEND if backend_planned else set())
+    """Every CacheConfig field the canary's pods serve differently from the target's own pods, apart from those that
+    may differ (above). A field the target's own pods disagree on has no one value to match; a field on one side only
+    comes from another vLLM release's CacheConfig (the patched image) and has nothing to be compared with."""
+    compared = (
+        CACHE_CONFIG_FIELDS - PLAN_CHANGED - SIZED_BY_MEMORY - (RESOLVED_BY_BACKEND if backend_planned else set())
+    )
     shared = dict(baseline[0].labels) if baseline else {}
     per_pod = {label for label, value in shared.items() for config in baseline if config.labels.get(label) != value}
     found: dict[str, Difference] = {}
     for config in canary:
         for label, value in sorted(config.labels.items()):
             expected = shared.get(label)
-            if label in ignored or label in per_pod or expected is None or value == expected:
+            if label not in compared or label in per_pod or expected is None or value == expected:
                 continue
             found.setdefault(label, Difference(label, value, expected))
     return list(found.values())
