@@ -1,11 +1,13 @@
 """The canary configuration check's parity on real vLLM 0.32 servers: an FP8 canary that differs from its BF16 baseline
-only in the KV cache passes, one started with prefix caching off is a CanaryConfigMismatch naming the label."""
+only in the KV cache passes, one started with prefix caching off is a CanaryConfigMismatch naming the label. And the
+version a real server reports is one the planner's version table knows."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from analysis.live_fleet import free_port
 from kvpolicy.analysis.checks import Sides
@@ -13,6 +15,7 @@ from kvpolicy.analysis.model import SideSelector
 from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.analysis.served import CANARY_CONFIG
 from kvpolicy.api.v1alpha1 import KVPolicy, VerdictKind
+from kvpolicy.planning.vllm_versions import parse_version, release
 from kvpolicy_dev.devcluster.cpu_vllm import RealVllmServer, start_server
 from kvpolicy_dev.devcluster.pytest_plugin import REAL_VLLM_STARTUP_SECONDS
 from realvllm_helpers import FP8_ARGS, SERVED_MODEL, SKIP_LAYERS, RealPair
@@ -75,3 +78,11 @@ async def test_a_canary_with_prefix_caching_off_is_a_mismatch_naming_it(
     assert verdict.kind is VerdictKind.BREACH and verdict.reason == "CanaryConfigMismatch"
     assert "enable_prefix_caching is False on the canary, True on the target" in verdict.message
     assert "num_gpu_blocks" not in verdict.message and "engine" not in verdict.message
+
+
+async def test_a_real_servers_version_is_in_the_tables_032_row(real_vllm: RealPair) -> None:
+    """What `/version` of real vLLM 0.32 says is a version the planner's table has a row for."""
+    async with aiohttp.ClientSession() as session, session.get(f"{real_vllm.bf16.url}/version") as response:
+        said = (await response.json())["version"]
+    row = release(parse_version(said))
+    assert row is not None and row.versions.describe() == "0.32.x", said
