@@ -32,6 +32,16 @@ def test_readme_embeds_the_attention_backend_table() -> None:
     assert embedded.strip() == table_markdown().strip(), "README backend table is stale: kvpolicy.planning.attention"
 
 
+def test_readme_embeds_the_vllm_version_table() -> None:
+    from kvpolicy.planning.vllm_versions import table_markdown
+
+    start, end = "<!-- versions:start -->\n", "<!-- versions:end -->"
+    embedded = README.split(start, 1)[1].split(end, 1)[0]
+    assert embedded.strip() == table_markdown().strip(), (
+        "README version table is stale: kvpolicy.planning.vllm_versions"
+    )
+
+
 def test_readme_lists_every_gpu_name_plan_takes() -> None:
     from kvpolicy.planning.gpu import PRODUCTS
 

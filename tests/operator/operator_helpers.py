@@ -14,7 +14,7 @@ import jsonpatch
 from kvpolicy.analysis.checks import CheckVerdict
 from kvpolicy.analysis.model import SideMetrics, Verdict
 from kvpolicy.analysis.provider import ServedReading
-from kvpolicy.analysis.served import CANARY_CONFIG
+from kvpolicy.analysis.served import CANARY_CONFIG, ServedSides
 from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy, Phase, VerdictKind
 from kvpolicy.kube.observe import PHASE_NEEDS
 from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts
@@ -229,20 +229,30 @@ class Driver:
             result = self._pass()
         return first
 
-    def _checks(self, canary_served: ServedReading | None, latency_verdict: Verdict | None) -> dict[str, Any]:
-        """What the observer's metrics checks would say: the canary configuration check on a served reading, the
-        TTFT/ITL check's verdict as given."""
+    def _checks(
+        self,
+        canary_served: ServedReading | None,
+        baseline_served: ServedReading | None,
+        latency_verdict: Verdict | None,
+    ) -> dict[str, Any]:
+        """What the observer's metrics checks would say: the canary configuration check on a served reading (against
+        the target's own pods' reading, the canary's when not given), the TTFT/ITL check's verdict as given."""
         checks = []
         if canary_served is not None:
-            checks.append(CheckVerdict(CANARY_CONFIG, CANARY_CONFIG.assess(self.policy, canary_served)))
+            sides = ServedSides(canary_served, baseline_served or canary_served)
+            checks.append(CheckVerdict(CANARY_CONFIG, CANARY_CONFIG.assess(self.policy, sides)))
         if latency_verdict is not None:
             checks.append(CheckVerdict(LATENCY, latency_verdict))
         return {"checks": tuple(checks)} if checks else {}
 
     def _pass(
-        self, canary_served: ServedReading | None = None, latency_verdict: Verdict | None = None, **extra: Any
+        self,
+        canary_served: ServedReading | None = None,
+        baseline_served: ServedReading | None = None,
+        latency_verdict: Verdict | None = None,
+        **extra: Any,
     ) -> StepResult:
-        extra.update(self._checks(canary_served, latency_verdict))
+        extra.update(self._checks(canary_served, baseline_served, latency_verdict))
         status = self.policy.status
         planning = status.spec_hash != rollout_hash(self.policy.spec) or not status.phase
         phase = "Planning" if planning else status.phase

@@ -59,6 +59,7 @@ class MetricsCheck(Generic[Reading]):
     read: Callable[[MetricsProvider, KVPolicy, Sides], Awaitable[Reading]]
     assess: Callable[[KVPolicy, Reading], Verdict]
     verification: Verification | None = None  # VERIFY entries only
+    reads_baseline: bool = False  # a VERIFY entry that also reads the target's own pods (ANALYSIS entries always do)
 
     async def evaluate(self, provider: MetricsProvider, policy: KVPolicy, sides: Sides) -> Verdict:
         """Read and assess; an unavailable provider is a ProviderUnavailable verdict, never an exception."""

@@ -7,8 +7,8 @@ asks for that capability instead of asking which provider it holds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
@@ -19,6 +19,8 @@ from kvpolicy.api.v1alpha1 import KVPolicyStatus
 class ServedConfig:
     kv_cache_dtype: str  # the server's --kv-cache-dtype: "auto", "fp8", ...
     skip_layers: tuple[str, ...]  # its --kv-cache-dtype-skip-layers
+    # Every label of its vllm:cache_config_info sample (one per CacheConfig field), for the parity check.
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def describe(self) -> str:
         return f"KV cache dtype {self.kv_cache_dtype}, skip layers [{', '.join(self.skip_layers)}]"

@@ -124,6 +124,11 @@ class PlanCode(StrEnum):
     UNCALIBRATED_SCALES = "UncalibratedScales"
     ACCURACY_GATE_DISABLED = "AccuracyGateDisabled"
     CANARY_FP8 = "CanaryFP8"
+    VLLM_VERSION = "VLLMVersion"  # the declared vLLM version and the version table's row for it
+    VLLM_VERSION_UNDECLARED = "VLLMVersionUndeclared"  # none declared: planned avoiding every known-bad combination
+    VLLM_VERSION_OUTSIDE_TABLE = "VLLMVersionOutsideTable"  # no row for it: planned conservatively
+    ATTENTION_BACKEND_REQUESTED = "AttentionBackendRequested"  # kvCache.attentionBackend replaces the planner's pick
+    KNOWN_BAD_COMBINATION = "KnownBadCombination"  # the requested backend is known to answer wrongly on this GPU
 
 
 class GateReason(StrEnum):

@@ -45,6 +45,8 @@ NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)
 NAME_MAX_LENGTH = 253
 # metadata.namespace: a DNS-1123 label.
 NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# A vLLM release ("0.32.0", "v0.32.1") with an optional pre-release or local suffix ("0.33.0rc1", "0.32.0+cu130").
+VLLM_VERSION_PATTERN = r"^v?[0-9]{1,4}[.][0-9]{1,4}([.][0-9]{1,4})?([.+-]?[0-9A-Za-z][0-9A-Za-z.+-]*)?$"
 NAMESPACE_MAX_LENGTH = 63
 
 # Spec types without pydantic's lax coercion: "128" is not an integer and "true" is not a boolean to the API server.
@@ -389,6 +391,13 @@ class KVCacheSpec(_Model):
         default=SkipSlidingWindowLayers.AUTO,
         description="Keep sliding-window layers in BF16 (--kv-cache-dtype-skip-layers sliding_window).",
     )
+    attention_backend: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[A-Z][A-Z0-9_]*$",
+        description="The --attention-backend the canary's FP8 KV cache runs on (FLASH_ATTN, TRITON_ATTN, FLASHINFER, "
+        "...), instead of the planner's choice; a combination known to answer wrongly is planned with a warning.",
+    )
     scales: KVScales = Field(default=KVScales.UNCALIBRATED, description="Uncalibrated uses scale 1.0.")
     scales_source: str | None = Field(
         default=None,
@@ -412,6 +421,14 @@ class ImagesSpec(_Model):
         default=[ImageFeature.TWO_LEVEL_ACCUMULATION],
         max_length=8,
         description="What the patched image declares: TwoLevelAccumulation, FastHeadDim256.",
+    )
+    vllm_version: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=VLLM_VERSION_PATTERN,
+        description="The vLLM version the canary's image runs (0.32.0, v0.32.1, 0.33.0rc1), for planning before "
+        "anything runs: the planner's version table says which flags and attention backends it may use. Unset: the "
+        "planner avoids every known-bad combination and says which table it used.",
     )
 
 

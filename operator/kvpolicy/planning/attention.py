@@ -11,7 +11,7 @@ backend classes that import without CUDA.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvpolicy.api.v1alpha1 import GpuGeneration
@@ -142,29 +142,55 @@ class Choice:
 
     backend: str | None
     reason: str
+    avoided: tuple[str, ...] = ()  # preferred backends passed over as known-bad combinations, with why
 
 
-def choose_backend(
-    generation: GpuGeneration, capability: str | None, mla: bool, head_size: int, also_on: Sequence[str] = ()
-) -> Choice:
-    """The first preferred backend of the generation that runs an FP8 KV cache for this head size on the GPU and on
-    every other compute capability the pods may land on (`also_on`: a pool that mixes GPUs)."""
+# Why a backend must not be picked on a compute capability although it runs there (a known-bad combination of the
+# vLLM version table), or None.
+Avoid = Callable[[str, Capability], str | None]
+
+
+def _avoid_none(name: str, capability: Capability) -> str | None:
+    return None
+
+
+def pool(generation: GpuGeneration, capability: str | None, also_on: Sequence[str]) -> tuple[list[Capability], str]:
+    """Every compute capability the pods may land on (the GPU's own, or all of its generation's when unknown, then
+    `also_on`), and how to say where that is."""
     own = (parse_capability(capability),) if capability else GENERATION_CAPABILITIES.get(generation, ())
     others = sorted({parse_capability(text) for text in also_on} - set(own))
-    capabilities = (*own, *others)
     where = f"compute capability {capability}" if capability else f"{generation.value} GPUs"
     if others:
         where += " and " + ", ".join("{}.{}".format(*other) for other in others) + " in the same pool"
+    return [*own, *others], where
+
+
+def choose_backend(
+    generation: GpuGeneration,
+    capability: str | None,
+    mla: bool,
+    head_size: int,
+    also_on: Sequence[str] = (),
+    avoid: Avoid = _avoid_none,
+) -> Choice:
+    """The first preferred backend of the generation that runs an FP8 KV cache for this head size on the GPU and on
+    every other compute capability the pods may land on (`also_on`: a pool that mixes GPUs), and that `avoid` does
+    not rule out on any of them (the planner passes the version table's known-bad combinations)."""
+    capabilities, where = pool(generation, capability, also_on)
     preferred = PREFERENCES.get((generation, mla), ())
     refusals = []
+    avoided: list[str] = []
     for name in preferred:
         backend = BACKENDS[name]
         if not all(backend.runs_fp8_on(c) for c in capabilities):
             refusals.append(f"{name}: {backend.reason}")
         elif not backend.supports_head_size(head_size):
             refusals.append(f"{name}: {backend.reason}, not head_dim {head_size}")
+        elif bad := next((why for c in capabilities if (why := avoid(name, c)) is not None), None):
+            refusals.append(f"{name}: {bad}")
+            avoided.append(f"{name} passed over: {bad}")
         else:
-            return Choice(name, f"{name} runs an FP8 KV cache on {where}")
+            return Choice(name, f"{name} runs an FP8 KV cache on {where}", tuple(avoided))
     kind = "MLA" if mla else f"head_dim {head_size}"
     return Choice(
         None, f"no vLLM attention backend serves an FP8 KV cache for {kind} on {where} ({'; '.join(refusals)})"

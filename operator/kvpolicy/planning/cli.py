@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from kvpolicy.api.v1alpha1 import KIND, GpuFacts, KVPolicy, KVPolicySpec, Plan
+from kvpolicy.api.v1alpha1 import KIND, GpuFacts, ImagesSpec, KVPolicy, KVPolicySpec, Plan
 from kvpolicy.planning.gpu import PRODUCTS, gpu_facts, product_labels
 from kvpolicy.planning.planner import plan
 
@@ -143,6 +143,15 @@ def load_node_labels(text: str, source: str) -> list[dict[str, str]]:
     return [_node_labels(node, source, index) for index, node in enumerate(nodes)]
 
 
+def with_vllm_version(spec: KVPolicySpec, version: str) -> KVPolicySpec:
+    """The spec with images.vllmVersion set, validated as the API server would validate it."""
+    images = spec.images.model_dump(by_alias=True, exclude_unset=True) | {"vllmVersion": version}
+    try:
+        return spec.model_copy(update={"images": ImagesSpec.model_validate(images)})
+    except ValidationError as err:
+        raise InputError(f"--vllm-version {version!r}: not a vLLM version such as 0.32.0") from err
+
+
 def gpu_labels(name: str) -> dict[str, str]:
     """Labels a node of the GPU named `name` carries: a short name (H100, L4, RTX-4090) or a GFD product string."""
     labels = product_labels(name)
@@ -204,6 +213,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="YAML: a node's labels, a list of label maps, or `kubectl get node(s) -o yaml` output; - = stdin",
     )
+    parser.add_argument(
+        "--vllm-version",
+        metavar="VERSION",
+        help="the vLLM version the image runs (e.g. 0.32.0), in place of each manifest's spec.images.vllmVersion",
+    )
     parser.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
     return parser
 
@@ -214,6 +228,8 @@ def main(argv: list[str]) -> int:
         if args.filename == STDIN and args.node_labels == STDIN:
             raise InputError("-f and --node-labels cannot both read stdin: give one of them a file")
         policies = load_policies(*read_input(args.filename, "KVPolicy manifest"))
+        if args.vllm_version is not None:
+            policies = [(name, with_vllm_version(spec, args.vllm_version)) for name, spec in policies]
         if args.node_labels is not None:
             nodes = load_node_labels(*read_input(args.node_labels, "node labels"))
         else:

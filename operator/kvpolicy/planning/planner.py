@@ -10,6 +10,7 @@ FP8.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvpolicy.api.reasons import BF16_CAUSES, PlanCode
@@ -26,7 +27,8 @@ from kvpolicy.api.v1alpha1 import (
     Severity,
     SkipSlidingWindowLayers,
 )
-from kvpolicy.planning.attention import choose_backend
+from kvpolicy.planning.attention import BACKENDS, Capability, Choice, choose_backend, pool
+from kvpolicy.planning.vllm_versions import Version, known_bad, known_versions, parse_version, release
 
 # Published decode break-even (vLLM blog 2026-04-22, Llama-3.1-8B): FP8's lower ITL slope pays for its higher
 # intercept only above these context lengths.
@@ -118,11 +120,24 @@ def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
         )
         return draft
 
-    choice = choose_backend(generation, gpu.compute_capability, mla, spec.model.head_dim, gpu.pool_capabilities)
+    version = _version(spec, draft)
+
+    def avoid(name: str, capability: Capability) -> str | None:
+        bad = known_bad(capability, name, "fp8", version)
+        return None if bad is None else bad.describe()
+
+    if spec.kv_cache.attention_backend is not None:
+        choice = _requested_backend(spec, gpu, mla, avoid, draft)
+    else:
+        choice = choose_backend(
+            generation, gpu.compute_capability, mla, spec.model.head_dim, gpu.pool_capabilities, avoid
+        )
     if choice.backend is None:
         draft.refuse(PlanCode.NO_FP8_ATTENTION_BACKEND, f"{choice.reason}: the canary could not start")
         return draft
     draft.backend = choice.backend
+    for avoided in choice.avoided:
+        draft.say(PlanCode.KNOWN_BAD_COMBINATION, avoided)
 
     break_even = spec.workload.decode_break_even_tokens or DEFAULT_BREAK_EVEN_TOKENS.get(generation, 0)
     typical = spec.workload.typical_tokens
@@ -160,6 +175,67 @@ def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
             )
 
     return draft
+
+
+def _version(spec: KVPolicySpec, draft: _Draft) -> Version | None:
+    """The declared vLLM version when the table has a row for it; None (every known-bad combination counts) when none
+    is declared or the table does not know it. Says which."""
+    declared = spec.images.vllm_version
+    if declared is None:
+        draft.say(
+            PlanCode.VLLM_VERSION_UNDECLARED,
+            "no vLLM version declared (images.vllmVersion): planned with vLLM 0.32's backend table, avoiding every "
+            f"known-bad combination (the version table knows {known_versions()})",
+        )
+        return None
+    version = parse_version(declared)
+    row = release(version)
+    if row is None:
+        draft.say(
+            PlanCode.VLLM_VERSION_OUTSIDE_TABLE,
+            f"vLLM {declared} is outside the version table ({known_versions()}): planned conservatively, with the "
+            "backend table of vLLM 0.32 and avoiding every known-bad combination; check its flags before rolling out",
+            Severity.WARNING,
+        )
+        return None
+    draft.say(PlanCode.VLLM_VERSION, f"vLLM {declared}: the version table's {row.versions.describe()} row")
+    return version
+
+
+def _requested_backend(
+    spec: KVPolicySpec, gpu: GpuFacts, mla: bool, avoid: Callable[[str, Capability], str | None], draft: _Draft
+) -> Choice:
+    """kvCache.attentionBackend: refused where vLLM would not start it, warned about where it is known to answer
+    wrongly, else taken as asked."""
+    name = spec.kv_cache.attention_backend
+    assert name is not None
+    capabilities, where = pool(gpu.generation, gpu.compute_capability, gpu.pool_capabilities)
+    backend = BACKENDS.get(name)
+    if backend is not None:
+        if backend.mla != mla or not all(backend.runs_fp8_on(c) for c in capabilities):
+            return Choice(None, f"kvCache.attentionBackend {name} serves no FP8 KV cache on {where}: {backend.reason}")
+        if not backend.supports_head_size(spec.model.head_dim):
+            return Choice(
+                None, f"kvCache.attentionBackend {name}: {backend.reason}, not head_dim {spec.model.head_dim}"
+            )
+    else:
+        draft.say(
+            PlanCode.ATTENTION_BACKEND_REQUESTED,
+            f"kvCache.attentionBackend {name} is not in the backend table: where it serves FP8 KV is not checked",
+            Severity.WARNING,
+        )
+    bad = next((why for c in capabilities if (why := avoid(name, c)) is not None), None)
+    if bad is not None:
+        draft.say(
+            PlanCode.KNOWN_BAD_COMBINATION,
+            f"kvCache.attentionBackend {name} is taken as asked, but {bad}",
+            Severity.WARNING,
+        )
+    elif backend is not None:
+        draft.say(
+            PlanCode.ATTENTION_BACKEND_REQUESTED, f"kvCache.attentionBackend {name} runs an FP8 KV cache on {where}"
+        )
+    return Choice(name, f"kvCache.attentionBackend {name}")
 
 
 def _skip_layers(spec: KVPolicySpec, draft: _Draft) -> list[str]:

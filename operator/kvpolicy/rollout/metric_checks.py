@@ -60,5 +60,6 @@ def check_due(check: AnyCheck, policy: KVPolicy, canary_ready: bool, now: dateti
 
 
 def needs_baseline(checks: Sequence[AnyCheck]) -> bool:
-    """VERIFY checks read the canary alone; an ANALYSIS check compares it with the target's pods."""
-    return any(check.stage is Stage.ANALYSIS for check in checks)
+    """An ANALYSIS check compares the canary with the target's pods, and so does a VERIFY check that says so (the
+    canary configuration check's parity)."""
+    return any(check.stage is Stage.ANALYSIS or check.reads_baseline for check in checks)
