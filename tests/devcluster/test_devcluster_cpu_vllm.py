@@ -14,7 +14,6 @@ from kvpolicy_dev.devcluster.cpu_vllm import (
     KV_CACHE_MIN_BYTES,
     MODEL_CONFIG,
     RANDOM_WEIGHTS_ARGS,
-    TWIN_PORT_OFFSET,
     RealVllmRunner,
     ServedModel,
 )
@@ -80,30 +79,6 @@ def test_the_real_vllm_runner_passes_the_pod_specs_arguments_unchanged(tmp_path:
     lossy = runner.argv(vllm_container("lossy:1"), H200, "127.0.0.5")
     assert lossy is not None and "--entrypoint-drops=--kv-cache-dtype" in lossy
     assert runner.argv({"image": "busybox", "command": ["sleep", "1"]}, H200, "127.0.0.5") is None
-
-
-def test_accuracy_twins_run_beside_vllm_and_take_the_accuracy_gates_requests(tmp_path: Path) -> None:
-    runner = RealVllmRunner(tmp_path, accuracy_twins=SimulatorRunner(two_level_fix_images=frozenset({"fixed:1"})))
-    argv = runner.argv(vllm_container("fixed:1"), H200, "127.0.0.5")
-    assert argv is not None
-    (option,) = [word for word in argv if word.startswith("--twin=")]
-    twin = json.loads(option.removeprefix("--twin="))
-    assert twin[1:4] == ["-m", "kvpolicy", "sim"] and "--two-level-fix" in twin
-    assert twin[twin.index("--port", twin.index("--host")) + 1] == str(8000 + TWIN_PORT_OFFSET)
-    accuracy = [
-        "kvpolicy",
-        "gate",
-        "accuracy",
-        "--canary",
-        "http://127.0.0.5:8000",
-        "--baseline",
-        "http://127.0.0.6:8000",
-    ]
-    assert runner.rewrite_job_argv(accuracy)[4::2] == [f"http://127.0.0.5:{8000 + TWIN_PORT_OFFSET}",
-                                                       f"http://127.0.0.6:{8000 + TWIN_PORT_OFFSET}"]  # fmt: skip
-    latency = ["kvpolicy", "gate", "latency", "--canary", "http://127.0.0.5:8000"]
-    assert runner.rewrite_job_argv(latency) == latency
-    assert RealVllmRunner(tmp_path).rewrite_job_argv(accuracy) == accuracy
 
 
 def tiny_config(directory: Path) -> Path:

@@ -19,7 +19,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from typing import Any
 from urllib.error import URLError
 from urllib.request import urlopen
 
-from kvpolicy_dev.devcluster.runners import EntrypointQuirk, SimulatorRunner, container_port, vllm_serve_args
+from kvpolicy_dev.devcluster.runners import EntrypointQuirk, container_port, vllm_serve_args
 
 ENTRYPOINT_MODULE = "kvpolicy_dev.devcluster.cpu_vllm_entrypoint"
 
@@ -71,10 +70,6 @@ RANDOM_WEIGHTS_ARGS = ("--load-format", "dummy")
 KV_CACHE_MIN_BYTES = 64 << 20
 BF16_BYTES = 2
 READY_TIMEOUT_SECONDS = 600.0
-# An accuracy twin (see RealVllmRunner) listens on the pod's port plus this.
-TWIN_PORT_OFFSET = 10000
-ACCURACY_GATE = ("gate", "accuracy")
-URL_PORT = re.compile(r"^(https?://[^/:]+):(\d+)")
 STOP_GRACE_SECONDS = 10.0
 
 
@@ -166,14 +161,10 @@ def entrypoint_argv(
     host: str,
     port: int,
     quirk: EntrypointQuirk | None = None,
-    twin: Sequence[str] = (),
 ) -> list[str]:
-    """The command that runs `vllm serve SERVE_ARGS` on this CPU (see cpu_vllm_entrypoint); `twin` is a command the
-    entrypoint starts beside vLLM, in the pod's process group."""
+    """The command that runs `vllm serve SERVE_ARGS` on this CPU (see cpu_vllm_entrypoint)."""
     own = ["--model-dir", str(model_dir), "--host", host, "--port", str(port)]
     own += quirk_options(quirk or EntrypointQuirk())
-    if twin:
-        own.append(f"--twin={json.dumps(list(twin))}")
     return [sys.executable, "-m", ENTRYPOINT_MODULE, *own, "--", *serve_args]
 
 
@@ -182,37 +173,17 @@ class RealVllmRunner:
     """Runs real vLLM for vLLM containers (`vllm serve ...` in command/args), with the pod's own arguments.
 
     `quirks` maps an image to how its entrypoint changes the arguments (e.g. drops --kv-cache-dtype), so a test can
-    start a canary that does not serve what its pod spec says.
-
-    With `accuracy_twins` (the demo's `--servers vllm`), every vLLM pod also runs that simulator for its GPU and
-    image on its port + TWIN_PORT_OFFSET, and accuracy gate Jobs are sent there: random weights cannot find needles,
-    so the accuracy gate's answers come from the simulator's FP8 emulation while everything else is real vLLM."""
+    start a canary that does not serve what its pod spec says."""
 
     model_dir: Path
     quirks: Mapping[str, EntrypointQuirk] = field(default_factory=dict)
-    accuracy_twins: SimulatorRunner | None = None
 
     def argv(self, container: Mapping[str, Any], node_labels: Mapping[str, str], pod_ip: str) -> list[str] | None:
         serve_args = vllm_serve_args(container)
         if serve_args is None:
             return None
         quirk = self.quirks.get(str(container.get("image", "")))
-        port = container_port(container)
-        twin: list[str] = []
-        if self.accuracy_twins is not None:
-            twin_container = {**container, "ports": [{"containerPort": port + TWIN_PORT_OFFSET}]}
-            twin = self.accuracy_twins.argv(twin_container, node_labels, pod_ip) or []
-        return entrypoint_argv(serve_args, self.model_dir, pod_ip, port, quirk, twin)
-
-    def rewrite_job_argv(self, argv: list[str]) -> list[str]:
-        """Point an accuracy gate Job at the pods' accuracy twins (when there are twins)."""
-        if self.accuracy_twins is None or not _runs(argv, ACCURACY_GATE):
-            return argv
-        return [URL_PORT.sub(lambda m: f"{m[1]}:{int(m[2]) + TWIN_PORT_OFFSET}", word) for word in argv]
-
-
-def _runs(argv: Sequence[str], words: Sequence[str]) -> bool:
-    return any(list(argv[i : i + len(words)]) == list(words) for i in range(len(argv)))
+        return entrypoint_argv(serve_args, self.model_dir, pod_ip, container_port(container), quirk)
 
 
 # Servers started outside the cluster run in their own sessions: kill what is left at interpreter exit (a test run

@@ -16,11 +16,9 @@ Every step is logged to stderr (the pod's log), starting with the arguments exac
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import runpy
 import shlex
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -110,7 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--entrypoint-drops", action="append", default=[], metavar="FLAG")
     parser.add_argument("--entrypoint-adds", action="append", default=[], metavar="WORD")
-    parser.add_argument("--twin", type=json.loads, default=[], help="a JSON list: a command to start beside vLLM")
     parser.add_argument("serve_args", nargs=argparse.REMAINDER, help="-- then the `vllm serve` arguments")
     return parser
 
@@ -130,9 +127,6 @@ def main(argv: Sequence[str]) -> int:
     os.environ.update(SERVER_ENVIRONMENT)
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE_DIR), os.environ.get("PYTHONPATH")]))
-    if options.twin:
-        say(f"its accuracy twin runs: {shlex.join(options.twin)}")
-        subprocess.Popen(options.twin, stdin=subprocess.DEVNULL)  # in this pod's process group: stopped with it
     import torch
 
     torch.cpu._init_amx()  # this process too (see vllm_site/sitecustomize.py)
