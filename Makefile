@@ -44,7 +44,8 @@ pytest: $(VENV)/.installed
 demo: $(VENV)/.installed prometheus
 	$(BIN)/kvpolicy demo $(DEMO_ARGS)
 
-# The same scenarios with real vLLM CPU servers (tiny random-weight model) on the latency path; slow (minutes).
+# The same scenarios with real vLLM CPU servers serving a real model (SmolLM2-135M-Instruct, kvpolicy_dev.models) on
+# both the latency and the accuracy path; slow (minutes).
 demo-vllm: $(VENV)/.installed prometheus
 	$(BIN)/kvpolicy demo --servers vllm $(DEMO_ARGS)
 

