@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from kvpolicy.gates import niah
-from kvpolicy.gates.accuracy import AccuracyOptions, run_accuracy_gate, sequential_decision
-from kvpolicy.gates.stats import PairedCounts, recovery_interval
+from kvpolicy.gates.accuracy import VERDICTS, AccuracyOptions, run_accuracy_gate, sequential_decision
+from kvpolicy.gates.stats import Evidence
 from kvpolicy_dev.numerics import Accumulation, attention_row, quantize
 from kvpolicy_dev.sim import SimConfig, start_simulator_subprocess
 from kvpolicy_dev.sim.accuracy import NumericsModel, answer_needles
@@ -62,7 +62,7 @@ async def survival(config: SimConfig, length: int) -> tuple[float, float]:
 
 def simulate(case: Case, seed: int, canary_p: tuple[float, float], baseline_p: tuple[float, float]) -> Outcome:
     options = AccuracyOptions(canary="", baseline="", length=case.length, model=MODEL, seed=seed)
-    counts = PairedCounts()
+    evidence = Evidence.start(options.min_recovery, options.baseline_floor, bounds=False)
     sequential: tuple[str, int] | None = None
     for index in range(FIXED_RUN):
         sample = niah.draw_sample(seed, index, options.needles, options.asked)
@@ -76,12 +76,12 @@ def simulate(case: Case, seed: int, canary_p: tuple[float, float], baseline_p: t
             niah.matches_per_needle(baseline, sample.expected),
             strict=True,
         ):
-            counts = counts.add(canary_right, baseline_right)
+            evidence = evidence.add(canary_right, baseline_right)
         if sequential is None:
-            decision = sequential_decision(recovery_interval(counts, options.confidence), index + 1, options)
-            if decision is not None:
-                sequential = (decision[0], index + 1)
-    point = recovery_interval(counts, options.confidence).point
+            reason = sequential_decision(evidence, index + 1, options)
+            if reason is not None:
+                sequential = (VERDICTS.get(reason, "Inconclusive"), index + 1)
+    point = evidence.counts.recovery
     fixed = "Pass" if point is not None and point >= options.min_recovery else "Fail"
     verdict, prompts = sequential or ("Inconclusive", FIXED_RUN)
     return Outcome(verdict, prompts, fixed)

@@ -208,6 +208,11 @@ VALUED_MESSAGES = [
         'gates.accuracy.confidence must be a number in (0, 1), such as "0.95" (got "1")',
     ),
     (
+        "gates.accuracy.baselineFloor",
+        "1.0",
+        'gates.accuracy.baselineFloor must be a number in [0, 1), such as "0.2" (got "1.0")',
+    ),
+    (
         "gates.latency",
         {"ttftMaxRatio": "1.10", "itlMaxRatio": "0"},
         'gates.latency.ttftMaxRatio and itlMaxRatio must be numbers > 0, such as "1.10" (got "1.10" and "0")',

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 from gate_fakes import (
     MODEL,
     answer_correctly,
@@ -24,7 +25,7 @@ from kvpolicy_dev.sim import free_port
 
 RESULT_KEYS = {
     "gate", "verdict", "reason", "message", "lengthTokens", "samples", "canaryScore", "baselineScore", "recovery",
-    "recoveryLow", "recoveryHigh", "minRecovery", "confidence",
+    "recoveryLow", "recoveryHigh", "minRecovery", "confidence", "baselineFloor",
 }  # fmt: skip
 
 
@@ -57,7 +58,7 @@ def test_unfixed_fp8_on_h100_fails_at_128k(simulators: dict[str, str], tmp_path:
 def test_unfixed_fp8_on_h100_passes_at_16k(simulators: dict[str, str], tmp_path: Path) -> None:
     code, result = gate_cli(simulators["unfixed"], simulators["bf16"], 16384, tmp_path)
     assert (code, result["verdict"]) == (0, "Pass")
-    assert result["recoveryLow"] > 0.95
+    assert result["recoveryLow"] >= 0.95
 
 
 # The 128k probabilities of B200 and BF16 canaries are checked in tests/sim; here the gate runs them cheaper, at 16k.
@@ -94,6 +95,8 @@ def test_unreachable_endpoint_is_inconclusive_never_a_pass(simulators: dict[str,
     [
         (["--length", "0"], "--length must be positive, got 0"),
         (["--length", "4096", "--confidence", "1.5"], "--confidence must be between 0 and 1, got 1.5"),
+        (["--length", "4096", "--baseline-floor", "1"], "--baseline-floor must be in [0, 1), got 1.0"),
+        (["--length", "4096", "--asked", "9"], "--asked must be between 1 and --needles (8), got 9"),
         (["--length", "many"], "argument --length: invalid int value: 'many'"),
         (["--length", "4096", "--api-key-file", "/nonexistent/key"], "cannot read the bearer token from file"),
         (["--length", "4096", "--api-key-env", "KVPOLICY_TEST_UNSET"], "environment variable KVPOLICY_TEST_UNSET"),
@@ -163,3 +166,16 @@ async def test_a_length_too_short_for_the_needles_is_inconclusive() -> None:
     async with in_process_simulator() as url:
         result = await run_accuracy_gate(options(url, url, 100))
     assert (result["verdict"], result["reason"]) == ("Inconclusive", "LengthTooShort")
+
+
+async def answer_nothing(_: web.Request) -> web.StreamResponse:
+    return web.json_response({"choices": [{"index": 0, "text": " I cannot find them."}]})
+
+
+async def test_a_baseline_that_finds_no_needle_is_too_weak_to_judge_with_advice() -> None:
+    async with fake_vllm(answer_nothing) as blind, fake_vllm(answer_correctly) as good:
+        result = await run_accuracy_gate(options(good, blind, 2048))
+    assert (result["verdict"], result["reason"], result["baselineScore"]) == ("Inconclusive", "BaselineTooWeak", 0.0)
+    # Shown below the floor long before the cap, and the message says what to change.
+    assert result["samples"] < 10
+    assert "easier task" in result["message"] and "shorter length" in result["message"]

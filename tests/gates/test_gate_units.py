@@ -1,47 +1,10 @@
-"""Pure parts of the gates: the recovery interval, RULER scoring, prompts, and the result report."""
+"""Pure parts of the gates: RULER scoring, prompts, and the result report (the stopping rule has its own file)."""
 
 import json
 from pathlib import Path
 
 import pytest
 from kvpolicy.gates import niah, report
-from kvpolicy.gates.stats import PairedCounts, recovery_interval
-
-
-def test_identical_answers_narrow_the_interval_around_one_as_needles_accumulate() -> None:
-    widths = []
-    for needles in (20, 60, 200):
-        right = int(needles * 0.9)
-        interval = recovery_interval(PairedCounts(both=right, neither=needles - right), confidence=0.95)
-        assert interval.point == 1.0 and interval.low < 1.0 < interval.high
-        widths.append(interval.high - interval.low)
-    assert widths == sorted(widths, reverse=True)
-    # Jeffreys' prior: 18 clean needles cannot yet prove recovery above 0.95; 180 can.
-    assert recovery_interval(PairedCounts(both=18, neither=2), 0.95).low < 0.95
-    assert recovery_interval(PairedCounts(both=180, neither=20), 0.95).low > 0.95
-
-
-def test_a_canary_that_loses_most_needles_is_clearly_below() -> None:
-    interval = recovery_interval(PairedCounts(both=1, baseline_only=6, neither=1), confidence=0.95)
-    assert interval.point == pytest.approx(1 / 7)
-    assert interval.high < 0.95
-
-
-def test_pairing_counts_only_discordant_needles_as_evidence() -> None:
-    counts = PairedCounts().add(True, True).add(True, False).add(False, True).add(False, False)
-    assert (counts.both, counts.canary_only, counts.baseline_only, counts.neither) == (1, 1, 1, 1)
-    assert counts.canary_score == counts.baseline_score == 0.5
-
-
-def test_no_baseline_success_gives_no_point_estimate_and_a_wide_interval() -> None:
-    interval = recovery_interval(PairedCounts(neither=8), confidence=0.95)
-    assert interval.point is None
-    assert interval.low < 0.5 and interval.high > 2
-
-
-def test_confidence_outside_zero_one_is_rejected() -> None:
-    with pytest.raises(ValueError, match="confidence must be between 0 and 1"):
-        recovery_interval(PairedCounts(), confidence=1.0)
 
 
 def test_string_match_all_is_the_fraction_found_case_insensitively() -> None:

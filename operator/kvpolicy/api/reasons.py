@@ -133,6 +133,7 @@ class GateReason(StrEnum):
     RECOVERY_ABOVE_THRESHOLD = "RecoveryAboveThreshold"
     RECOVERY_BELOW_THRESHOLD = "RecoveryBelowThreshold"
     SAMPLE_CAP_REACHED = "SampleCapReached"
+    BASELINE_TOO_WEAK = "BaselineTooWeak"
     LENGTH_TOO_SHORT = "LengthTooShort"
     LENGTH_EXCEEDS_MAX_MODEL_LEN = "LengthExceedsMaxModelLen"
     PROMPT_LENGTH_MISMATCH = "PromptLengthMismatch"

@@ -424,6 +424,13 @@ class AccuracyGate(_Model):
             values=lambda m: f"got {_quoted(m.confidence)}",
             values_cel="'got \"' + self.confidence + '\"'",
         ),
+        Rule(
+            cel="double(self.baselineFloor) < 1.0",
+            message='gates.accuracy.baselineFloor must be a number in [0, 1), such as "0.2"',
+            check=lambda m: _DECIMAL_RE.match(m.baseline_floor) is not None and Decimal(m.baseline_floor) < 1,
+            values=lambda m: f"got {_quoted(m.baseline_floor)}",
+            values_cel="'got \"' + self.baselineFloor + '\"'",
+        ),
     )
 
     enabled: Bool = Field(default=True, description="Run the long-context accuracy gate before any traffic.")
@@ -432,7 +439,21 @@ class AccuracyGate(_Model):
     )
     min_recovery: str = decimal_string('Minimum canary/baseline NIAH score ratio, e.g. "0.95".', "0.95")
     max_samples: Int = Field(default=100, ge=1, le=10000, description="Hard cap on prompts per side.")
-    confidence: str = decimal_string("Confidence of the recovery interval used to stop early.", "0.95")
+    confidence: str = decimal_string(
+        "Confidence of each decision: a pass (recovery shown above minRecovery) or a fail (shown below) is wrong with "
+        "probability at most 1 - confidence however early the gate stops (sequential tests by betting on the paired "
+        "needles, needles taken as independent). An A/A run with identical answers passes once ~60 needles are "
+        'right on both sides at "0.95".',
+        "0.95",
+    )
+    baseline_floor: str = decimal_string(
+        "Lowest baseline score (share of needles the BF16 baseline retrieves at the gate's length) the gate judges "
+        "by: a baseline shown to score below it, or still below it at maxSamples, makes the gate Inconclusive "
+        "(BaselineTooWeak: pick an easier task or a shorter length), never a pass or a fail. 0.2 is the lowest "
+        "score at which an A/A run with identical answers still passes within 100 prompts (4 needles asked) in 98% "
+        "of simulated runs (26% at 0.15; bench/accuracy_gate_efficiency.py --floor-scan).",
+        "0.2",
+    )
     timeout_seconds: Int = Field(default=3600, ge=1, description="Deadline for the gate Job.")
 
 

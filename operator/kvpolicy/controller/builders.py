@@ -461,6 +461,8 @@ def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> 
         accuracy.confidence,
         "--max-samples",
         str(accuracy.max_samples),
+        "--baseline-floor",
+        accuracy.baseline_floor,
         *_api_key_args(spec),
     ]
 

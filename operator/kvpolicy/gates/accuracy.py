@@ -3,9 +3,12 @@
 Canary and baseline answer the same seeded RULER-style prompts of exactly N tokens. Each prompt is built in token
 space (kvpolicy.gates.niah.assemble) from pieces the baseline's /tokenize gave once, and sent as token ids, so its
 length is exact for any tokenizer by construction, never by trial; the canary must tokenize the shared pieces the same
-way, and each server's usage.prompt_tokens must confirm N. After every prompt the recovery interval
-(kvpolicy.gates.stats) is checked: once it lies entirely above min_recovery the gate passes, entirely below it fails;
-at the sample cap it is inconclusive. An endpoint that keeps failing makes the result inconclusive, never a pass.
+way, and each server's usage.prompt_tokens must confirm N. After every prompt the sequential tests of
+kvpolicy.gates.stats are read: the gate passes once recovery is shown above min_recovery, fails once it is shown below,
+each wrong with probability at most 1 - confidence however early it stops. A baseline shown to score below
+baseline_floor at this length cannot judge a canary: that is inconclusive (BaselineTooWeak), never a pass or a fail,
+and so is a pass or fail the baseline's score so far is below the floor for. At the sample cap it is inconclusive. An
+endpoint that keeps failing makes the result inconclusive, never a pass.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kvpolicy.api.reasons import GateReason
 from kvpolicy.api.v1alpha1 import AccuracyGate, parse_decimal
 from kvpolicy.credentials import CredentialsError, CredentialsSource
 from kvpolicy.gates import niah
 from kvpolicy.gates.client import GateError, VllmClient, open_session
-from kvpolicy.gates.stats import PairedCounts, RecoveryInterval, recovery_interval
+from kvpolicy.gates.stats import Evidence, PairedCounts, RecoveryBounds
 
 ANSWER_TOKENS = 64
 # The CRD's defaults are the gate's: one source.
@@ -36,7 +40,8 @@ class AccuracyOptions:
     min_recovery: float = parse_decimal(CRD_DEFAULTS.min_recovery)
     confidence: float = parse_decimal(CRD_DEFAULTS.confidence)
     max_samples: int = CRD_DEFAULTS.max_samples
-    min_samples: int = 3
+    baseline_floor: float = parse_decimal(CRD_DEFAULTS.baseline_floor)
+    min_samples: int = 2
     seed: int = 0
     request_timeout_seconds: float = 600.0
     needles: int = 8
@@ -50,7 +55,7 @@ class AccuracyProgress:
 
     samples: int
     counts: PairedCounts
-    interval: RecoveryInterval
+    interval: RecoveryBounds
     options: AccuracyOptions
 
 
@@ -137,7 +142,7 @@ def _result(
     message: str,
     samples: int = 0,
     counts: PairedCounts | None = None,
-    interval: RecoveryInterval | None = None,
+    interval: RecoveryBounds | None = None,
 ) -> dict[str, Any]:
     def number(value: float | None) -> float | None:
         return None if value is None or math.isnan(value) else round(value, 4)
@@ -156,18 +161,54 @@ def _result(
         "recoveryHigh": number(interval.high) if interval else None,
         "minRecovery": options.min_recovery,
         "confidence": options.confidence,
+        "baselineFloor": options.baseline_floor,
     }
 
 
-def sequential_decision(interval: RecoveryInterval, samples: int, options: AccuracyOptions) -> tuple[str, str] | None:
-    """(verdict, reason) once the interval lies clearly on one side of min_recovery, else None (keep sampling)."""
-    if samples < options.min_samples:
+def sequential_decision(evidence: Evidence, samples: int, options: AccuracyOptions) -> GateReason | None:
+    """The gate's decision after `samples` prompts, or None to ask another prompt. SampleCapReached and
+    BaselineTooWeak are inconclusive."""
+    alpha = 1 - options.confidence
+    counts = evidence.counts
+    if samples >= options.min_samples:
+        if evidence.baseline_too_weak(alpha):
+            return GateReason.BASELINE_TOO_WEAK
+        # Each test alone is valid; asking the point estimate to agree only makes decisions rarer, and keeps a
+        # result from reading "recovery 0.93 ... above 0.95".
+        point = counts.recovery
+        if counts.baseline_score >= options.baseline_floor and point is not None:
+            if evidence.above_bar(alpha) and point >= options.min_recovery:
+                return GateReason.RECOVERY_ABOVE_THRESHOLD
+            if evidence.below_bar(alpha) and point < options.min_recovery:
+                return GateReason.RECOVERY_BELOW_THRESHOLD
+    if samples < options.max_samples:
         return None
-    if interval.low > options.min_recovery:
-        return "Pass", "RecoveryAboveThreshold"
-    if interval.high < options.min_recovery:
-        return "Fail", "RecoveryBelowThreshold"
-    return None
+    if counts.baseline_score < options.baseline_floor:
+        return GateReason.BASELINE_TOO_WEAK
+    return GateReason.SAMPLE_CAP_REACHED
+
+
+VERDICTS = {GateReason.RECOVERY_ABOVE_THRESHOLD: "Pass", GateReason.RECOVERY_BELOW_THRESHOLD: "Fail"}
+
+
+def decision_message(reason: GateReason, evidence: Evidence, samples: int, options: AccuracyOptions) -> str:
+    bounds = evidence.bounds(1 - options.confidence)
+    point = "n/a" if bounds.point is None else f"{bounds.point:.3f}"
+    scores = f"canary {evidence.counts.canary_score:.3f}, baseline {evidence.counts.baseline_score:.3f}"
+    after = f"after {samples} prompts ({evidence.counts.total} needles; {scores})"
+    if reason == GateReason.BASELINE_TOO_WEAK:
+        return (
+            f"the baseline answers too few needles at {options.length} tokens to judge the canary {after}, below "
+            f"the floor {options.baseline_floor}: pick an easier task (fewer needles asked per prompt) or a shorter "
+            f"length (gates.accuracy.lengthTokens)"
+        )
+    if reason == GateReason.SAMPLE_CAP_REACHED:
+        return (
+            f"{after} recovery {point} is neither shown above nor below {options.min_recovery} "
+            f"(interval {bounds.low:.2f}-{bounds.high:.2f})"
+        )
+    side = "above" if reason == GateReason.RECOVERY_ABOVE_THRESHOLD else "below"
+    return f"recovery {point} (interval {bounds.low:.2f}-{bounds.high:.2f}) {after} lies {side} {options.min_recovery}"
 
 
 async def _check_endpoints(canary: VllmClient, baseline: VllmClient, length: int) -> SharedPieces:
@@ -211,44 +252,34 @@ async def _evaluate(
         sample = niah.draw_sample(options.seed, index, options.needles, options.asked)
         return sample, await sized_prompt(baseline, shared, sample, options.length)
 
-    counts = PairedCounts()
-    interval = recovery_interval(counts, options.confidence)
+    evidence = Evidence.start(options.min_recovery, options.baseline_floor)
     # The next prompt is sized while both servers answer the current one.
     upcoming = asyncio.create_task(prepare(0))
+    samples = 0
     try:
-        for index in range(options.max_samples):
+        while True:  # sequential_decision ends it at max_samples at the latest
             sample, prompt = await upcoming
-            if index + 1 < options.max_samples:
-                upcoming = asyncio.create_task(prepare(index + 1))
+            samples += 1
+            if samples < options.max_samples:
+                upcoming = asyncio.create_task(prepare(samples))
             canary_text, baseline_text = await asyncio.gather(_answer(canary, prompt), _answer(baseline, prompt))
             for canary_right, baseline_right in zip(
                 niah.matches_per_needle(canary_text, sample.expected),
                 niah.matches_per_needle(baseline_text, sample.expected),
                 strict=True,
             ):
-                counts = counts.add(canary_right, baseline_right)
-            interval = recovery_interval(counts, options.confidence)
-            samples = index + 1
-            on_progress(AccuracyProgress(samples, counts, interval, options))
-            decision = sequential_decision(interval, samples, options)
-            if decision is not None:
-                verdict, reason = decision
-                point = "n/a" if interval.point is None else f"{interval.point:.3f}"
-                side = "above" if verdict == "Pass" else "below"
-                message = (
-                    f"recovery {point} (interval {interval.low:.3f}-{interval.high:.3f}) after {samples} prompts "
-                    f"lies {side} {options.min_recovery}"
-                )
-                return _result(options, verdict, reason, message, samples, counts, interval)
+                evidence = evidence.add(canary_right, baseline_right)
+            bounds = evidence.bounds(1 - options.confidence)
+            on_progress(AccuracyProgress(samples, evidence.counts, bounds, options))
+            reason = sequential_decision(evidence, samples, options)
+            if reason is not None:
+                message = decision_message(reason, evidence, samples, options)
+                verdict = VERDICTS.get(reason, "Inconclusive")
+                return _result(options, verdict, reason, message, samples, evidence.counts, bounds)
     finally:
         # A prompt sized ahead but not needed: stop it, and mark any error it ended with as retrieved.
         upcoming.cancel()
         upcoming.add_done_callback(lambda task: task.cancelled() or task.exception())
-    message = (
-        f"after {options.max_samples} prompts the recovery interval {interval.low:.3f}-{interval.high:.3f} "
-        f"still contains {options.min_recovery}"
-    )
-    return _result(options, "Inconclusive", "SampleCapReached", message, options.max_samples, counts, interval)
 
 
 def validate(options: AccuracyOptions) -> None:
@@ -261,6 +292,10 @@ def validate(options: AccuracyOptions) -> None:
         raise ValueError(f"--confidence must be between 0 and 1, got {options.confidence}")
     if options.max_samples < 1 or options.min_samples < 1:
         raise ValueError("--max-samples and --min-samples must be at least 1")
+    if not 0 <= options.baseline_floor < 1:
+        raise ValueError(f"--baseline-floor must be in [0, 1), got {options.baseline_floor}")
+    if not 1 <= options.asked <= options.needles:
+        raise ValueError(f"--asked must be between 1 and --needles ({options.needles}), got {options.asked}")
     if options.request_timeout_seconds <= 0:
         raise ValueError(f"--request-timeout-seconds must be positive, got {options.request_timeout_seconds}")
 

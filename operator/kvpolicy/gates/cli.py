@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     option("--confidence", float, "credible level of the recovery interval")
     option("--max-samples", int, "hard cap on prompts")
     option("--min-samples", int, "prompts before the gate may stop early")
+    option("--baseline-floor", float, "baseline score below which the gate cannot judge (inconclusive)")
+    option("--needles", int, "needles hidden in each prompt")
+    option("--asked", int, "needles each prompt's question asks for")
     option("--seed", int, "selects the prompts")
     _common(accuracy, _with_defaults(accuracy, AccuracyOptions))
 
@@ -124,7 +127,7 @@ def accuracy_progress(progress: AccuracyProgress) -> str:
     return (
         f"accuracy: {progress.samples}/{progress.options.max_samples} prompts, {counts.total} needles: "
         f"canary {counts.canary_score:.3f}, baseline {counts.baseline_score:.3f}, recovery {point} "
-        f"(interval {interval.low:.3f}-{interval.high:.3f}; passes above {progress.options.min_recovery})"
+        f"(interval {interval.low:.2f}-{interval.high:.2f}; passes above {progress.options.min_recovery})"
     )
 
 
@@ -159,6 +162,9 @@ def main(argv: list[str]) -> int:
                 confidence=args.confidence,
                 max_samples=args.max_samples,
                 min_samples=args.min_samples,
+                baseline_floor=args.baseline_floor,
+                needles=args.needles,
+                asked=args.asked,
                 seed=args.seed,
                 request_timeout_seconds=args.request_timeout_seconds,
             )
