@@ -14,12 +14,17 @@ A false pass is a Pass with true recovery below minRecovery, a false fail a Fail
 Recovery exactly at minRecovery (0.95) is the tests' boundary: there any Pass is wrong, and the rule's error bound
 (1 - confidence, at any stopping time) is what holds it.
 
+The --peeking table shows why the rule is a test by betting: a one-sided z-test of mean(X) > 0 at the same 95%,
+looked at after every prompt as the gate does, against the rule, on the same outcome streams.
+
 Run: .venv/bin/python bench/accuracy_gate_efficiency.py [--runs 1000] [--asked 4 8] [--floor-scan] [--stake-caps]
+    [--peeking]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import random
@@ -157,6 +162,65 @@ def stake_cap_rows(options: AccuracyOptions, runs: int) -> list[str]:
     return rows
 
 
+def run_peeking_z_test(scenario: Scenario, options: AccuracyOptions, seed: int) -> tuple[GateReason, int]:
+    """The naive alternative: z = mean / standard error of X = canary - bar * baseline after each prompt."""
+    rng = random.Random(f"{scenario}:{options.asked}:{seed}")
+    count, total, squares = 0, 0.0, 0.0
+    critical = statistics.NormalDist().inv_cdf(options.confidence)
+    for samples in range(1, options.max_samples + 1):
+        for canary, baseline in prompt_outcomes(scenario, options.asked, rng):
+            x = float(canary) - options.min_recovery * float(baseline)
+            count, total, squares = count + 1, total + x, squares + x * x
+        mean = total / count
+        spread = math.sqrt(max(squares / count - mean * mean, 0.0) / count)
+        if samples >= options.min_samples and spread > 0:
+            if mean / spread > critical:
+                return GateReason.RECOVERY_ABOVE_THRESHOLD, samples
+            if mean / spread < -critical:
+                return GateReason.RECOVERY_BELOW_THRESHOLD, samples
+    return GateReason.SAMPLE_CAP_REACHED, options.max_samples
+
+
+def peeking_rows(options: AccuracyOptions, runs: int) -> list[str]:
+    rows = [
+        f"| asked | baseline score | true recovery | z-test peeked each prompt: Pass / Fail / cap (of {runs}), mean "
+        "prompts | the rule: Pass / Fail / cap, mean prompts |",
+        "|---|---|---|---|---|",
+    ]
+    for recovery in (1.0, 0.97, 0.95, 0.9, 0.8):
+        scenario = Scenario(0.5, recovery)
+        cells = []
+        for rule in (run_peeking_z_test, run_gate):
+            tally = Tally.of([rule(scenario, options, seed) for seed in range(runs)])
+            cells.append(f"{tally.passes} / {tally.fails} / {tally.inconclusive}, {tally.mean:.1f}")
+        rows.append(f"| {options.asked} | 0.5 | {recovery} | {cells[0]} | {cells[1]} |")
+    return rows
+
+
+def needles_to_decide(min_recovery: float, confidence: float, canary: bool) -> int:
+    """Needles, all right for the baseline and all right (or all wrong) for the canary, until the rule decides."""
+    evidence, alpha = Evidence.start(min_recovery, 0.0, bounds=False), 1 - confidence
+    while not (evidence.above_bar(alpha) if canary else evidence.below_bar(alpha)):
+        evidence = evidence.add(canary, True)
+    return evidence.counts.total
+
+
+def needle_count_rows() -> list[str]:
+    rows = [
+        "| minRecovery | confidence | identical A/A: both-right needles to Pass | the least any valid test needs "
+        "| canary losing all: needles to Fail |",
+        "|---|---|---|---|---|",
+    ]
+    for min_recovery in (0.95, 0.9, 0.8):
+        for confidence in (0.95, 0.9):
+            fewest = math.log(1 / (1 - confidence)) / -math.log(min_recovery)
+            rows.append(
+                f"| {min_recovery} | {confidence} | {needles_to_decide(min_recovery, confidence, True)} "
+                f"| {fewest:.0f} | {needles_to_decide(min_recovery, confidence, False)} |"
+            )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000, help="seeded runs per scenario")
@@ -164,6 +228,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="*", default=["clustered", "noisy"], choices=["clustered", "noisy"])
     parser.add_argument("--floor-scan", action="store_true", help="also: A/A pass rate at low baseline scores")
     parser.add_argument("--stake-caps", action="store_true", help="also: the rule with other stake caps")
+    parser.add_argument("--peeking", action="store_true", help="also: a z-test looked at after every prompt")
     parser.add_argument("--no-grid", action="store_true", help="skip the main table")
     args = parser.parse_args()
     defaults = AccuracyOptions(canary="", baseline="", length=1, model="")
@@ -176,6 +241,7 @@ def main() -> None:
         f"baselineFloor {defaults.baseline_floor}, min samples {defaults.min_samples}"
     )
     print()
+    print("\n".join(needle_count_rows()), end="\n\n", flush=True)
     started = time.perf_counter()
     for asked in args.asked:
         options = replace(defaults, asked=asked, needles=max(defaults.needles, asked))
@@ -184,6 +250,8 @@ def main() -> None:
             print("\n".join(rows), end="\n\n", flush=True)
         if args.stake_caps:
             print("\n".join(stake_cap_rows(options, args.runs)), end="\n\n", flush=True)
+        if args.peeking:
+            print("\n".join(peeking_rows(options, args.runs)), end="\n\n", flush=True)
         if args.floor_scan:
             print("\n".join(floor_rows(options, args.runs)), end="\n\n", flush=True)
     print(f"({time.perf_counter() - started:.0f} s)")

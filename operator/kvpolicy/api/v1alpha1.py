@@ -442,8 +442,8 @@ class AccuracyGate(_Model):
     confidence: str = decimal_string(
         "Confidence of each decision: a pass (recovery shown above minRecovery) or a fail (shown below) is wrong with "
         "probability at most 1 - confidence however early the gate stops (sequential tests by betting on the paired "
-        "needles, needles taken as independent). An A/A run with identical answers passes once ~60 needles are "
-        'right on both sides at "0.95".',
+        "needles, needles taken as independent). An A/A run with identical answers passes once 65 needles are right "
+        'on both sides at "0.95" (100 at "0.99").',
         "0.95",
     )
     baseline_floor: str = decimal_string(
