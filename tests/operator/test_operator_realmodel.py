@@ -15,6 +15,7 @@ here would add minutes of CPU to every run).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,12 +26,12 @@ from kvpolicy_dev.devcluster import ThreadedDevCluster
 from kvpolicy_dev.devcluster.cpu_vllm import RealVllmRunner
 from kvpolicy_dev.devcluster.pytest_plugin import REAL_MODEL_GATE_RUNS
 from kvpolicy_dev.devcluster.runners import EntrypointQuirk
-from kvpolicy_dev.models import SMOLLM2_135M_INSTRUCT, ensure_model, sliding_window_args
+from kvpolicy_dev.models import SMOLLM2_135M_INSTRUCT, sliding_window_args
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.realmodel]
 
 MODEL = "smollm2"
-NUM_LAYERS = 30
+NUM_LAYERS = SMOLLM2_135M_INSTRUCT.num_layers
 MODEL_LEN = SMOLLM2_135M_INSTRUCT.max_model_len
 WORKLOAD_LENGTH = 8000
 # The gate's own cap (the CRD's default): this model finds about a quarter of the needles at 8k tokens, so an A/A
@@ -44,11 +45,11 @@ DECISION_SECONDS = SERVER_START_SECONDS + SAMPLE_CAP * 60.0
 TERMINAL = ("Promoted", "RolledBack", "HeldBF16")
 
 
-def windowed(window: int) -> RealVllmRunner:
+def windowed(model_dir: Path, window: int) -> RealVllmRunner:
     """The dev cluster's kubelet running real vLLM with the real model; the canary image's entrypoint adds the
     sliding-window overrides."""
     quirk = EntrypointQuirk(add=tuple(sliding_window_args(SMOLLM2_135M_INSTRUCT, window)))
-    return RealVllmRunner(ensure_model(), quirks={CANARY_IMAGE: quirk})
+    return RealVllmRunner(model_dir, quirks={CANARY_IMAGE: quirk})
 
 
 def target(namespace: str) -> dict[str, Any]:
@@ -106,9 +107,9 @@ def roll_out(cluster: ThreadedDevCluster, namespace: str, operator: OperatorFact
 
 
 def test_an_aa_canary_on_the_real_model_is_promoted(
-    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory, real_model: Path
 ) -> None:
-    devcluster.set_runner(windowed(MODEL_LEN))
+    devcluster.set_runner(windowed(real_model, MODEL_LEN))
     status = roll_out(devcluster, devcluster_namespace, operator, "A/A")
     assert status["phase"] == "Promoted", status
     accuracy = status["accuracy"]
@@ -120,9 +121,9 @@ def test_an_aa_canary_on_the_real_model_is_promoted(
 
 
 def test_a_canary_blind_beyond_2k_tokens_is_rolled_back_to_bf16(
-    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory, real_model: Path
 ) -> None:
-    devcluster.set_runner(windowed(2048))
+    devcluster.set_runner(windowed(real_model, 2048))
     status = roll_out(devcluster, devcluster_namespace, operator, "broken")
     assert (status["phase"], status["decision"]["reason"]) == (
         "RolledBack",
