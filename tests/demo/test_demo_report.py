@@ -82,7 +82,16 @@ def test_report_says_where_its_numbers_came_from(make_policy: Any, tmp_path: Pat
     assert "the simulators' accuracy follows emulated FP8 accumulation" in simulated
     real_facts = replace(FACTS, servers=REAL_VLLM_SERVERS)
     real = write_report(tmp_path / "real", real_facts, observed, scenarios.SCENARIOS, None).read_text()
-    assert "the model pods ran real vLLM 0.32.0" in real and "accuracy scores are simulated" in real
+    assert "the model pods ran real vLLM 0.32.0" in real and "serving a real model, SmolLM2-135M-Instruct" in real
+    assert "twin" not in real and "accuracy scores are simulated" not in real
+
+
+def test_the_real_models_accuracy_gate_is_shown_prompt_by_prompt(make_policy: Any, tmp_path: Path) -> None:
+    prompts = ["accuracy: 1/20 prompts, 4 needles: canary 0.750, baseline 0.750", "accuracy: 2/20 prompts, 8 needles"]
+    observed = Observed([make_policy("support-chat", {})], accuracy_prompts={"support-chat": prompts})
+    real_facts = replace(FACTS, servers=REAL_VLLM_SERVERS)
+    text = write_report(tmp_path, real_facts, observed, scenarios.SCENARIOS, None).read_text()
+    assert "Accuracy gate, prompt by prompt" in text and "\n".join(prompts) in text
 
 
 def test_report_says_when_figures_are_missing(make_policy: Any, tmp_path: Path) -> None:

@@ -12,9 +12,10 @@ from kvpolicy_dev.devcluster.cpu_vllm import (
     CPU_RUNTIME_ARGS,
     ENTRYPOINT_MODULE,
     KV_CACHE_MIN_BYTES,
-    TWIN_PORT_OFFSET,
+    MODEL_CONFIG,
+    RANDOM_WEIGHTS_ARGS,
     RealVllmRunner,
-    kv_cache_bytes,
+    ServedModel,
 )
 from kvpolicy_dev.devcluster.cpu_vllm_entrypoint import ServeRequest, cpu_arguments
 from kvpolicy_dev.devcluster.runners import EntrypointQuirk, SimulatorRunner, drop_flags
@@ -80,44 +81,34 @@ def test_the_real_vllm_runner_passes_the_pod_specs_arguments_unchanged(tmp_path:
     assert runner.argv({"image": "busybox", "command": ["sleep", "1"]}, H200, "127.0.0.5") is None
 
 
-def test_accuracy_twins_run_beside_vllm_and_take_the_accuracy_gates_requests(tmp_path: Path) -> None:
-    runner = RealVllmRunner(tmp_path, accuracy_twins=SimulatorRunner(two_level_fix_images=frozenset({"fixed:1"})))
-    argv = runner.argv(vllm_container("fixed:1"), H200, "127.0.0.5")
-    assert argv is not None
-    (option,) = [word for word in argv if word.startswith("--twin=")]
-    twin = json.loads(option.removeprefix("--twin="))
-    assert twin[1:4] == ["-m", "kvpolicy", "sim"] and "--two-level-fix" in twin
-    assert twin[twin.index("--port", twin.index("--host")) + 1] == str(8000 + TWIN_PORT_OFFSET)
-    accuracy = [
-        "kvpolicy",
-        "gate",
-        "accuracy",
-        "--canary",
-        "http://127.0.0.5:8000",
-        "--baseline",
-        "http://127.0.0.6:8000",
-    ]
-    assert runner.rewrite_job_argv(accuracy)[4::2] == [f"http://127.0.0.5:{8000 + TWIN_PORT_OFFSET}",
-                                                       f"http://127.0.0.6:{8000 + TWIN_PORT_OFFSET}"]  # fmt: skip
-    latency = ["kvpolicy", "gate", "latency", "--canary", "http://127.0.0.5:8000"]
-    assert runner.rewrite_job_argv(latency) == latency
-    assert RealVllmRunner(tmp_path).rewrite_job_argv(accuracy) == accuracy
+def tiny_config(directory: Path) -> Path:
+    directory.joinpath("config.json").write_text(json.dumps(MODEL_CONFIG))
+    return directory
 
 
 def test_the_entrypoint_serves_the_model_directory_under_the_containers_name(tmp_path: Path) -> None:
+    tiny = ServedModel.read(tiny_config(tmp_path))
     request = ServeRequest("llama", None, 8192, {"--attention-backend": "FLASH_ATTN"})
     arguments = cpu_arguments(["llama", "--max-model-len", "8192", *PLAN], request, tmp_path, "127.0.0.5", 8000)
     assert arguments == [
         "--model", str(tmp_path), "--max-model-len", "8192", "--kv-cache-dtype", "fp8",
-        "--kv-cache-dtype-skip-layers", "sliding_window", "0", "--served-model-name", "llama", *CPU_RUNTIME_ARGS,
-        "--kv-cache-memory-bytes", str(kv_cache_bytes(8192)), "--host", "127.0.0.5", "--port", "8000",
+        "--kv-cache-dtype-skip-layers", "sliding_window", "0", "--served-model-name", "llama", *RANDOM_WEIGHTS_ARGS,
+        *CPU_RUNTIME_ARGS, "--kv-cache-memory-bytes", str(tiny.kv_cache_bytes(8192)), "--host", "127.0.0.5",
+        "--port", "8000",
     ]  # fmt: skip
     named = ServeRequest("llama", ["chat"], None, {})
     arguments = cpu_arguments(["llama", "--served-model-name", "chat"], named, tmp_path, "h", 1)
     assert arguments.count("--served-model-name") == 1
-    assert arguments[arguments.index("--kv-cache-memory-bytes") + 1] == str(kv_cache_bytes(131072))
+    assert arguments[arguments.index("--kv-cache-memory-bytes") + 1] == str(tiny.kv_cache_bytes(131072))
 
 
-def test_the_kv_cache_holds_two_sequences_of_max_model_len() -> None:
-    assert kv_cache_bytes(1024) == KV_CACHE_MIN_BYTES
-    assert kv_cache_bytes(131072) == 2 * 131072 * 2 * 2 * 64 * 2 * 2
+def test_a_directory_with_weights_is_served_with_them(tmp_path: Path) -> None:
+    tiny_config(tmp_path).joinpath("model.safetensors").write_bytes(b"")
+    arguments = cpu_arguments(["llama"], ServeRequest("llama", None, 4096, {}), tmp_path, "h", 1)
+    assert "--load-format" not in arguments and arguments[arguments.index("--enforce-eager") - 1] == "llama"
+
+
+def test_the_kv_cache_holds_two_sequences_of_max_model_len(tmp_path: Path) -> None:
+    tiny = ServedModel.read(tiny_config(tmp_path))
+    assert tiny.kv_cache_bytes(1024) == KV_CACHE_MIN_BYTES
+    assert tiny.kv_cache_bytes(131072) == 2 * 131072 * 2 * 2 * 64 * 2 * 2

@@ -43,30 +43,28 @@ CONTEXT = 16384
 MODEL_LEN = 32768
 
 
-def target(namespace: str, pool: str = "h200", name: str = "llama", max_model_len: int = MODEL_LEN) -> Obj:
+def deployment(namespace: str, name: str, pool: str, vllm: Obj) -> Obj:
+    """A one-replica Deployment on `pool` whose one container is `vllm` (with its port 8000)."""
+    serving = {**vllm, "name": "vllm", "ports": [{"name": "http", "containerPort": 8000}]}
+    pod = {"nodeSelector": {POOL_LABEL: pool}, "containers": [serving]}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "nodeSelector": {POOL_LABEL: pool},
-                    "containers": [
-                        {
-                            "name": "vllm",
-                            "image": TARGET_IMAGE,
-                            "args": ["serve", MODEL, "--max-model-len", str(max_model_len)],
-                            "ports": [{"name": "http", "containerPort": 8000}],
-                        }
-                    ],
-                },
-            },
-        },
-    }
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}}, "spec": pod}},
+    }  # fmt: skip
+
+
+def target(namespace: str, pool: str = "h200", name: str = "llama", max_model_len: int = MODEL_LEN) -> Obj:
+    args = ["serve", MODEL, "--max-model-len", str(max_model_len)]
+    return deployment(namespace, name, pool, {"image": TARGET_IMAGE, "args": args})
+
+
+def vllm_serve_target(namespace: str, name: str, image: str, args: list[str], env: list[Obj] | None = None) -> Obj:
+    """The BF16 Deployment on the h200 pool whose container runs `vllm serve ARGS` (real vLLM pods)."""
+    return deployment(namespace, name, "h200", {"image": image, "command": ["vllm", "serve"], "args": args,
+                                                "env": env or []})  # fmt: skip
 
 
 def policy(namespace: str, name: str = "llama-fp8", **overrides: Any) -> Obj:

@@ -31,9 +31,9 @@ from urllib.request import Request, urlopen
 import pytest
 from analysis.live_fleet import PROMETHEUS, PrometheusServer
 from auth_proxy import AuthProxy, Pki, prometheus_auth_spec
-from e2e_helpers import KVP, OperatorFactory, container, event_reasons, wait_until
+from e2e_helpers import KVP, OperatorFactory, container, event_reasons, vllm_serve_target, wait_until
 from kvpolicy.rollout.builders import API_KEY_ENV
-from kvpolicy_dev.devcluster import POOL_LABEL, ThreadedDevCluster
+from kvpolicy_dev.devcluster import ThreadedDevCluster
 from kvpolicy_dev.devcluster.cpu_vllm import RealVllmRunner
 from kvpolicy_dev.devcluster.pytest_plugin import REAL_VLLM_STARTUP_SECONDS
 from kvpolicy_dev.devcluster.runners import EntrypointQuirk
@@ -55,39 +55,10 @@ TENANT = {"X-Scope-OrgID": "team-llm"}
 
 
 def target(namespace: str, api_key_secret: str | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": MODEL, "namespace": namespace},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": MODEL}},
-            "template": {
-                "metadata": {"labels": {"app": MODEL}},
-                "spec": {
-                    "nodeSelector": {POOL_LABEL: "h200"},
-                    "containers": [
-                        {
-                            "name": "vllm",
-                            "image": TARGET_IMAGE,
-                            "command": ["vllm", "serve"],
-                            "args": [MODEL, "--max-model-len", str(MODEL_LEN)],
-                            "ports": [{"name": "http", "containerPort": 8000}],
-                            # vLLM reads its --api-key from VLLM_API_KEY too.
-                            "env": [
-                                {
-                                    "name": "VLLM_API_KEY",
-                                    "valueFrom": {"secretKeyRef": {"name": api_key_secret, "key": "token"}},
-                                }
-                            ]
-                            if api_key_secret
-                            else [],
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    # vLLM reads its --api-key from VLLM_API_KEY too.
+    key = {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": api_key_secret, "key": "token"}}}
+    return vllm_serve_target(namespace, MODEL, TARGET_IMAGE, [MODEL, "--max-model-len", str(MODEL_LEN)],
+                             [key] if api_key_secret else [])  # fmt: skip
 
 
 def policy(namespace: str, auth: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -29,11 +29,13 @@ RATIO_NOTE = (
 
 @dataclass(frozen=True)
 class Observed:
-    """What the cluster showed at the end of the run: the KVPolicies, their events, the Deployments they target."""
+    """What the cluster showed at the end of the run: the KVPolicies, their events, the Deployments they target, and
+    (real model only) each policy's accuracy gate progress, one line per prompt as the gate Job logged it."""
 
     policies: Sequence[Mapping[str, Any]]
     events: Mapping[str, Sequence[str]] = field(default_factory=dict)
     deployments: Sequence[Mapping[str, Any]] = ()
+    accuracy_prompts: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
 SIMULATED_SERVERS = (
@@ -41,12 +43,11 @@ SIMULATED_SERVERS = (
     "latency the published fits, scaled in time."
 )
 REAL_VLLM_SERVERS = (
-    "The cluster and the GPUs are emulated; the model pods ran real vLLM 0.32.0 (its CPU build, serving a tiny "
-    "random-weight Llama, scenarios two at a time): the users' requests, the pods' /metrics, Prometheus' histograms, "
-    "every latency ratio and so every latency verdict below are real vLLM's, measured on this CPU rather than on the "
-    "GPUs the scenarios name. The accuracy gate's prompts were answered by each pod's simulator twin (the FP8 "
-    "accumulation emulation of its GPU and image), because no real weights exist here: accuracy scores are "
-    "simulated."
+    "The cluster and the GPUs are emulated; the model pods ran real vLLM 0.32.0 (its CPU build, scenarios two at a "
+    "time) serving a real model, SmolLM2-135M-Instruct, with every scenario's lengths scaled to its 8,192 positions: "
+    "the users' requests, the pods' /metrics, Prometheus' histograms, every latency ratio and every accuracy score "
+    "below are real vLLM's and that model's, measured on this CPU. So the accuracy verdicts judge FP8 KV on this "
+    "model and CPU, not the FP8 accumulation of the GPUs the scenarios name (the simulators' story)."
 )
 
 
@@ -111,7 +112,13 @@ def serving(policy: KVPolicy, deployments: Sequence[Mapping[str, Any]]) -> str |
     return None
 
 
-def policy_section(policy: KVPolicy, scenario: Scenario | None, events: Sequence[str], now_serving: str | None) -> str:
+def policy_section(
+    policy: KVPolicy,
+    scenario: Scenario | None,
+    events: Sequence[str],
+    now_serving: str | None,
+    accuracy_prompts: Sequence[str] = (),
+) -> str:
     name = str(policy.metadata.get("name", "?"))
     status = policy.status
     lines = [f"### {name}", ""]
@@ -126,6 +133,9 @@ def policy_section(policy: KVPolicy, scenario: Scenario | None, events: Sequence
         lines.append(f"- Plan: **{plan.kv_cache_dtype.value}**{image}{args}")
         lines += [f"  - `{reason.code}`: {reason.message}" for reason in plan.reasons]
     lines += _gate_lines("Accuracy gate", status.accuracy)
+    if accuracy_prompts:
+        lines += ["", "<details><summary>Accuracy gate, prompt by prompt (its Job's log)</summary>", "", "```",
+                  *accuracy_prompts, "```", "", "</details>", ""]  # fmt: skip
     if status.latency is not None:
         lines += _latency_lines(status.latency.last, status.latency.checks, status.latency.passes)
     if status.decision is not None:
@@ -194,7 +204,8 @@ def report_markdown(
     for policy in policies:
         name = str(policy.metadata.get("name"))
         now_serving = serving(policy, observed.deployments)
-        sections.append(policy_section(policy, by_name.get(name), observed.events.get(name, []), now_serving))
+        prompts = observed.accuracy_prompts.get(name, [])
+        sections.append(policy_section(policy, by_name.get(name), observed.events.get(name, []), now_serving, prompts))
     header = [
         "# kvpolicy demo report",
         "",

