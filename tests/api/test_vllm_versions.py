@@ -24,8 +24,7 @@ from kvpolicy.planning.vllm_versions import (
     parse_version,
     release,
 )
-
-from tests.api.test_planner import spec_with
+from test_planner import spec_with
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = [None, "0.32.0", "v0.32.4+cu130", "0.33.0rc1", "0.40.1", "0.11.0"]
