@@ -13,7 +13,7 @@ from kvpolicy.analysis.prometheus import DEFAULT_SELECTOR_TEMPLATE, PrometheusPr
 from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.api.reasons import AnalysisReason
-from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, KVPolicy, LatencyProvider, Phase
+from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, GpuFacts, KVPolicy, LatencyProvider, Phase
 from kvpolicy.credentials import Credentials
 from kvpolicy.kube.api import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, SERVICES, KubeApi, label_selector
 from kvpolicy.kube.references import ReferenceReader, prometheus_credentials
@@ -133,17 +133,18 @@ def gpu_node_selector(policy: KVPolicy, target: Mapping[str, Any]) -> dict[str, 
     return dict(selector) if selector else dict(GPU_PRESENT)
 
 
-def gpu_pool(policy: KVPolicy, target: Mapping[str, Any], nodes: Sequence[Obj]) -> list[Obj]:
-    """The nodes the target's pods may land on among those its selector listed: a target placed by required node
-    affinity (Karpenter, GKE and EKS node pools) is held to it too, unless spec.gpuNodeSelector names the pool."""
-    if policy.spec.gpu_node_selector:
-        return list(nodes)
-    affinity = (target["spec"]["template"].get("spec") or {}).get("affinity")
-    return [
-        node
-        for node in nodes
-        if required_affinity_admits(node["metadata"]["name"], node["metadata"].get("labels") or {}, affinity)
-    ]
+def pool_gpu_facts(policy: KVPolicy, target: Mapping[str, Any], nodes: Sequence[Obj]) -> GpuFacts:
+    """GPU facts of the nodes the target's pods may land on, among those its selector listed: a target placed by
+    required node affinity (Karpenter, GKE and EKS node pools) is held to it too, unless spec.gpuNodeSelector names
+    the pool."""
+    affinity = None if policy.spec.gpu_node_selector else (target["spec"]["template"].get("spec") or {}).get("affinity")
+    return gpu_facts(
+        [
+            node["metadata"].get("labels") or {}
+            for node in nodes
+            if required_affinity_admits(node["metadata"]["name"], node["metadata"].get("labels") or {}, affinity)
+        ]
+    )
 
 
 @dataclass
@@ -247,7 +248,7 @@ class Observer:
         gpu = None
         if target is not None and (phase == Phase.PLANNING or phase in REPLAN_PHASES):
             listed = await self.api.list_objects(NODES, None, label_selector(gpu_node_selector(policy, target)))
-            gpu = gpu_facts([node["metadata"].get("labels") or {} for node in gpu_pool(policy, target, listed)])
+            gpu = pool_gpu_facts(policy, target, listed)
         if phase == Phase.PLANNING or phase in TERMINAL_PHASES:  # decided: the target's drift; HeldBF16: the GPUs too
             return Observations(now=now, target=target, gpu=gpu)
 

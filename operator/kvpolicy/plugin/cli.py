@@ -23,8 +23,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from kvpolicy.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, Approval, KVPolicy, Phase
-from kvpolicy.kube.observe import gpu_node_selector, gpu_pool
-from kvpolicy.planning.gpu import gpu_facts
+from kvpolicy.kube.observe import gpu_node_selector, pool_gpu_facts
 from kvpolicy.planning.planner import plan
 from kvpolicy.plugin import view
 from kvpolicy.rollout.tick import CANARY_PHASES
@@ -254,8 +253,7 @@ async def _explain(session: Session, args: argparse.Namespace) -> None:
     selector = gpu_node_selector(policy, target)
     label_selector = ",".join(f"{key}={value}" for key, value in sorted(selector.items()))
     nodes = await _json(session.core.list_node, label_selector=label_selector)
-    pool = gpu_pool(policy, target, nodes.get("items") or [])
-    facts = gpu_facts([node["metadata"].get("labels") or {} for node in pool])
+    facts = pool_gpu_facts(policy, target, nodes.get("items") or [])
     planned = plan(policy.spec, facts)
     lines = [
         f"Plan for {session.namespace}/{args.name} on the cluster's GPUs now",
