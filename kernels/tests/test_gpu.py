@@ -1,6 +1,7 @@
 """GPU-only checks at sizes the interpreter cannot reach: the cliff itself, and accuracy at realistic shapes."""
 
 import os
+from functools import partial
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from kvkernels.decode import (
     PagedKVCache,
     _mma_partials,
     build_paged_cache,
+    combine_partials,
     default_decode_config,
     mma_launch,
     paged_decode,
@@ -20,7 +22,7 @@ from kvkernels.modes import AccumulationMode
 from kvkernels.prefill import attention_prefill
 from kvkernels.quant import FP8_DTYPE, quantize_fp8
 from kvkernels.reference import attention_reference, paged_decode_reference, row_errors
-from mma_decode_model import H200_RESIDENT_BLOCKS, model_paged_decode
+from mma_decode_model import H200_RESIDENT_BLOCKS, model_launch, model_paged_decode
 from test_decode_mma_model import CASES, Case, make_inputs
 
 # Compiled kernels only: under TRITON_INTERPRET=1 even a visible GPU would run the interpreter.
@@ -144,33 +146,66 @@ def test_fp8_decode_defaults_to_the_cuda_kernel_on_hopper() -> None:
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_cuda_fp8_decode_matches_its_cpu_model(case: Case) -> None:
     """The kernel and its CPU model (mma_decode_model.py, which the CPU tests hold to the float64 reference) on the
-    same inputs: the same launch, the same partials per split, the same output. They differ only where ex2.approx
-    and torch's exp2 round a probability to different f16 neighbours (one f16 ulp, 2^-10 of that probability)."""
+    same inputs: the same launch (the case's GPU's plan, run on this one), the same work planned on the device (the
+    rows each sequence's splits wrote), the same partials per split, the same output. They differ only where
+    ex2.approx and torch's exp2 round a probability to different f16 neighbours (one f16 ulp, 2^-10 of that
+    probability)."""
     inputs = make_inputs(case, seed=1, device="cuda")
     c, max_len = inputs.cache, max(case.lengths)
+    plan = model_launch(
+        inputs.q, c, max_seq_len=max_len, config=case.config, num_splits=case.num_splits,
+        multiprocessors=case.multiprocessors, resident_blocks=case.resident_blocks,
+    )  # fmt: skip
     expected, model = model_paged_decode(
         inputs.q, c, max_seq_len=max_len, config=case.config, num_splits=case.num_splits,
         multiprocessors=case.multiprocessors, resident_blocks=case.resident_blocks,
         q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
     )  # fmt: skip
-    splits = model.acc.shape[2] // case.config.warps_per_head  # the model's plan (the case's GPU), run on this one
     qk_scale = qk_log2_scale(case.head_dim, None, inputs.q_scale, inputs.k_scale)
-    acc, run_max, run_sum = (
-        t.cpu() for t in _mma_partials(inputs.q, c, max_len, AccumulationMode.TWO_LEVEL, qk_scale, splits,
-                                       case.config)
-    )  # fmt: skip
-    out = paged_decode(
-        inputs.q, c, max_seq_len=max_len, config=case.config, num_splits=splits, out_dtype=torch.float32,
-        q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
-    ).cpu()  # fmt: skip
-    assert acc.shape == model.acc.shape
+    partials = _mma_partials(inputs.q, c, max_len, AccumulationMode.TWO_LEVEL, qk_scale, None, case.config, plan)
+    out = combine_partials(
+        partials.acc, partials.max, partials.sum, inputs.v_scale, torch.float32, partials.index, partials.max_parts
+    ).cpu()
+    acc, run_max, run_sum, index = (t.cpu() for t in (partials.acc, partials.max, partials.sum, partials.index))
+    assert acc.shape == model.acc.shape and torch.equal(index, model.index)
+    written = ~model.max.isnan()  # rows of busy blocks (idle blocks write nothing)
     empty = model.max == float("-inf")
-    assert torch.equal(run_max == float("-inf"), empty)  # the same splits saw no token
-    torch.testing.assert_close(run_max[~empty], model.max[~empty], rtol=0.0, atol=TIE_MAX_ATOL)
-    torch.testing.assert_close(run_sum, model.sum, rtol=TIE_SUM_RTOL, atol=0.0)
-    for got, want in ((acc[~empty], model.acc[~empty]), (out, expected)):  # rows of splits that saw tokens
+    assert torch.equal(run_max[written] == float("-inf"), empty[written])  # the same splits saw no token
+    seen = written & ~empty
+    torch.testing.assert_close(run_max[seen], model.max[seen], rtol=0.0, atol=TIE_MAX_ATOL)
+    torch.testing.assert_close(run_sum[written], model.sum[written], rtol=TIE_SUM_RTOL, atol=0.0)
+    for got, want in ((acc[seen], model.acc[seen]), (out, expected)):  # rows of splits that saw tokens
         rel = (got - want).double().norm(dim=-1) / want.double().norm(dim=-1)
         assert float(rel.median()) <= TIE_MEDIAN and float(rel.max()) <= TIE_WORST, (rel.median(), rel.max())
+
+
+@pytest.mark.parametrize("dependent", [False, True])
+def test_reduce_launched_as_a_dependent_kernel(dependent: bool) -> None:
+    """The reduce as a programmatic dependent of the partial kernel (Hopper's PDL), eagerly and replayed from a CUDA
+    graph, gives the output of the plain launch, for batches whose plan leaves blocks idle."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90")
+    lengths = [70000, 1, 3000, 16, 40000]
+    cache, ks, vs = _ragged_fp8_cache(lengths, 16, 8, 128, seed=11)
+    q8, qs = quantize_fp8(torch.randn(len(lengths), 32, 128, device="cuda"))
+    config = MmaDecodeConfig(dependent_reduce=dependent)
+    step = partial(paged_decode, q8, cache, max_seq_len=max(lengths), q_scale=qs, k_scale=ks, v_scale=vs,
+                   out_dtype=torch.float32, config=config)  # fmt: skip
+    plain = paged_decode(q8, cache, max_seq_len=max(lengths), q_scale=qs, k_scale=ks, v_scale=vs,
+                         out_dtype=torch.float32, config=MmaDecodeConfig())  # fmt: skip
+    torch.testing.assert_close(step(), plain, rtol=0.0, atol=0.0)
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        replayed = step()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(replayed, plain, rtol=0.0, atol=0.0)
 
 
 @pytest.mark.parametrize("head_dim", [128, 256])

@@ -19,6 +19,9 @@
 // Accumulation is two-level: each tile's P·V partial starts from zero and is added to the fp32 output on the CUDA
 // cores (out = out * alpha + partial), as FA3 does for FP8.
 //
+// Which sequence and split a block runs is planned by the block itself from seq_lens (plan_work): no host sync, and a
+// long sequence among short ones gets splits in proportion to its length instead of every sequence as many.
+//
 // Compile-time constants (-D): HEAD_DIM (128 or 256), PAGE_SIZE (multiple of 16), TILE (tokens per step, multiple of
 // 16), STAGES (>= 2), HEADS_PER_BLOCK, SLICES, ROWS16 (1 when the GQA group has more than 8 query heads per KV head),
 // (no L2 options: bulk L2 prefetch of page rows and 256-byte L2 fetches were measured slower, BENCHMARKS.md)
@@ -109,23 +112,129 @@ __device__ __forceinline__ Words4 load_shared16(u32 smem) {
     return v;
 }
 
+#define TOKENS_PER_STEP (TILE * SLICES)
+#define MAX_WARPS 32
+
+// Splits of one sequence of `steps` steps when a grid row has `budget` blocks for `seqs` sequences of `total` steps:
+// one each, the other budget - seqs shared in proportion to length (floor), at most one per step
+// (_decode_mma.split_count).
+__device__ __forceinline__ int split_count(long long budget, int seqs, long long total, int steps) {
+    if (budget <= seqs) return 1;
+    const long long n = 1 + (budget - seqs) * (long long)steps / total;
+    return (int)(n < steps ? (n > 1 ? n : 1) : (steps > 1 ? steps : 1));
+}
+
+struct Work {
+    int seq, split, splits, first;  // seq < 0: an idle block
+};
+
+// The block's work, computed by all its threads from seq_lens (_decode_mma.sequence_splits): the budget of blocks
+// per grid row (whole waves while the longest sequence's splits keep min_split_steps steps, else one wave), each
+// sequence's split count, and the running sum of counts that places block x in a sequence. Thread t takes a run of
+// consecutive sequences, so one block-wide exclusive scan orders them.
+__device__ Work plan_work(const int* __restrict__ seq_lens, int seqs, int wave, int most_waves, int min_split_steps,
+                          int fixed_splits) {
+    __shared__ long long warp_total[MAX_WARPS];
+    __shared__ int warp_longest[MAX_WARPS], warp_splits[MAX_WARPS];
+    __shared__ Work work;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int per_thread = (seqs + blockDim.x - 1) / blockDim.x;
+    const int first_seq = min(threadIdx.x * per_thread, seqs), last_seq = min(first_seq + per_thread, seqs);
+    long long total = 0;
+    int longest = 0;
+    for (int s = first_seq; s < last_seq; ++s) {
+        const int steps = (seq_lens[s] + TOKENS_PER_STEP - 1) / TOKENS_PER_STEP;
+        total += steps;
+        longest = max(longest, steps);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        total += __shfl_xor_sync(0xffffffffu, total, offset);
+        longest = max(longest, __shfl_xor_sync(0xffffffffu, longest, offset));
+    }
+    if (lane == 0) {
+        warp_total[warp] = total;
+        warp_longest[warp] = longest;
+    }
+    if (threadIdx.x == 0) work.seq = -1;
+    __syncthreads();
+    total = 0;
+    longest = 0;
+    for (int w = 0; w < warps; ++w) {
+        total += warp_total[w];
+        longest = max(longest, warp_longest[w]);
+    }
+    total = total > 0 ? total : 1;
+    long long budget = (long long)wave / gridDim.y;  // one wave, unless more keep long enough splits
+    for (int waves = most_waves; waves > 0; --waves) {
+        const long long candidate = (long long)waves * wave / gridDim.y;
+        if (longest >= (long long)split_count(candidate, seqs, total, longest) * min_split_steps) {
+            budget = candidate;
+            break;
+        }
+    }
+    int mine = 0;
+    for (int s = first_seq; s < last_seq; ++s) {
+        const int steps = (seq_lens[s] + TOKENS_PER_STEP - 1) / TOKENS_PER_STEP;
+        mine += fixed_splits > 0 ? fixed_splits : split_count(budget, seqs, total, steps);
+    }
+    int inclusive = mine;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        const int up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= offset) inclusive += up;
+    }
+    if (lane == 31) warp_splits[warp] = inclusive;
+    __syncthreads();
+    int first = inclusive - mine;
+    for (int w = 0; w < warp; ++w) first += warp_splits[w];
+    const int block = blockIdx.x;
+    if (block >= first && block < first + mine) {
+        for (int s = first_seq; s < last_seq; ++s) {
+            const int steps = (seq_lens[s] + TOKENS_PER_STEP - 1) / TOKENS_PER_STEP;
+            const int count = fixed_splits > 0 ? fixed_splits : split_count(budget, seqs, total, steps);
+            if (block < first + count) {
+                work = Work{s, block - first, count, first};
+                break;
+            }
+            first += count;
+        }
+    }
+    __syncthreads();
+    return work;
+}
+
 extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) paged_decode_fp8_mma(
     const u8* __restrict__ q, const u8* __restrict__ k_cache, const u8* __restrict__ v_cache,
     const int* __restrict__ block_table, const int* __restrict__ seq_lens, float* __restrict__ part_acc,
-    float* __restrict__ part_max, float* __restrict__ part_sum, float qk_scale, int group, int tokens_per_split,
-    long long s_qs, long long s_qh, long long s_kb, long long s_kt, long long s_kh, long long s_vb, long long s_vt,
-    long long s_vh, long long s_bt, long long s_as, long long s_ah, long long s_ap, long long s_ms, long long s_mh) {
+    float* __restrict__ part_max, float* __restrict__ part_sum, int* __restrict__ part_index, float qk_scale,
+    int group, int seqs, int wave, int most_waves, int min_split_steps, int fixed_splits, long long s_qs,
+    long long s_qh, long long s_kb, long long s_kt, long long s_kh, long long s_vb, long long s_vt, long long s_vh,
+    long long s_bt, long long s_ah, long long s_ap, long long s_mh) {
     extern __shared__ __align__(16) u8 shared[];
+#if __CUDA_ARCH__ >= 900
+    // The reduce kernel, when launched as a programmatic dependent, may start its blocks now: they wait for this
+    // grid's results (griddepcontrol.wait) while its last blocks run.
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+    const Work work = plan_work(seq_lens, seqs, wave, most_waves, min_split_steps, fixed_splits);
+    if (work.seq < 0) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r = lane >> 2, j = lane & 3;
     const int slice = warp / HEADS_PER_BLOCK;
-    const int split = blockIdx.x, kv_head = blockIdx.y * HEADS_PER_BLOCK + warp % HEADS_PER_BLOCK, seq = blockIdx.z;
+    const int split = work.split, kv_head = blockIdx.y * HEADS_PER_BLOCK + warp % HEADS_PER_BLOCK, seq = work.seq;
     const int seq_len = seq_lens[seq];
+    const int steps = (seq_len + TOKENS_PER_STEP - 1) / TOKENS_PER_STEP;
+    const int tokens_per_split = (steps + work.splits - 1) / work.splits * TOKENS_PER_STEP;
     const int per_warp = tokens_per_split / SLICES;
     const int start = split * tokens_per_split + slice * per_warp;
     const int end = (seq_len < start + per_warp ? seq_len : start + per_warp);
     const int num_tiles = end > start ? (end - start + TILE - 1) / TILE : 0;
-    const int part = split * SLICES + slice;
+    const int part = blockIdx.x * SLICES + slice;  // = (first + split) * SLICES + slice: a sequence's rows are consecutive
+    if (split == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+        part_index[2 * seq] = work.first * SLICES;
+        part_index[2 * seq + 1] = work.splits * SLICES;
+    }
     const int* table = block_table + seq * s_bt;
     const int last_page = seq_len > 0 ? (seq_len - 1) / PAGE_SIZE : 0;
     const u8* k_head = k_cache + kv_head * s_kh;
@@ -315,7 +424,7 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
         l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
         if (row < group) {
             const int head = kv_head * group + row;
-            float* dst = part_acc + seq * s_as + head * s_ah + part * s_ap;
+            float* dst = part_acc + head * s_ah + part * s_ap;
 #pragma unroll
             for (int col = 0; col < 2; ++col) {
                 Floats4* run = (Floats4*)(dst + VB * (2 * j + col));
@@ -326,8 +435,8 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
                 }
             }
             if (j == 0) {
-                part_max[seq * s_ms + head * s_mh + part] = m_run[half];
-                part_sum[seq * s_ms + head * s_mh + part] = l_sum;
+                part_max[head * s_mh + part] = m_run[half];
+                part_sum[head * s_mh + part] = l_sum;
             }
         }
     }
