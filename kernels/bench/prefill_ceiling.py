@@ -132,8 +132,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     data: dict[str, Any] = {"env": environment(), "shape": [HEADS, SEQ_Q, SEQ_K, HEAD_DIM]}
     gen = torch.Generator(device="cuda").manual_seed(128)
     q = torch.randn(1, HEADS, SEQ_Q, HEAD_DIM, device="cuda", generator=gen).to(FP8_DTYPE)
@@ -164,9 +162,15 @@ def main() -> None:
     out = torch.empty(HEADS * SEQ_Q, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     qk_scale = LOG2_E / math.sqrt(HEAD_DIM)
     for label, block_m, block_n, warps, stages, softmax, desc, ws in VARIANTS:
-        q_desc = TensorDescriptor.from_tensor(q2, [block_m, HEAD_DIM])
-        k_desc = TensorDescriptor.from_tensor(k2, [block_n, HEAD_DIM])
-        v_desc = TensorDescriptor.from_tensor(vt, [HEAD_DIM, block_n])
+        try:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            q_desc = TensorDescriptor.from_tensor(q2, [block_m, HEAD_DIM])
+            k_desc = TensorDescriptor.from_tensor(k2, [block_n, HEAD_DIM])
+            v_desc = TensorDescriptor.from_tensor(vt, [HEAD_DIM, block_n])
+        except Exception as error:  # recorded: a Triton without host-side descriptors
+            results[label] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+            continue
         fn = partial(
             ceiling_kernel[(SEQ_Q // block_m, HEADS)], q_desc, k_desc, v_desc, q2, k2, vt, out, qk_scale, SEQ_Q,
             SEQ_K, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=HEAD_DIM, SOFTMAX=softmax, DESC=desc,
