@@ -103,19 +103,19 @@ ECHO_SOURCE = r"""
 extern "C" __global__ void paged_decode_fp8_mma(
     const unsigned char* q, const unsigned char* k_cache, const unsigned char* v_cache, const int* block_table,
     const int* seq_lens, float* part_acc, float* part_max, float* part_sum, int* part_index, float qk_scale,
-    int group, int seqs, int wave, int most_waves, int min_split_steps, int fixed_splits, long long s_qs,
-    long long s_qh, long long s_kb, long long s_kt, long long s_kh, long long s_vb, long long s_vt, long long s_vh,
-    long long s_bt, long long s_ah, long long s_ap, long long s_mh) {
+    int group, int tokens_per_split, int seqs, int wave, int most_waves, int min_split_steps, int fixed_splits,
+    long long s_qs, long long s_qh, long long s_kb, long long s_kt, long long s_kh, long long s_vb, long long s_vt,
+    long long s_vh, long long s_bt, long long s_as, long long s_ah, long long s_ap, long long s_ms, long long s_mh) {
     if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
-        const long long ints[18] = {group, seqs, wave, most_waves, min_split_steps, fixed_splits, s_qs, s_qh, s_kb,
-                                    s_kt, s_kh, s_vb, s_vt, s_vh, s_bt, s_ah, s_ap, s_mh};
-        for (int i = 0; i < 18; ++i) part_acc[i] = (float)ints[i];
-        part_acc[18] = qk_scale;
-        part_acc[19] = (float)seq_lens[0];
-        part_acc[20] = (float)block_table[0];
-        part_acc[21] = (float)q[0];
-        part_acc[22] = (float)k_cache[0];
-        part_acc[23] = (float)v_cache[0];
+        const long long ints[21] = {group, tokens_per_split, seqs, wave, most_waves, min_split_steps, fixed_splits,
+                                    s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt, s_as, s_ah, s_ap, s_ms, s_mh};
+        for (int i = 0; i < 21; ++i) part_acc[i] = (float)ints[i];
+        part_acc[21] = qk_scale;
+        part_acc[22] = (float)seq_lens[0];
+        part_acc[23] = (float)block_table[0];
+        part_acc[24] = (float)q[0];
+        part_acc[25] = (float)k_cache[0];
+        part_acc[26] = (float)v_cache[0];
         part_max[0] = 1.f;
         part_sum[0] = 2.f;
         part_index[0] = 3;
@@ -136,14 +136,14 @@ def check_arguments() -> None:
     m = torch.zeros(8, 8, device="cuda")
     l_sum = torch.zeros_like(m)
     index = torch.zeros(2, 2, dtype=torch.int32, device="cuda")
-    plan = [2, 132, 4, 128, 0]
-    args = [q, kc, vc, table, lens, acc, m, l_sum, index, 0.125, 4, *plan, *q.stride()[:2], *kc.stride()[:3],
-            *vc.stride()[:3], table.stride(0), *acc.stride()[:2], m.stride(0)]  # fmt: skip
+    plan = [96, 2, 132, 4, 128, 0]
+    strides = [*q.stride()[:2], *kc.stride()[:3], *vc.stride()[:3], table.stride(0), 4 * D, *acc.stride()[:2], 4,
+               m.stride(0)]  # fmt: skip
+    args = [q, kc, vc, table, lens, acc, m, l_sum, index, 0.125, 4, *plan, *strides]
     kernel.launch((1, 1, 1), 32, torch.cuda.current_stream().cuda_stream, args)
     torch.cuda.synchronize()
-    got = acc.flatten()[:24].tolist()
-    want = [4, *plan, *q.stride()[:2], *kc.stride()[:3], *vc.stride()[:3], table.stride(0), *acc.stride()[:2],
-            m.stride(0), 0.125, 64, int(table[0, 0]), float(q.view(torch.uint8)[0, 0, 0]),
+    got = acc.flatten()[:27].tolist()
+    want = [4, *plan, *strides, 0.125, 64, int(table[0, 0]), float(q.view(torch.uint8)[0, 0, 0]),
             float(kc.view(torch.uint8).flatten()[0]), float(vc.view(torch.uint8).flatten()[0])]  # fmt: skip
     print(f"arguments echoed: {'ok' if got == [float(w) for w in want] else 'MISMATCH'}\n  got  {got}\n  want {want}")
     print(f"  part_max[0] {m.flatten()[0].item()} part_sum[0] {l_sum.flatten()[0].item()} index {index[0, 0].item()}",

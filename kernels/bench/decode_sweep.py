@@ -37,7 +37,6 @@ from kvkernels.decode import (
     MmaDecodeConfig,
     PagedKVCache,
     _mma_partials,
-    combine_partials,
     mma_launch,
     paged_decode,
     qk_log2_scale,
@@ -47,14 +46,9 @@ from kvkernels.quant import FP8_DTYPE
 from kvkernels.reference import paged_decode_reference, row_errors
 
 FA3_POWERS = (1, 2, 4, 8, 16, 32, 64, 128)
-# Our launch choices beside the default, each timed (graph replay) and checked at every shape: the reduce launched as
-# a programmatic dependent (PDL), and the reduce reading more splits at once over fewer columns.
-VARIANTS = {
-    "pdl": MmaDecodeConfig(dependent_reduce=True),
-    "reduce-16x128": MmaDecodeConfig(reduce_columns=16, reduce_splits=128),
-    "reduce-16x128 pdl": MmaDecodeConfig(reduce_columns=16, reduce_splits=128, dependent_reduce=True),
-    "reduce-8x256 pdl": MmaDecodeConfig(reduce_columns=8, reduce_splits=256, dependent_reduce=True),
-}
+# Our launch choices beside the default, each timed (graph replay) and checked at every shape: splits planned by the
+# kernel from seq_lens, each sequence by its own length.
+VARIANTS = {"device plan": MmaDecodeConfig(plan_on_device=True)}
 # Our output against float64, per row (‖out - ref‖ / ‖ref‖): the kernel's products are f16 with fp32 sums, ~1e-5 at
 # worst (BENCHMARKS.md); FA3 FP8's own error is ~2e-3 in the mean.
 OURS_WORST_ROW_LIMIT = 1e-3
@@ -232,7 +226,10 @@ def measure_shape(shape: Shape, with_fa3: bool, seed: int) -> dict[str, Any]:
         try:
             variant: dict[str, Any] = errors(ours_fn(q, cache, max_len, out_dtype=torch.float32, config=config)(), ref)
             variant["graph"] = bench_us(capture(ours_fn(q, cache, max_len, config=config)).replay)
-            variant["grid"] = mma_launch(q, cache, max_len, config)[0].grid
+            variant_plan = mma_launch(q, cache, max_len, config)[0]
+            variant_splits = sequence_splits(shape.lengths, variant_plan)
+            variant["plan"] = {"grid": variant_plan.grid, "busy_blocks": sum(variant_splits),
+                               "splits": sorted({min(variant_splits), max(variant_splits)})}  # fmt: skip
         except Exception as error:  # recorded: e.g. 4 stages of head_dim 256 exceed shared memory
             variant = {"error": f"{type(error).__name__}: {str(error)[:160]}"}
         variants[name] = variant
@@ -260,7 +257,7 @@ def table_rows(data: dict[str, Any]) -> Iterator[list[str]]:
             row += ["n/a", "n/a"]
         plan = ours["plan"]
         row += [f"{ours['meanRelError']:.1e} / {ours['worstRowError']:.1e}",
-                f"{plan['busy_blocks']} of {plan['grid'][0]}x{plan['grid'][1]}, splits {plan['splits']}"]  # fmt: skip
+                f"{plan['busy_blocks']} of grid {tuple(plan['grid'])}, splits {plan['splits']}"]  # fmt: skip
         yield row
 
 
@@ -395,8 +392,7 @@ def breakdown(out: Path, data: dict[str, Any], markdown: list[str]) -> None:
             partials = partial(_mma_partials, q, cache, max_len, AccumulationMode.TWO_LEVEL, qk, splits, config)
             try:
                 parts = partials()
-                reduce = partial(combine_partials, parts.acc, parts.max, parts.sum, 1.0, torch.bfloat16, parts.index,
-                                 parts.max_parts)  # fmt: skip
+                reduce = partial(parts.merge, 1.0, torch.bfloat16)
                 full = ours_fn(q, cache, max_len, num_splits=splits, config=config)
                 entry[label] = {
                     "parts": parts.max_parts,

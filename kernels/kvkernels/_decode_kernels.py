@@ -114,19 +114,15 @@ def paged_decode_reduce_kernel(
     SPLITS_BLOCK: tl.constexpr,
     STATS_BLOCK: tl.constexpr,
     INDEXED: tl.constexpr,
-    WAIT_FOR_PRIMARY: tl.constexpr,
 ):
     """Combines the splits of one (sequence, query head) for BLOCK_D output columns. Grid: (sequences, query heads,
     head_dim / BLOCK_D). INDEXED: the sequence's partials are rows [first, first + count) of [heads, rows, ...]
     buffers, (first, count) read from PartIndex[seq] (the CUDA kernel plans splits per sequence on the device);
     else rows [0, num_splits) of the sequence's own [seqs, heads, splits, ...] slice. A first pass finds the largest
     running max (STATS_BLOCK at a time: usually one load), a second weighs each split by exp2(its max - that),
-    SPLITS_BLOCK splits at a time so that any number of them stays in registers. WAIT_FOR_PRIMARY: launched as a
-    programmatic dependent of the partial kernel, whose results it must wait for before reading them."""
+    SPLITS_BLOCK splits at a time so that any number of them stays in registers."""
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    if WAIT_FOR_PRIMARY:
-        tl.extra.cuda.gdc_wait()
     if INDEXED:
         first = tl.load(PartIndex + 2 * seq)
         count = tl.load(PartIndex + 2 * seq + 1)

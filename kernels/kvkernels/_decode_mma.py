@@ -21,9 +21,9 @@ PAGE_MULTIPLE = 16  # a 16-token chunk must lie inside one page
 
 _P, _I32, _I64, _F32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
 # q, k_cache, v_cache, block_table, seq_lens, part_acc, part_max, part_sum, part_index, qk_scale, group, then the plan
-# (seqs, wave, most_waves, min_split_steps, fixed_splits), then the strides s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt,
-# s_vh, s_bt, s_ah, s_ap, s_mh.
-SIGNATURE = (_P,) * 9 + (_F32,) + (_I32,) * 6 + (_I64,) * 12
+# (tokens_per_split for a host plan; seqs, wave, most_waves, min_split_steps, fixed_splits for a device plan), then the
+# strides s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt, s_as, s_ah, s_ap, s_ms, s_mh.
+SIGNATURE = (_P,) * 9 + (_F32,) + (_I32,) * 7 + (_I64,) * 14
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,11 @@ class MmaDecodeConfig:
     sake of more waves of blocks (splits follow from both, `choose_budget`). Defaults: the fastest on an H200
     over 140 decode shapes beside FA3 (BENCHMARKS.md): 3 stages and splits of >= 128 steps gave the best geometric
     mean; with one sequence of 262,144 tokens the partial kernel took 139 us with 124 steps a split, 143 with 62 and
-    150 with 31, and every extra split adds a partial to write and merge. The reduce kernel: `reduce_columns`
-    output columns a program, `reduce_splits` splits read at a time (powers of two); `dependent_reduce`: launched as
-    a programmatic dependent (Hopper's PDL), so that its launch overlaps the partial kernel's last blocks."""
+    150 with 31, and every extra split adds a partial to write and merge.
+
+    `plan_on_device`: each sequence split by its own length, planned by the kernel from `seq_lens` (no host sync):
+    one or two long sequences among short ones then fill the GPU, but that build streams ~17% slower on an H200
+    (BENCHMARKS.md); by default every sequence is split as the longest (`max_seq_len`) is, planned on the host."""
 
     tile: int = 16
     stages: int = 3
@@ -45,9 +47,7 @@ class MmaDecodeConfig:
     warps_per_head: int = 1
     blocks_per_multiprocessor: int = 4
     min_split_steps: int = 128
-    reduce_columns: int = 32
-    reduce_splits: int = 32
-    dependent_reduce: bool = False
+    plan_on_device: bool = False
 
     def heads_in_block(self, kv_heads: int) -> int:
         return math.gcd(kv_heads, self.heads_per_block)
@@ -65,17 +65,11 @@ class MmaDecodeConfig:
             or self.warps_per_head < 1
             or self.blocks_per_multiprocessor < 1
             or self.min_split_steps < 1
-            or not _power_of_two(self.reduce_columns)
-            or not _power_of_two(self.reduce_splits)
         ):
             raise ValueError(
                 f"invalid MmaDecodeConfig {self}: tile a multiple of 16, stages >= 2; heads, warps, blocks and split"
-                " steps >= 1; reduce columns and splits powers of two"
+                " steps >= 1"
             )
-
-
-def _power_of_two(n: int) -> bool:
-    return n >= 1 and n & (n - 1) == 0
 
 
 def choose_num_splits(seqs: int, kv_heads: int, max_len: int, block_n: int, target_programs: int) -> int:
@@ -107,9 +101,12 @@ def choose_budget(steps: Sequence[int], wave: int, kv_blocks: int, most_waves: i
 
 
 def sequence_splits(lengths: Sequence[int], plan: LaunchPlan) -> list[int]:
-    """Splits of each sequence, as the kernel plans them on the device from `seq_lens` (csrc: `plan_work`): the
-    caller's fixed count, or `split_count` under `choose_budget`. Block x of a grid row runs split x - first of the
-    sequence whose splits [first, first + count) hold x (sequences in order); blocks past the last are idle."""
+    """Splits of each sequence. A host plan: the grid's, for every sequence. A device plan, as the kernel makes it
+    from `seq_lens` (csrc: `plan_work`): the caller's fixed count, or `split_count` under `choose_budget`; block x of
+    a grid row runs split x - first of the sequence whose splits [first, first + count) hold x (sequences in order);
+    blocks past the last are idle."""
+    if not plan.on_device:
+        return [plan.grid[0]] * len(lengths)
     if plan.fixed_splits:
         return [plan.fixed_splits] * len(lengths)
     steps = [-(-n // plan.tokens_per_step) for n in lengths]
@@ -119,18 +116,24 @@ def sequence_splits(lengths: Sequence[int], plan: LaunchPlan) -> list[int]:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """How one call is cut up: grid (blocks, KV-head blocks, 1) of `threads` each, the warps of a block being
-    `heads_in_block` KV heads x `config.warps_per_head` token slices. Which sequence and split a block runs is planned
-    on the device from `seq_lens` (`sequence_splits`) with what the host gives: `wave` blocks fill the GPU once
-    (multiprocessors x resident blocks), at most `most_waves` waves, splits of at least
-    `min_split_steps` steps of `tokens_per_step` tokens, or `fixed_splits` per sequence (0: planned). A split is cut
-    into slices, one per warp; its partials are row `block x slices + slice` of `num_parts` (per query head), and
-    `max_parts` bounds the rows of one sequence."""
+    """How one call is cut up: `threads` a block, the warps of a block being `heads_in_block` KV heads x
+    `config.warps_per_head` token slices; a split is cut into slices, one per warp. Partials are rows of [heads,
+    `num_parts`, ...] buffers, at most `max_parts` of them a sequence's.
+
+    A host plan (`on_device` False): grid (splits, KV-head blocks, sequences), every sequence cut into splits of
+    `tokens_per_split` tokens; sequence s's rows are [s * max_parts, (s + 1) * max_parts).
+    A device plan: grid (blocks, KV-head blocks, 1); which sequence and split a block runs is planned by the kernel
+    from `seq_lens` (`sequence_splits`) with what the host gives: `wave` blocks fill the GPU once (multiprocessors x
+    resident blocks), at most `most_waves` waves, splits of at least `min_split_steps` steps of `tokens_per_step`
+    tokens, or `fixed_splits` per sequence (0: planned); a block's rows are `block x slices + slice`, and the kernel
+    writes each sequence's (first row, rows) for the reduce."""
 
     grid: tuple[int, int, int]
     threads: int
     heads_in_block: int
     group: int
+    on_device: bool
+    tokens_per_split: int
     wave: int
     most_waves: int
     min_split_steps: int
@@ -152,30 +155,39 @@ def plan_launch(
 ) -> LaunchPlan:
     """The launch of `paged_decode_fp8_mma` for this call, from host-known shapes only (no device sync): waves of
     `resident_blocks` blocks per multiprocessor, at most `config.blocks_per_multiprocessor` blocks per one; or
-    `num_splits` per sequence. The grid has as many blocks per row as the device's plan can use for any lengths up to
-    `max_seq_len`: its budget is never more than the one planned for all sequences at that length."""
+    `num_splits` per sequence. A host plan splits every sequence as one of `max_seq_len` tokens is split among
+    sequences of that length. A device plan's grid has as many blocks per row as the kernel's plan can use for any
+    lengths up to `max_seq_len`: its budget is never more than the one planned for all sequences at that length."""
     heads_in_block = config.heads_in_block(kv_heads)
     kv_blocks = kv_heads // heads_in_block
     tokens_per_step = config.tile * config.warps_per_head
     most_steps = -(-max_seq_len // tokens_per_step)
     wave = max(1, multiprocessors * resident_blocks)
     most_waves = max(1, config.blocks_per_multiprocessor * multiprocessors // wave)
-    if num_splits is not None:
-        blocks, per_sequence = num_splits * seqs, num_splits
+    budget = choose_budget([most_steps] * seqs, wave, kv_blocks, most_waves, config.min_split_steps)
+    splits = num_splits if num_splits is not None else split_count(budget, seqs, seqs * most_steps, most_steps)
+    if not config.plan_on_device:
+        grid, per_sequence, rows = (splits, kv_blocks, seqs), splits, splits * seqs
+    elif num_splits is not None:
+        grid, per_sequence, rows = (num_splits * seqs, kv_blocks, 1), num_splits, num_splits * seqs
     else:
-        budget = choose_budget([most_steps] * seqs, wave, kv_blocks, most_waves, config.min_split_steps)
-        blocks, per_sequence = max(budget, seqs), (min(most_steps, budget) if budget > seqs else 1)
+        blocks = max(budget, seqs)
+        grid, per_sequence, rows = (blocks, kv_blocks, 1), (min(most_steps, budget) if budget > seqs else 1), blocks
     return LaunchPlan(
-        grid=(blocks, kv_blocks, 1),
+        grid=grid,
         threads=32 * heads_in_block * config.warps_per_head,
         heads_in_block=heads_in_block,
         group=query_heads // kv_heads,
+        on_device=config.plan_on_device,
+        tokens_per_split=0
+        if config.plan_on_device
+        else -(-max_seq_len // (splits * tokens_per_step)) * tokens_per_step,
         wave=wave,
         most_waves=most_waves,
         min_split_steps=config.min_split_steps,
         fixed_splits=num_splits or 0,
         tokens_per_step=tokens_per_step,
-        num_parts=blocks * config.warps_per_head,
+        num_parts=rows * config.warps_per_head,
         max_parts=per_sequence * config.warps_per_head,
     )
 
@@ -193,6 +205,7 @@ def defines(config: MmaDecodeConfig, head_dim: int, page_size: int, kv_heads: in
         "HEADS_PER_BLOCK": config.heads_in_block(kv_heads),
         "SLICES": config.warps_per_head,
         "ROWS16": int(group > MAX_GROUP // 2),
+        "DEVICE_PLAN": int(config.plan_on_device),
     }
 
 

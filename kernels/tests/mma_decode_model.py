@@ -62,8 +62,13 @@ def _split_count(budget: int, seqs: int, total: int, steps: torch.Tensor) -> tor
 
 
 def plan_work(seq_lens: torch.Tensor, plan: LaunchPlan) -> Work:
-    """The kernel's `plan_work` for every block of a row at once."""
+    """The work of every block of a grid row (blockIdx.x): a device plan as the kernel's `plan_work` makes it; a host
+    plan's blocks are sequence-major (x = sequence x splits + split: the (split, sequence) of blockIdx.x and .z)."""
     seqs = seq_lens.shape[0]
+    if not plan.on_device:
+        block = torch.arange(plan.grid[0] * plan.grid[2])
+        splits = torch.full_like(block, plan.grid[0])
+        return Work(block // plan.grid[0], block % plan.grid[0], splits, block - block % plan.grid[0])
     steps = (seq_lens + plan.tokens_per_step - 1) // plan.tokens_per_step
     total, longest = max(1, int(steps.sum())), int(steps.max())
     kv_blocks = plan.grid[1]
@@ -113,19 +118,22 @@ def model_partials(
     tile, slices, group = config.tile, config.warps_per_head, plan.group
     qk = torch.tensor(qk_scale, dtype=torch.float32)  # passed to the kernel as a C float
 
-    # One worker per warp of the grid's busy blocks: blockIdx = (block, KV-head block), warp = slice x
-    # heads_in_block; the block's sequence and split from the plan on the device.
+    # One worker per warp of the grid's busy blocks: blockIdx = (block, KV-head block[, sequence]), warp = slice x
+    # heads_in_block; the block's sequence and split from the plan.
     work = plan_work(seq_lens, plan)
     warps = plan.threads // 32
-    busy = [bx for bx in range(plan.grid[0]) if int(work.seq[bx]) >= 0]
+    busy = [bx for bx in range(work.seq.shape[0]) if int(work.seq[bx]) >= 0]
     ids = torch.tensor([(bx, by, w) for by in range(plan.grid[1]) for bx in busy for w in range(warps)])
     block, warp = ids[:, 0], ids[:, 2]
     seq, split, splits = work.seq[block], work.split[block], work.splits[block]
     slice_ = warp // plan.heads_in_block
     kv_head = ids[:, 1] * plan.heads_in_block + warp % plan.heads_in_block
     seq_len = seq_lens[seq]
-    steps = (seq_len + plan.tokens_per_step - 1) // plan.tokens_per_step
-    tokens_per_split = (steps + splits - 1) // splits * plan.tokens_per_step
+    if plan.on_device:  # cut from the sequence's own length
+        steps = (seq_len + plan.tokens_per_step - 1) // plan.tokens_per_step
+        tokens_per_split = (steps + splits - 1) // splits * plan.tokens_per_step
+    else:
+        tokens_per_split = torch.full_like(seq_len, plan.tokens_per_split)
     per_warp = tokens_per_split // slices
     start = split * tokens_per_split + slice_ * per_warp
     end = torch.minimum(seq_len, start + per_warp)

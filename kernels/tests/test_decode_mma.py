@@ -85,6 +85,7 @@ def test_launch_shape_sizes_and_validation() -> None:
     assert defines(MmaDecodeConfig(heads_per_block=8), 128, 16, 2, 4)["HEADS_PER_BLOCK"] == 2
 
 
+DEVICE = MmaDecodeConfig(plan_on_device=True)
 H200_SMS, H200_RESIDENT = 132, 1  # the default launch shape keeps one block of 8 warps per multiprocessor
 
 
@@ -106,11 +107,14 @@ H200_SMS, H200_RESIDENT = 132, 1  # the default launch shape keeps one block of 
 def test_plan_fills_whole_waves_of_an_h200(
     seqs: int, query_heads: int, kv_heads: int, length: int, splits: int, blocks: int
 ) -> None:
-    """Equal lengths: every sequence gets the split count the host-only planner gave (issue 27's first plan)."""
+    """Equal lengths: the host plan's split count, and the same from the plan on the device in a grid of `blocks`."""
     plan = plan_launch(MmaDecodeConfig(), seqs, query_heads, kv_heads, length, H200_SMS, resident_blocks=H200_RESIDENT)
-    assert plan.grid == (blocks, 1, 1)
-    assert sequence_splits([length] * seqs, plan) == [splits] * seqs
-    assert plan.max_parts >= splits and plan.num_parts == blocks
+    assert plan.grid == (splits, 1, seqs) and plan.num_parts == splits * seqs
+    assert plan.tokens_per_split * splits >= length
+    device = plan_launch(DEVICE, seqs, query_heads, kv_heads, length, H200_SMS, resident_blocks=H200_RESIDENT)
+    assert device.grid == (blocks, 1, 1)
+    assert sequence_splits([length] * seqs, device) == sequence_splits([length] * seqs, plan) == [splits] * seqs
+    assert device.max_parts >= splits and device.num_parts == blocks
 
 
 @pytest.mark.parametrize(
@@ -123,7 +127,7 @@ def test_plan_fills_whole_waves_of_an_h200(
     ],
 )
 def test_long_sequences_among_short_ones_get_splits_by_length(lengths: tuple[int, ...], splits: list[int]) -> None:
-    plan = plan_launch(MmaDecodeConfig(), len(lengths), 32, 8, max(lengths), H200_SMS, resident_blocks=H200_RESIDENT)
+    plan = plan_launch(DEVICE, len(lengths), 32, 8, max(lengths), H200_SMS, resident_blocks=H200_RESIDENT)
     assert sequence_splits(lengths, plan) == splits
     assert sum(splits) <= plan.grid[0]
 
@@ -139,7 +143,7 @@ def test_split_choice_bounds(resident: int, units: int, steps: int) -> None:
     (splits,) = set(sequence_splits([steps * config.tile] * units, plan))
     assert 1 <= splits <= max(1, steps)
     blocks = splits * units
-    assert blocks <= plan.grid[0]
+    assert plan.grid == (splits, 1, units)
     if splits > 1:
         waves = -(-blocks // wave)
         assert blocks <= max(most, wave)  # no more blocks than aimed for
@@ -160,6 +164,8 @@ def test_split_choice_bounds(resident: int, units: int, steps: int) -> None:
         (256, 4, MmaDecodeConfig(tile=16)),
         (256, 16, MmaDecodeConfig(tile=16, stages=2)),
         (128, 4, MmaDecodeConfig(heads_per_block=8, stages=4, tile=16)),
+        (128, 4, DEVICE),
+        (256, 8, MmaDecodeConfig(warps_per_head=2, heads_per_block=4, plan_on_device=True)),
     ],
 )
 def test_nvrtc_builds_it_for_hopper(head_dim: int, group: int, config: MmaDecodeConfig) -> None:
@@ -168,7 +174,7 @@ def test_nvrtc_builds_it_for_hopper(head_dim: int, group: int, config: MmaDecode
     assert cubin[:4] == b"\x7fELF"
     cuobjdump = shutil.which("cuobjdump") or str(Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump")
     # The default shape with up to 8 query heads per KV head (GQA 32/8, the benchmarked one) keeps to registers.
-    if config == MmaDecodeConfig() and group <= 8 and Path(cuobjdump).exists():
+    if config in (MmaDecodeConfig(), DEVICE) and group <= 8 and Path(cuobjdump).exists():
         path = Path(__file__).parent / f".decode-{head_dim}-{group}.cubin"
         try:
             path.write_bytes(cubin)

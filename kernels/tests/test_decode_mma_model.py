@@ -17,10 +17,11 @@ import mma_decode_model
 import pytest
 import torch
 from kvkernels._decode_mma import LaunchPlan, MmaDecodeConfig, plan_launch, sequence_splits
-from kvkernels.decode import PagedKVCache, build_paged_cache, combine_partials
+from kvkernels.decode import MmaPartials, PagedKVCache, build_paged_cache
 from kvkernels.quant import FP8_DTYPE, quantize_fp8
 from kvkernels.reference import paged_decode_reference, value_spread
 
+DEVICE = MmaDecodeConfig(plan_on_device=True)  # splits planned by the kernel from seq_lens
 POISON_PAGE = 2**30  # a page id no cache has: reading it fails (model: IndexError; GPU: illegal address)
 F16_UNIT = 2.0**-11  # largest relative rounding error of P's f32 -> f16 conversion
 F16_SUBNORMAL_STEP = 2.0**-25  # absolute error below f16's smallest normal (2^-14)
@@ -58,16 +59,25 @@ CASES = [
     Case("head-dim-256-gqa-16", (1, 15, 17, 250), group=16, head_dim=256, config=MmaDecodeConfig(tile=16)),
     Case("head-dim-256-page-32-tile-32", (2, 32, 97, 161), page=32, head_dim=256, num_splits=3,
          config=MmaDecodeConfig(tile=32)),
-    # The planner's own split counts on a small GPU, planned from the lengths: 2 SMs x 2 resident blocks, up to 4
-    # waves of splits of >= 64 steps; the longest (257 steps) keeps 64 only with 3 waves, whose 12 blocks go 1, 2,
-    # 3, 4 to the sequences by length (6 of the 16 launched idle). Then one wave of short splits for two sequences
-    # (6 + 1 of 8 blocks, one idle).
+    # The host planner's own split counts on a small GPU: whole waves of splits of >= 64 steps (2 SMs x 2 resident
+    # blocks, 4 waves: 4 splits of 1,040 tokens of each sequence, the last one short), and one wave of short splits
+    # for two sequences (4 x 384).
     Case("planned-waves", (1, 2100, 3000, 4097), multiprocessors=2, resident_blocks=2,
          config=MmaDecodeConfig(blocks_per_multiprocessor=8, min_split_steps=64)),
     Case("planned-one-wave", (1500, 7), group=8, multiprocessors=8),
-    # A long sequence among short ones, and sequences of no token: splits by length, empty rows merged as nothing.
-    Case("long-among-short", (1, 2000, 16, 33, 5), kv_heads=4, group=2, multiprocessors=4, resident_blocks=2,
-         config=MmaDecodeConfig(heads_per_block=2, min_split_steps=8)),
+    # Planned on the device, by length. The same batch: the longest (257 steps) keeps 64 only with 3 waves, whose
+    # 12 blocks go 1, 2, 3, 4 to the sequences (6 of the 16 launched idle); then 6 + 1 of 8 blocks (one idle).
+    Case("device-planned-waves", (1, 2100, 3000, 4097), multiprocessors=2, resident_blocks=2,
+         config=MmaDecodeConfig(blocks_per_multiprocessor=8, min_split_steps=64, plan_on_device=True)),
+    Case("device-planned-one-wave", (1500, 7), group=8, multiprocessors=8, config=DEVICE),
+    # A long sequence among short ones, two KV-head blocks; page edges (one split a step, most of 132 blocks idle);
+    # fixed splits mostly empty; two slices a split.
+    Case("device-long-among-short", (1, 2000, 16, 33, 5), kv_heads=4, group=2, multiprocessors=4,
+         resident_blocks=2, config=MmaDecodeConfig(heads_per_block=2, min_split_steps=8, plan_on_device=True)),
+    Case("device-page-edges", (1, 15, 16, 17, 31, 33, 77), config=DEVICE),
+    Case("device-fixed-splits", (5, 400, 1023), num_splits=64, page=32, config=DEVICE),
+    Case("device-two-slices", (1, 63, 64, 65, 129, 200, 401), multiprocessors=8,
+         config=MmaDecodeConfig(tile=32, heads_per_block=1, warps_per_head=2, plan_on_device=True)),
 ]  # fmt: skip
 
 
@@ -153,19 +163,25 @@ def test_model_matches_float64_reference(case: Case) -> None:
 
 
 def test_model_uses_the_kernels_launch_plan() -> None:
-    """The blocks' work as the model plans it on the 'device' (mma_decode_model.plan_work, written after the .cu)
-    against the package's own planner (`sequence_splits`), for the grid's cases and for batches of an H200."""
+    """The blocks' work as the model plans it (mma_decode_model.plan_work, written after the .cu) against the
+    package's own planner (`sequence_splits`), for every case of the grid."""
     case = CASES[0]
     inputs = make_inputs(case)
     plan = mma_decode_model.model_launch(inputs.q, inputs.cache, max_seq_len=77, config=case.config)
-    # 7 sequences, one block of both KV heads, 5 steps of 16 in the longest: too short for 128-step splits, so one
-    # wave of 132 blocks, of which the sequences take one per step (15) and the rest are idle.
-    assert (plan.grid, plan.num_parts, plan.max_parts, plan.threads) == ((132, 1, 1), 132, 5, 64)
-    work = mma_decode_model.plan_work(inputs.cache.seq_lens, plan)
+    # 7 sequences x one block of both KV heads, 5 tiles of 16 in the longest: too short for 128-step splits, so one
+    # wave (132 blocks, 18 splits of each sequence) capped at one split per tile.
+    assert (plan.grid, plan.tokens_per_split, plan.num_parts, plan.threads) == ((5, 1, 7), 16, 35, 64)
+    device = mma_decode_model.model_launch(inputs.q, inputs.cache, max_seq_len=77, config=DEVICE)
+    # The same batch planned by length: one split a step (15 of the 132 blocks), the rest idle.
+    assert (device.grid, device.num_parts, device.max_parts) == ((132, 1, 1), 132, 5)
+    work = mma_decode_model.plan_work(inputs.cache.seq_lens, device)
     assert work.seq[:16].tolist() == [0, 1, 2, 3, 3, 4, 4, 5, 5, 5, 6, 6, 6, 6, 6, -1]
     assert work.split[:15].tolist() == [0, 0, 0, 0, 1, 0, 1, 0, 1, 2, 0, 1, 2, 3, 4]
-    expected = {"planned-waves": ((16, 1, 1), [1, 2, 3, 4]), "planned-one-wave": ((8, 1, 1), [6, 1]),
-                "long-among-short": ((8, 2, 1), [1, 3, 1, 1, 1])}  # fmt: skip
+    expected = {
+        "planned-waves": ((4, 1, 4), [4] * 4), "planned-one-wave": ((4, 1, 2), [4, 4]),
+        "device-planned-waves": ((16, 1, 1), [1, 2, 3, 4]), "device-planned-one-wave": ((8, 1, 1), [6, 1]),
+        "device-long-among-short": ((8, 2, 1), [1, 3, 1, 1, 1]),
+    }  # fmt: skip
     for case in CASES:
         inputs = make_inputs(case)
         plan = mma_decode_model.model_launch(
@@ -176,9 +192,11 @@ def test_model_uses_the_kernels_launch_plan() -> None:
         splits = sequence_splits(case.lengths, plan)
         starts = work.split == 0
         assert work.splits[starts].tolist() == splits, case.name
-        assert sum(splits) <= plan.grid[0] and bool((work.seq[sum(splits) :] == -1).all()), case.name
+        assert sum(splits) <= work.seq.shape[0] and bool((work.seq[sum(splits) :] == -1).all()), case.name
         if case.name in expected:
             assert (plan.grid, splits) == expected[case.name], case.name
+        if not plan.on_device:
+            assert plan.tokens_per_split * plan.grid[0] >= max(case.lengths), case.name
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -195,7 +213,7 @@ def test_device_plan_of_random_batches_on_an_h200(seed: int) -> None:
         lengths[:] = longest
     for kv_heads, group in ((8, 4), (16, 8)):
         plan = plan_launch(
-            MmaDecodeConfig(), seqs, kv_heads * group, kv_heads, longest, mma_decode_model.H200_MULTIPROCESSORS,
+            DEVICE, seqs, kv_heads * group, kv_heads, longest, mma_decode_model.H200_MULTIPROCESSORS,
             None, mma_decode_model.H200_RESIDENT_BLOCKS,
         )  # fmt: skip
         work = mma_decode_model.plan_work(lengths.int(), plan)
@@ -204,8 +222,12 @@ def test_device_plan_of_random_batches_on_an_h200(seed: int) -> None:
         steps = [-(-n // plan.tokens_per_step) for n in lengths.tolist()]
         assert sum(splits) <= plan.grid[0] and max(splits) <= plan.max_parts  # one slice a split by default
         assert all(1 <= c <= max(1, n) for c, n in zip(splits, steps, strict=True))
-        if seed % 4 == 0:
-            assert set(splits) == {host_only_splits(seqs * plan.grid[1], steps[0], plan)}
+        if seed % 4 == 0:  # equal lengths: the host plan's count, which is the planner's before issue 27
+            host = plan_launch(
+                MmaDecodeConfig(), seqs, kv_heads * group, kv_heads, longest, mma_decode_model.H200_MULTIPROCESSORS,
+                None, mma_decode_model.H200_RESIDENT_BLOCKS,
+            )  # fmt: skip
+            assert set(splits) == {host.grid[0]} == {host_only_splits(seqs * plan.grid[1], steps[0], plan)}
 
 
 def host_only_splits(units: int, steps: int, plan: LaunchPlan) -> int:
@@ -220,22 +242,25 @@ def host_only_splits(units: int, steps: int, plan: LaunchPlan) -> int:
 
 def test_model_merge_is_the_reduce_kernel(device: str) -> None:
     """The model's merge of the splits against the package's reduce kernel (Triton; the interpreter on a CPU) on the
-    same partials, rows placed by the sequences' index as the kernel writes them: with empty splits (running max
-    -inf), with idle blocks' rows (NaN) between and after the sequences' rows, with two KV-head blocks."""
-    for case, idle in ((CASES[4], False), (CASES[0], True), (CASES[-1], True)):
+    same partials, laid out as the kernel writes them: a host plan's rows per sequence with empty splits (running
+    max -inf); a device plan's rows placed by the sequences' index, with idle blocks' rows (NaN) between and after
+    them, with two KV-head blocks."""
+    for case in (CASES[4], CASES[-3], CASES[-4], CASES[-2]):
         inputs = make_inputs(case)
         out, partials = mma_decode_model.model_paged_decode(
             inputs.q, inputs.cache, max_seq_len=max(case.lengths), config=case.config, num_splits=case.num_splits,
             multiprocessors=case.multiprocessors, resident_blocks=case.resident_blocks,
             q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
         )  # fmt: skip
-        assert bool((partials.max == float("-inf")).any()) or idle
-        assert bool(partials.max.isnan().any()) == idle
-        acc, run_max, run_sum, index = (
-            t.to(device) for t in (partials.acc, partials.max, partials.sum, partials.index)
-        )
+        idle = bool(partials.max.isnan().any())
+        assert idle == (case.config.plan_on_device and case.num_splits is None), case.name
+        assert bool((partials.max == float("-inf")).any()) or idle, case.name
+        moved = [t.to(device) for t in (partials.acc, partials.max, partials.sum, partials.index)]
         max_parts = int(partials.index[:, 1].max())
-        reduced = combine_partials(acc, run_max, run_sum, inputs.v_scale, torch.float32, index, max_parts)
+        if case.config.plan_on_device:
+            reduced = MmaPartials(*moved, max_parts).merge(inputs.v_scale, torch.float32)
+        else:  # the kernel writes no index for a host plan: rows [s * parts, (s + 1) * parts)
+            reduced = MmaPartials(*moved[:3], None, max_parts).merge(inputs.v_scale, torch.float32)
         torch.testing.assert_close(out, reduced.cpu(), rtol=1e-5, atol=1e-5)
 
 

@@ -19,11 +19,15 @@
 // Accumulation is two-level: each tile's P·V partial starts from zero and is added to the fp32 output on the CUDA
 // cores (out = out * alpha + partial), as FA3 does for FP8.
 //
-// Which sequence and split a block runs is planned by the block itself from seq_lens (plan_work): no host sync, and a
-// long sequence among short ones gets splits in proportion to its length instead of every sequence as many.
+// Which sequence and split a block runs: with DEVICE_PLAN 0, blockIdx (split, KV-head block, sequence), every sequence
+// cut into gridDim.x splits of tokens_per_split tokens (planned on the host from the longest length); with DEVICE_PLAN
+// 1, planned by the block itself from seq_lens (plan_work): no host sync, and a long sequence among short ones gets
+// splits in proportion to its length. The two are separate builds because the second costs ~17% of streaming rate on
+// an H200 (the main loop, compiled with block-varying rather than uniform split bounds, schedules worse; BENCHMARKS.md).
 //
 // Compile-time constants (-D): HEAD_DIM (128 or 256), PAGE_SIZE (multiple of 16), TILE (tokens per step, multiple of
 // 16), STAGES (>= 2), HEADS_PER_BLOCK, SLICES, ROWS16 (1 when the GQA group has more than 8 query heads per KV head),
+// DEVICE_PLAN (0 or 1),
 // (no L2 options: bulk L2 prefetch of page rows and 256-byte L2 fetches were measured slower, BENCHMARKS.md)
 
 typedef unsigned int u32;
@@ -112,6 +116,7 @@ __device__ __forceinline__ Words4 load_shared16(u32 smem) {
     return v;
 }
 
+#if DEVICE_PLAN
 #define TOKENS_PER_STEP (TILE * SLICES)
 #define MAX_WARPS 32
 
@@ -203,31 +208,30 @@ __device__ Work plan_work(const int* __restrict__ seq_lens, int seqs, int wave, 
     __syncthreads();
     return work;
 }
+#endif
 
 extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) paged_decode_fp8_mma(
     const u8* __restrict__ q, const u8* __restrict__ k_cache, const u8* __restrict__ v_cache,
     const int* __restrict__ block_table, const int* __restrict__ seq_lens, float* __restrict__ part_acc,
     float* __restrict__ part_max, float* __restrict__ part_sum, int* __restrict__ part_index, float qk_scale,
-    int group, int seqs, int wave, int most_waves, int min_split_steps, int fixed_splits, long long s_qs,
-    long long s_qh, long long s_kb, long long s_kt, long long s_kh, long long s_vb, long long s_vt, long long s_vh,
-    long long s_bt, long long s_ah, long long s_ap, long long s_mh) {
+    int group, int tokens_per_split, int seqs, int wave, int most_waves, int min_split_steps, int fixed_splits,
+    long long s_qs, long long s_qh, long long s_kb, long long s_kt, long long s_kh, long long s_vb, long long s_vt,
+    long long s_vh, long long s_bt, long long s_as, long long s_ah, long long s_ap, long long s_ms, long long s_mh) {
     extern __shared__ __align__(16) u8 shared[];
-#if __CUDA_ARCH__ >= 900
-    // The reduce kernel, when launched as a programmatic dependent, may start its blocks now: they wait for this
-    // grid's results (griddepcontrol.wait) while its last blocks run.
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
-    const Work work = plan_work(seq_lens, seqs, wave, most_waves, min_split_steps, fixed_splits);
-    if (work.seq < 0) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r = lane >> 2, j = lane & 3;
     const int slice = warp / HEADS_PER_BLOCK;
+#if DEVICE_PLAN
+    // tokens_per_split is unused here (s_as and s_ms are 0: a block's partials row is its own), seqs and the plan's
+    // parameters in plan_work.
+    const Work work = plan_work(seq_lens, seqs, wave, most_waves, min_split_steps, fixed_splits);
+    if (work.seq < 0) return;
     const int split = work.split, kv_head = blockIdx.y * HEADS_PER_BLOCK + warp % HEADS_PER_BLOCK, seq = work.seq;
     const int seq_len = seq_lens[seq];
     const int steps = (seq_len + TOKENS_PER_STEP - 1) / TOKENS_PER_STEP;
-    const int tokens_per_split = (steps + work.splits - 1) / work.splits * TOKENS_PER_STEP;
-    const int per_warp = tokens_per_split / SLICES;
-    const int start = split * tokens_per_split + slice * per_warp;
+    const int split_tokens = (steps + work.splits - 1) / work.splits * TOKENS_PER_STEP;
+    const int per_warp = split_tokens / SLICES;
+    const int start = split * split_tokens + slice * per_warp;
     const int end = (seq_len < start + per_warp ? seq_len : start + per_warp);
     const int num_tiles = end > start ? (end - start + TILE - 1) / TILE : 0;
     const int part = blockIdx.x * SLICES + slice;  // = (first + split) * SLICES + slice: a sequence's rows are consecutive
@@ -235,6 +239,15 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
         part_index[2 * seq] = work.first * SLICES;
         part_index[2 * seq + 1] = work.splits * SLICES;
     }
+#else
+    const int split = blockIdx.x, kv_head = blockIdx.y * HEADS_PER_BLOCK + warp % HEADS_PER_BLOCK, seq = blockIdx.z;
+    const int seq_len = seq_lens[seq];
+    const int per_warp = tokens_per_split / SLICES;
+    const int start = split * tokens_per_split + slice * per_warp;
+    const int end = (seq_len < start + per_warp ? seq_len : start + per_warp);
+    const int num_tiles = end > start ? (end - start + TILE - 1) / TILE : 0;
+    const int part = split * SLICES + slice;
+#endif
     const int* table = block_table + seq * s_bt;
     const int last_page = seq_len > 0 ? (seq_len - 1) / PAGE_SIZE : 0;
     const u8* k_head = k_cache + kv_head * s_kh;
@@ -424,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
         l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
         if (row < group) {
             const int head = kv_head * group + row;
-            float* dst = part_acc + head * s_ah + part * s_ap;
+            float* dst = part_acc + seq * s_as + head * s_ah + part * s_ap;
 #pragma unroll
             for (int col = 0; col < 2; ++col) {
                 Floats4* run = (Floats4*)(dst + VB * (2 * j + col));
@@ -435,8 +448,8 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
                 }
             }
             if (j == 0) {
-                part_max[head * s_mh + part] = m_run[half];
-                part_sum[head * s_mh + part] = l_sum;
+                part_max[seq * s_ms + head * s_mh + part] = m_run[half];
+                part_sum[seq * s_ms + head * s_mh + part] = l_sum;
             }
         }
     }
