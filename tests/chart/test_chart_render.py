@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from chart_helpers import (
     CHART_DIR,
     CUSTOM_VALUES,
@@ -323,3 +324,22 @@ def test_referenced_secrets_are_read_only_when_the_value_grants_it(render: Rende
 def test_malformed_default_receivers_are_refused_at_install(render: Renderer) -> None:
     with pytest.raises(RenderError, match=re.escape("notifications.defaults.0: urlSecretRef is required")):
         render("--set-json", 'notifications.defaults=[{"name": "ops"}]')
+
+
+def test_runbook_urls_follow_the_configured_pattern(render: Renderer) -> None:
+    """monitoring-mixins' runbookURLPattern: the PrometheusRule's runbook links can point at a team's own runbooks;
+    by default they are the repository's, as in monitoring/alerts.yaml."""
+    alerts = yaml.safe_load((CHART_DIR / "files" / "alerts.yaml").read_text())
+    shipped = {r["alert"]: r["annotations"]["runbook_url"] for g in alerts["groups"] for r in g["rules"]}
+
+    def runbooks(*args: str) -> dict[str, str]:
+        rule = only(render("--set", "prometheusRule.enabled=true", *args), "PrometheusRule")
+        return {r["alert"]: r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]}
+
+    assert runbooks() == shipped
+    pattern = "https://wiki.example.com/runbooks/kvpolicy/%s"
+    assert runbooks("--set", f"prometheusRule.runbookURLPattern={pattern}") == {
+        name: f"https://wiki.example.com/runbooks/kvpolicy/{name.lower()}" for name in shipped
+    }
+    with pytest.raises(RenderError, match="runbookURLPattern: Does not match pattern"):
+        render("--set", "prometheusRule.runbookURLPattern=https://wiki.example.com/kvpolicy")

@@ -60,7 +60,7 @@ def test_alerts_fire_on_the_operator_metrics(prometheus: PrometheusServer) -> No
 
     expected = {
         ("KVPolicyRolledBack", "lossy"): {"firing"},
-        ("KVPolicyAccuracyRecoveryLow", "lossy"): {"firing"},
+        ("KVPolicyAccuracyRecoveryLow", "unrolled"): {"firing"},  # not "lossy": it rolled back
         # These wait out their `for` clause (2 and 5 minutes; promtool's tests check the timing).
         ("KVPolicyCanaryTTFTRegression", "slow"): {"pending", "firing"},
         ("KVPolicyRolloutStuck", "stuck"): {"pending", "firing"},
