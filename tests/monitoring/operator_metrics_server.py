@@ -13,6 +13,9 @@ from kvpolicy.analysis.model import LatencyGateConfig, SideMetrics
 from kvpolicy.analysis.verdicts import assess
 from kvpolicy.notify.metrics import OperatorMetrics, PolicyInfo, start_metrics_server
 
+CANARY_POD = "slow-canary-g1-7d9f8c6b5-abcde"
+BASELINE_POD = "slow-5c8d7b6f4-fghij"
+
 
 def record_a_troubled_fleet(metrics: OperatorMetrics) -> None:
     metrics.set_policies_by_phase({"Baking": 1, "Canary": 1, "RolledBack": 1})
@@ -28,6 +31,10 @@ def record_a_troubled_fleet(metrics: OperatorMetrics) -> None:
     canary = SideMetrics("canary", True, 100, 300, {0.5: 0.3, 0.95: 0.6}, {0.5: 0.01, 0.95: 0.02})
     baseline = SideMetrics("baseline", True, 100, 300, {0.5: 0.2, 0.95: 0.4}, {0.5: 0.01, 0.95: 0.02})
     metrics.record_analysis("llm", "slow", assess(LatencyGateConfig(), canary, baseline))
+    metrics.set_policy_info("llm", "slow", PolicyInfo("LatencyAnalysis", "FP8", "NVIDIA-H200", "Deployment/slow"))
+    # The pods of "slow"'s sides, which test_monitoring_live.py serves as vLLM stand-ins.
+    metrics.set_rollout_pods("llm", "slow", "canary", [CANARY_POD])
+    metrics.set_rollout_pods("llm", "slow", "baseline", [BASELINE_POD])
     metrics.set_phase_deadline("llm", "stuck", "Canary", time.time() - 3600)
     metrics.record_reconcile_error("ApiException")
     metrics.set_api_reachable(False, "503")

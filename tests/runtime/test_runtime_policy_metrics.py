@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from fake_kube import FakeKubeApi
 from kvpolicy.notify.metrics import OPERATOR_METRICS
+from kvpolicy.rollout.step_types import PodView
 from kvpolicy.runtime.reconciler import Reconciler
 from operator_helpers import CONFIG, NAMESPACE, Driver, gate_output, make_policy, to_accuracy_gate
 
@@ -46,5 +47,34 @@ def test_a_failed_accuracy_gate_publishes_the_policys_min_recovery_and_its_rollb
         )
         assert sample("kvpolicy_gate_recovery_ratio", gate="accuracy") is None
         assert sample("kvpolicy_gate_min_recovery_ratio", gate="accuracy") is None
+    finally:
+        OPERATOR_METRICS.forget_policy(NAMESPACE, "llama-fp8")
+
+
+def test_the_pods_of_each_side_are_published_until_the_canary_is_gone() -> None:
+    """kvpolicy_rollout_pod_info, which the dashboard joins vLLM's series to: the canary's pods and the target's own
+    pods a check compared them with; a pass that observed no baseline keeps the last known; no canary, no pods."""
+    reconciler = Reconciler(FakeKubeApi(), CONFIG)
+    driver = Driver(make_policy())
+    to_accuracy_gate(driver)
+    before = driver.policy
+    result = driver.tick(settle=False)
+    assert result.status.canary is not None
+    target_pod = PodView("llama-5c8d7b6f4-fghij", "10.0.0.7", True)
+
+    def pods() -> set[tuple[str, str]]:
+        [family] = [f for f in OPERATOR_METRICS.registry.collect() if f.name == "kvpolicy_rollout_pod_info"]
+        return {(s.labels["role"], s.labels["pod"]) for s in family.samples if s.labels["policy"] == "llama-fp8"}
+
+    try:
+        observed = replace(driver.world.observe(driver.now), baseline_pods=(target_pod,))
+        reconciler._record_metrics(before, observed, result)
+        expected = {("canary", pod) for pod in driver.world.pods} | {("baseline", target_pod.name)}
+        assert len(expected) == 2 and pods() == expected
+        reconciler._record_metrics(before, driver.world.observe(driver.now), result)
+        assert pods() == expected
+        gone = replace(result, status=result.status.model_copy(update={"canary": None}))
+        reconciler._record_metrics(before, driver.world.observe(driver.now), gone)
+        assert pods() == set()
     finally:
         OPERATOR_METRICS.forget_policy(NAMESPACE, "llama-fp8")

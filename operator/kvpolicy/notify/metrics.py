@@ -11,7 +11,7 @@ replicas' series adds up.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -117,6 +117,14 @@ class OperatorMetrics:
             ["namespace", "policy", "verdict"],
             registry=registry,
         )
+        # Which pods are the canary and which the baseline, for joining vLLM's own series by side (the dashboard's
+        # canary-vs-baseline panels): `* on (namespace, pod) group_left (policy, role) kvpolicy_rollout_pod_info`.
+        self.rollout_pods = _PolicyGauge(
+            "kvpolicy_rollout_pod_info",
+            "1 per pod of a rollout in progress: the canary's, and the target's own pods it is compared with (role).",
+            ["role", "pod"],
+            registry,
+        )
         self.latency_seconds = _PolicyGauge(
             "kvpolicy_analysis_latency_seconds",
             "Latency quantile of each side in the latest analysis check.",
@@ -192,6 +200,7 @@ class OperatorMetrics:
             self.gate_min_recovery,
             self.gate_score,
             self.policy_info,
+            self.rollout_pods,
             self.latency_seconds,
             self.latency_ratio,
             self.latency_max_ratio,
@@ -232,6 +241,14 @@ class OperatorMetrics:
         """Drop a gate's numbers: a new rollout cleared its result, so they no longer describe the policy."""
         for gauge in (self.gate_recovery, self.gate_min_recovery, self.gate_score):
             gauge.remove_policy(namespace, policy, gate)
+
+    def set_rollout_pods(self, namespace: str, policy: str, role: str, pods: Iterable[str]) -> None:
+        """Publish the pods of one side of a rollout (role canary or baseline); none: that side has no pods now."""
+        if not self._acting:
+            return
+        self.rollout_pods.remove_policy(namespace, policy, role)
+        for pod in pods:
+            self.rollout_pods.set((namespace, policy, role, pod), 1)
 
     def set_policy_info(self, namespace: str, policy: str, info: PolicyInfo) -> None:
         """Publish a policy's state as the labels of its one kvpolicy_policy_info series."""
@@ -322,6 +339,7 @@ record_decision = OPERATOR_METRICS.record_decision
 record_gate_result = OPERATOR_METRICS.record_gate_result
 clear_gate = OPERATOR_METRICS.clear_gate
 set_policy_info = OPERATOR_METRICS.set_policy_info
+set_rollout_pods = OPERATOR_METRICS.set_rollout_pods
 record_verdict = OPERATOR_METRICS.record_verdict
 record_analysis = OPERATOR_METRICS.record_analysis
 clear_analysis = OPERATOR_METRICS.clear_analysis

@@ -318,6 +318,10 @@ class Reconciler:
             if gate.result(after) is None:
                 metrics.clear_gate(namespace, name, gate.name)
         metrics.set_policy_info(namespace, name, policy_info(policy.spec, after))
+        # A side's pods are known only in passes that observed them: keep the last known until the canary is gone.
+        for role, pods in ((b.ROLE_CANARY, observations.canary_pods), (b.ROLE_BASELINE, observations.baseline_pods)):
+            if after.canary is None or pods:
+                metrics.set_rollout_pods(namespace, name, role, [] if after.canary is None else [p.name for p in pods])
         updated = policy.model_copy(update={"status": after})
         deadline = phase_deadline(updated)
         metrics.set_phase_deadline(namespace, name, after.phase or "", deadline.timestamp() if deadline else None)
