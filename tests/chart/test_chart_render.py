@@ -88,7 +88,7 @@ def test_defaults_render_only_the_core_objects(default_manifests: list[Manifest]
 
 def test_custom_values_render_every_optional_object(custom_manifests: list[Manifest]) -> None:
     kinds = {manifest["kind"] for manifest in custom_manifests}
-    assert {"ServiceMonitor", "PrometheusRule", "ConfigMap", "Role", "RoleBinding"} <= kinds
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap", "Role", "RoleBinding"} <= kinds
 
 
 def flag_value(args: list[str], flag: str) -> str:
@@ -343,3 +343,22 @@ def test_runbook_urls_follow_the_configured_pattern(render: Renderer) -> None:
     }
     with pytest.raises(RenderError, match="runbookURLPattern: Does not match pattern"):
         render("--set", "prometheusRule.runbookURLPattern=https://wiki.example.com/kvpolicy")
+
+
+def test_pod_monitor_scrapes_the_canaries_in_the_watched_namespaces(
+    custom_manifests: list[Manifest], custom_values: dict[str, Any], render: Renderer
+) -> None:
+    """Issue 23 item 3: the canary's pods carry only kvpolicy's labels before the accuracy gate; the PodMonitor selects
+    exactly those (not gate Jobs' pods) where the operator reconciles, on the port the target's template names."""
+    monitor = only(custom_manifests, "PodMonitor")
+    assert monitor["spec"]["selector"] == {
+        "matchLabels": {"app.kubernetes.io/managed-by": "kvpolicy", "kvpolicy.dev/role": "canary"}
+    }
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": custom_values["watchNamespaces"]}
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    every = only(render("--set", "podMonitor.enabled=true,podMonitor.port=vllm"), "PodMonitor")
+    assert every["spec"]["namespaceSelector"] == {"any": True}
+    with pytest.raises(RenderError, match=re.escape("podMonitor.port: name the vLLM container's port")):
+        render("--set", "podMonitor.enabled=true")
