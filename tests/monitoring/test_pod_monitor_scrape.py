@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from analysis.live_fleet import PROMETHEUS, SCRAPE_INTERVAL, PrometheusServer, ServerProcess, launch_simulator
-from chart.chart_helpers import CHART_DIR, RELEASE, RELEASE_NAMESPACE, find_tool, run_tool
+from chart.chart_helpers import CHART_DIR, REGISTRY, RELEASE, RELEASE_NAMESPACE, find_tool, run_tool
 from kvpolicy.analysis.model import SideSelector
 from kvpolicy.analysis.prometheus import PrometheusProvider
 from kvpolicy.rollout import builders as b
@@ -34,7 +34,7 @@ GATE_LABELS = {**b.policy_labels("llama-fp8"), b.ROLE_LABEL: b.ROLE_GATE, b.MANA
 
 def rendered_pod_monitor() -> dict[str, Any]:
     command = [find_tool("helm"), "template", RELEASE, CHART_DIR, "--namespace", RELEASE_NAMESPACE]
-    command += ["--set", f"podMonitor.enabled=true,podMonitor.port={PORT}"]
+    command += ["--set", f"podMonitor.enabled=true,podMonitor.port={PORT},imageRegistry={REGISTRY}"]
     rendered = run_tool(command)
     assert rendered.returncode == 0, rendered.stderr
     [monitor] = [d for d in yaml.safe_load_all(rendered.stdout) if d and d["kind"] == "PodMonitor"]

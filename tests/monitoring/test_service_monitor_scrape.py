@@ -20,7 +20,7 @@ from urllib.request import urlopen
 import pytest
 import yaml
 from analysis.live_fleet import PROMETHEUS, SCRAPE_INTERVAL, PrometheusServer, ServerProcess, launch_process, wait_until
-from chart.chart_helpers import CHART_DIR, RELEASE, RELEASE_NAMESPACE, find_tool, run_tool
+from chart.chart_helpers import CHART_DIR, REGISTRY, RELEASE, RELEASE_NAMESPACE, find_tool, run_tool
 from prometheus_operator import endpoints_target, scrape_config
 
 HERE = Path(__file__).parent
@@ -43,7 +43,7 @@ def chart_objects() -> tuple[dict[str, Any], dict[str, Any]]:
         "--namespace",
         RELEASE_NAMESPACE,
         "--set",
-        "serviceMonitor.enabled=true",
+        f"serviceMonitor.enabled=true,imageRegistry={REGISTRY}",
     ]
     rendered = run_tool(command)
     assert rendered.returncode == 0, rendered.stderr
