@@ -1,8 +1,9 @@
 """The chart's PodMonitor for the canaries through a real Prometheus (issue 23 item 3): the job the Prometheus Operator
 generates from it scrapes a canary pod (a `kvpolicy sim` serving FP8, labelled as the operator labels a canary's pods
 before the accuracy gate), and the served-configuration check reads that canary's vllm:cache_config_info through
-Prometheus. A monitor of the target's pods, which is all a cluster had before, never selects that pod: the check then
-finds nothing (the rollout would wait for its progress deadline and roll back). Gate Job pods are not scraped.
+Prometheus. A monitor of the target's pods, which is all a cluster had before, never selects that pod: Prometheus has
+nothing of it, and the check reads the canary's own /metrics instead of waiting for its progress deadline and rolling
+back. Gate Job pods are not scraped.
 """
 
 from __future__ import annotations
@@ -71,10 +72,11 @@ def prometheus_for(monitor: dict[str, Any], pods: tuple[ServerProcess, ServerPro
     return PrometheusServer([canary], scrape_configs=[job])
 
 
-async def served(server: PrometheusServer) -> Any:
+async def served(server: PrometheusServer, *endpoints: str) -> Any:
+    """The served-configuration reading of the canary's side, as the operator selects it (its pods' names and URLs)."""
     provider = PrometheusProvider(server.url)
     try:
-        return await provider.served(SideSelector("canary", NAMESPACE, pods=(CANARY_POD,)))
+        return await provider.served(SideSelector("canary", NAMESPACE, pods=(CANARY_POD,), endpoints=endpoints))
     finally:
         await provider.close()
 
@@ -117,6 +119,13 @@ async def test_a_monitor_of_the_target_alone_never_sees_the_canary(pods: tuple[S
         assert reading.configs == () and reading.missing is not None
         assert "has no vllm:cache_config_info of the canary" in reading.missing
         assert [up["metric"]["pod"] for up in server.query("up")] == [TARGET_POD]
+        # The operator knows the canary's pods' URLs: it reads what they serve from their own /metrics.
+        direct = await served(server, canary.url)
+        assert direct.missing is None and [config.kv_cache_dtype for config in direct.configs] == ["fp8"]
+        # A pod that cannot be read either: both are said, and the check keeps waiting (no verdict from nothing).
+        gone = await served(server, "http://127.0.0.1:9")
+        assert gone.configs == () and gone.missing is not None
+        assert gone.missing.startswith("Prometheus at ") and "its pods' /metrics could not be read" in gone.missing
     finally:
         server.stop()
         target.stop()
