@@ -12,7 +12,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvpolicy.api.exit_codes import EXIT_USAGE
-from kvpolicy.api.v1alpha1 import GpuFacts, GpuGeneration, KVCacheDtype, KVPolicySpec
+from kvpolicy.api.reasons import PlanCode
+from kvpolicy.api.v1alpha1 import GpuFacts, GpuGeneration, KVCacheDtype, KVPolicySpec, Severity
 from kvpolicy.planning import cli as plan_cli
 from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts
 from kvpolicy.planning.planner import plan
@@ -83,7 +84,8 @@ ROWS: list[tuple[str, str, dict[str, Any], KVCacheDtype, set[str], str | None]] 
         {"NoFP8AttentionBackend", "FP8Refused"},
         None,
     ),
-    ("ada-patched", "L40S", {}, KVCacheDtype.FP8, {"TwoLevelAccumulationImage"}, "TRITON_ATTN"),
+    # The image's TwoLevelAccumulation is FA3's; Ada's Triton backend has none of it: said as a warning.
+    ("ada-patched", "L40S", {}, KVCacheDtype.FP8, {"BackendWithoutTwoLevelAccumulation"}, "TRITON_ATTN"),
     ("ada-no-image", "L40S", {"images.fp8Patched": None}, KVCacheDtype.BF16, {"NoTwoLevelImage"}, None),
     ("unknown-gpu", "unknown", {}, KVCacheDtype.BF16, {"UnknownGPU"}, None),
     ("unknown-gpu-explicit-fp8", "unknown", {"kvCache.dtype": "FP8"}, KVCacheDtype.BF16, {"FP8Refused"}, None),
@@ -163,7 +165,7 @@ ROWS: list[tuple[str, str, dict[str, Any], KVCacheDtype, set[str], str | None]] 
         "H200",
         {"model.attention": "MLA", "kvCache.scales": "Calibrated", "kvCache.scalesSource": "hf://x"},
         KVCacheDtype.FP8,
-        {"CalibratedScales"},
+        {"CalibratedScales", "BackendWithoutTwoLevelAccumulation"},
         "FLASHMLA",
     ),
     # FlashMLA runs on compute capability 9.x and 10.x only: on Ada the MLA canary gets TRITON_MLA.
@@ -193,7 +195,7 @@ ROWS: list[tuple[str, str, dict[str, Any], KVCacheDtype, set[str], str | None]] 
         "RTX-PRO-6000",
         {"model.attention": "MLA", "kvCache.scales": "Calibrated", "kvCache.scalesSource": "hf://x"},
         KVCacheDtype.FP8,
-        {"BlackwellNoFixNeeded"},
+        {"BlackwellNoFixNeeded", "UnmeasuredComputeCapability"},
         "TRITON_MLA",
     ),
     (
@@ -450,3 +452,31 @@ def test_plan_cli_bad_input(
 def test_plan_cli_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert plan_cli.main(["-f", "/nonexistent/policy.yaml", "--gpu", "H100"]) == EXIT_USAGE
     assert "cannot read KVPolicy manifest /nonexistent/policy.yaml: No such file" in capsys.readouterr().err
+
+
+def test_only_fa3_plans_say_partial_sums_are_promoted() -> None:
+    """The two-level fix is in vLLM's FA3 alone: an Ada (Triton) or MLA (FlashMLA) plan must not claim it."""
+    said = {
+        gpu_name: {reason.code: reason for reason in plan(spec_with(**changes), gpu(gpu_name)).reasons}
+        for gpu_name, changes in (
+            ("H100", {}),
+            ("L40S", {}),
+            ("H200", {"model.attention": "MLA", "kvCache.scales": "Calibrated", "kvCache.scalesSource": "hf://x"}),
+        )
+    }
+    assert "FA3 (FLASH_ATTN)" in said["H100"][PlanCode.TWO_LEVEL_ACCUMULATION_IMAGE].message
+    assert PlanCode.BACKEND_WITHOUT_TWO_LEVEL not in said["H100"]
+    for name, backend in (("L40S", "TRITON_ATTN"), ("H200", "FLASHMLA")):
+        assert PlanCode.TWO_LEVEL_ACCUMULATION_IMAGE not in said[name]
+        warning = said[name][PlanCode.BACKEND_WITHOUT_TWO_LEVEL]
+        assert warning.severity == Severity.WARNING and f"{backend} has no two-level accumulation" in warning.message
+    assert not any("promotes partial sums per tile" in r.message for r in said["L40S"].values())
+
+
+def test_a_preflight_that_cannot_measure_the_backend_is_not_called_a_gate_on_it() -> None:
+    enabled = {"gates": {"gpuPreflight": {"enabled": True}}}
+    hopper = plan(spec_with(**enabled), gpu("H100"))
+    ada = plan(spec_with(**enabled), gpu("L40S"))
+    canary = {p.attention_backend: next(r for r in p.reasons if r.code == PlanCode.CANARY_FP8) for p in (hopper, ada)}
+    assert "GpuPreflight" in hopper.gates and "cannot measure" not in canary["FLASH_ATTN"].message
+    assert "GpuPreflight cannot measure TRITON_ATTN: it will report PreflightNotProbed" in canary["TRITON_ATTN"].message

@@ -105,6 +105,10 @@ class PlanCode(StrEnum):
     UNKNOWN_GPU = "UnknownGPU"
     NO_TWO_LEVEL_IMAGE = "NoTwoLevelImage"
     TWO_LEVEL_ACCUMULATION_IMAGE = "TwoLevelAccumulationImage"
+    # A truncating GPU planned with a backend that has no two-level accumulation (only vLLM's FA3 has it).
+    BACKEND_WITHOUT_TWO_LEVEL = "BackendWithoutTwoLevelAccumulation"
+    # Compute capability 12.x: no published measurement of its FP8 attention accumulation.
+    UNMEASURED_COMPUTE_CAPABILITY = "UnmeasuredComputeCapability"
     BLACKWELL_NO_FIX_NEEDED = "BlackwellNoFixNeeded"
     NO_FP8_TENSOR_CORES = "NoFP8TensorCores"
     NO_FP8_ATTENTION_BACKEND = "NoFP8AttentionBackend"

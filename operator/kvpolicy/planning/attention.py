@@ -108,6 +108,10 @@ BACKENDS = {
 # missing here is not probed: the probe's `triton` backend is kvkernels' kernel, which no vLLM backend serves with.
 PROBE_BACKENDS: dict[str, str] = {"FLASH_ATTN": "vllm-fa3"}
 
+# The backends whose FP8 attention promotes partial sums (two-level accumulation): vLLM's FA3 since
+# vllm-project/flash-attention#104, in vLLM through vllm#27889. No other vLLM backend has the fix.
+TWO_LEVEL_BACKENDS = frozenset({"FLASH_ATTN"})
+
 # The backends each generation is planned with, first choice first. Hopper and Ada truncate FP8 accumulation: there
 # the backend is the one the patched image carries two-level accumulation for (FA3 on Hopper, vllm#27889).
 PREFERENCES: dict[tuple[GpuGeneration, bool], tuple[str, ...]] = {

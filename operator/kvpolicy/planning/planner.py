@@ -27,7 +27,15 @@ from kvpolicy.api.v1alpha1 import (
     Severity,
     SkipSlidingWindowLayers,
 )
-from kvpolicy.planning.attention import BACKENDS, Capability, Choice, choose_backend, pool
+from kvpolicy.planning.attention import (
+    BACKENDS,
+    PROBE_BACKENDS,
+    TWO_LEVEL_BACKENDS,
+    Capability,
+    Choice,
+    choose_backend,
+    pool,
+)
 from kvpolicy.planning.vllm_versions import Version, known_bad, known_versions, parse_version, release
 
 # Published decode break-even (vLLM blog 2026-04-22, Llama-3.1-8B): FP8's lower ITL slope pays for its higher
@@ -95,15 +103,18 @@ def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
                 "(-57% at 128k on an H200); set images.fp8Patched to an image with TwoLevelAccumulation",
             )
             return draft
-        draft.say(
-            PlanCode.TWO_LEVEL_ACCUMULATION_IMAGE,
-            f"{name} truncates FP8 accumulation; {spec.images.fp8_patched} promotes partial sums per tile "
-            "(two-level accumulation)",
-        )
     elif generation == GpuGeneration.BLACKWELL:
         draft.say(
             PlanCode.BLACKWELL_NO_FIX_NEEDED, "Blackwell FP8 attention (FlashInfer) accumulates without truncation"
         )
+        if (gpu.compute_capability or "").startswith("12."):
+            draft.say(
+                PlanCode.UNMEASURED_COMPUTE_CAPABILITY,
+                f"{gpu.product or 'this GPU'} is compute capability {gpu.compute_capability}: no published "
+                "measurement of its FP8 attention accumulation (B200's is 10.0); planned like B200, so the accuracy "
+                "gate at the workload's length is the only evidence",
+                Severity.WARNING,
+            )
     elif generation == GpuGeneration.AMPERE:
         draft.soft_bf16(
             PlanCode.NO_FP8_TENSOR_CORES,
@@ -138,6 +149,8 @@ def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
     draft.backend = choice.backend
     for avoided in choice.avoided:
         draft.say(PlanCode.KNOWN_BAD_COMBINATION, avoided)
+    if generation in TRUNCATING_ACCUMULATORS:
+        _say_accumulation(spec, gpu, choice.backend, draft)
 
     break_even = spec.workload.decode_break_even_tokens or DEFAULT_BREAK_EVEN_TOKENS.get(generation, 0)
     typical = spec.workload.typical_tokens
@@ -175,6 +188,26 @@ def _rules(spec: KVPolicySpec, gpu: GpuFacts) -> _Draft:
             )
 
     return draft
+
+
+def _say_accumulation(spec: KVPolicySpec, gpu: GpuFacts, backend: str, draft: _Draft) -> None:
+    """On a truncating GPU, whether the planned backend is one the fix is in: an image's TwoLevelAccumulation
+    declaration speaks for vLLM's FA3, the only backend that promotes partial sums."""
+    name = gpu.product or gpu.generation.value
+    if backend in TWO_LEVEL_BACKENDS:
+        draft.say(
+            PlanCode.TWO_LEVEL_ACCUMULATION_IMAGE,
+            f"{name} truncates FP8 accumulation; {spec.images.fp8_patched} runs vLLM's FA3 ({backend}), which "
+            "promotes partial sums per tile (two-level accumulation: flash-attention#104, vllm#27889)",
+        )
+        return
+    draft.say(
+        PlanCode.BACKEND_WITHOUT_TWO_LEVEL,
+        f"{name} truncates FP8 accumulation and only vLLM's FA3 (FLASH_ATTN, compute capability 9.x) promotes partial "
+        f"sums: {backend} has no two-level accumulation whatever {spec.images.fp8_patched} declares, so the accuracy "
+        "gate at the workload's length is what stands between its error and users",
+        Severity.WARNING,
+    )
 
 
 def _version(spec: KVPolicySpec, draft: _Draft) -> Version | None:
@@ -312,8 +345,11 @@ def plan(spec: KVPolicySpec, gpu: GpuFacts) -> Plan:
     image = spec.images.fp8_patched if gpu.generation in TRUNCATING_ACCUMULATORS else None
 
     gates = []
+    preflight = ""
     if spec.gates.gpu_preflight.enabled and gpu.generation in TRUNCATING_ACCUMULATORS:
         gates.append(GATE_PREFLIGHT)
+        if backend not in PROBE_BACKENDS:
+            preflight = f" ({GATE_PREFLIGHT} cannot measure {backend}: it will report PreflightNotProbed)"
     if spec.gates.accuracy.enabled:
         gates.append(GATE_ACCURACY)
     else:
@@ -324,7 +360,8 @@ def plan(spec: KVPolicySpec, gpu: GpuFacts) -> Plan:
         )
     if spec.gates.latency.enabled:
         gates.append(GATE_LATENCY)
-    draft.say(PlanCode.CANARY_FP8, f"canary runs FP8 KV ({' '.join(args)}), gated by {', '.join(gates) or 'nothing'}")
+    gated = ", ".join(gates) or "nothing"
+    draft.say(PlanCode.CANARY_FP8, f"canary runs FP8 KV ({' '.join(args)}), gated by {gated}{preflight}")
     return Plan(
         kv_cache_dtype=KVCacheDtype.FP8,
         vllm_kv_cache_dtype="fp8",
