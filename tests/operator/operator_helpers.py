@@ -26,12 +26,15 @@ from kvpolicy.rollout.step_types import (
     Delete,
     JobView,
     Kind,
+    ObjectKind,
     Observations,
     Patch,
     PodView,
     StepConfig,
     StepResult,
 )
+from kvpolicy.rollout.targets.base import ServingTarget
+from kvpolicy.rollout.targets.deployment import DeploymentTarget
 
 NAMESPACE = "serving"
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -120,13 +123,25 @@ def gate_output(verdict: str, **fields: Any) -> str:
     return json.dumps({"gate": "accuracy", "verdict": verdict, **fields})
 
 
+def merge(obj: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    """Apply an RFC 7386 merge patch in place."""
+    for key, value in patch.items():
+        if value is None:
+            obj.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(obj.get(key), dict):
+            merge(obj[key], value)
+        else:
+            obj[key] = copy.deepcopy(value)
+
+
 @dataclass
 class World:
     """An in-memory cluster the actions of a step are applied to; pods become ready when the test says so."""
 
     target: dict[str, Any] | None = field(default_factory=target_deployment)
     gpu: GpuFacts = field(default_factory=lambda: gpu("H200"))
-    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    kind: ServingTarget = field(default_factory=DeploymentTarget)  # the target's kind: what its canaries are
+    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)  # the canaries, whatever their kind
     services: dict[str, dict[str, Any]] = field(default_factory=dict)
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     job_views: dict[str, JobView] = field(default_factory=dict)
@@ -145,16 +160,18 @@ class World:
                 self.deletes.append(f"{action.kind}/{action.name}")
                 self._store(action.kind).pop(action.name, None)
                 self.job_views.pop(action.name, None) if action.kind == Kind.JOB else None
-                if action.kind == Kind.DEPLOYMENT:
+                if action.kind not in (Kind.SERVICE, Kind.JOB):
                     self.pods = {k: p for k, p in self.pods.items() if not k.startswith(action.name)}
             elif isinstance(action, Patch):
                 self._patch(action)
 
-    def _store(self, kind: Kind) -> dict[str, dict[str, Any]]:
-        return {Kind.DEPLOYMENT: self.deployments, Kind.SERVICE: self.services, Kind.JOB: self.jobs}[kind]
+    def _store(self, kind: ObjectKind) -> dict[str, dict[str, Any]]:
+        stores = {Kind.SERVICE: self.services, Kind.JOB: self.jobs}
+        assert kind in stores or kind == self.kind.object_kind, f"{kind} is not the target's kind"
+        return stores.get(kind, self.deployments)
 
     def _patch(self, action: Patch) -> None:
-        assert action.kind == Kind.DEPLOYMENT
+        assert action.kind == self.kind.object_kind
         if self.target is not None and action.name == self.target["metadata"]["name"]:
             assert action.patch_type == "json"
             self.target = jsonpatch.apply_patch(self.target, action.patch)
@@ -162,15 +179,14 @@ class World:
             return
         deployment = self.deployments[action.name]
         assert action.patch_type == "merge" and isinstance(action.patch, dict)
-        labels = action.patch["spec"]["template"]["metadata"]["labels"]
-        deployment["spec"]["template"]["metadata"]["labels"] = labels
+        merge(deployment, action.patch)
         # The canary's pods are replaced (Recreate); the new ones start unready.
         self.pods = {k: p for k, p in self.pods.items() if not k.startswith(action.name)}
 
     def canary_up(self, ready: bool = True, unschedulable: str | None = None) -> None:
         """Give the canary Deployment its pods, with its current template labels."""
         for name, deployment in self.deployments.items():
-            labels = deployment["spec"]["template"]["metadata"]["labels"]
+            labels = self.kind.traffic_labels(deployment)
             for index in range(deployment["spec"]["replicas"]):
                 pod = f"{name}-{index}"
                 self.pods[pod] = PodView(pod, "127.0.0.5", ready, unschedulable, dict(labels))

@@ -290,14 +290,52 @@ class ConditionStatus(StrEnum):
 # ----------------------------------------------------------------------------------------------------------- spec
 
 
-class TargetRef(_Model):
-    """The existing vLLM Deployment the policy governs (like Flagger's targetRef)."""
+class TargetKind(StrEnum):
+    """The kinds of serving workload a policy can govern; each has its implementation in `rollout/targets/`."""
 
-    api_version: str = Field(default="apps/v1", pattern=r"^apps/v1$", description="Only apps/v1 is supported.")
-    kind: str = Field(default="Deployment", pattern=r"^Deployment$", description="Only Deployment is supported.")
-    name: str = Field(min_length=1, max_length=253, description="Name of the Deployment in the policy's namespace.")
+    DEPLOYMENT = "Deployment"
+
+
+# The apiVersion each target kind is served at.
+TARGET_API_VERSIONS: dict[TargetKind, str] = {
+    TargetKind.DEPLOYMENT: "apps/v1",
+}
+
+
+def _target_api_versions_cel() -> str:
+    return " || ".join(
+        f"(self.kind == '{kind.value}' && self.apiVersion == '{version}')"
+        for kind, version in TARGET_API_VERSIONS.items()
+    )
+
+
+class TargetRef(_Model):
+    """The existing vLLM workload the policy governs (like Flagger's targetRef)."""
+
+    rules = (
+        Rule(
+            cel=_target_api_versions_cel(),
+            message="targetRef.apiVersion must be the kind's: "
+            + ", ".join(f"{kind.value} is {version}" for kind, version in TARGET_API_VERSIONS.items()),
+            check=lambda m: TARGET_API_VERSIONS[m.kind] == m.api_version,
+            values=lambda m: f"{m.kind.value} {m.api_version}",
+            values_cel="self.kind + ' ' + self.apiVersion",
+        ),
+    )
+
+    api_version: str = Field(
+        default="apps/v1",
+        max_length=253,
+        description="The kind's API group and version: apps/v1 for a Deployment.",
+    )
+    kind: TargetKind = Field(
+        default=TargetKind.DEPLOYMENT,
+        description="The kind of workload that serves the model.",
+    )
+    name: str = Field(min_length=1, max_length=253, description="Name of the workload in the policy's namespace.")
     container: str | None = Field(
-        default=None, description="The vLLM container in the pod template; defaults to the first container."
+        default=None,
+        description="The vLLM container in the pod template; defaults to the first container.",
     )
 
 
