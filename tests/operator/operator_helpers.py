@@ -119,6 +119,45 @@ def target_deployment(args: list[str] | None = None, image: str = TARGET_IMAGE) 
     }
 
 
+MODEL = TARGET_ARGS[1]
+# Multi-host vLLM without Ray (vLLM's --nnodes/--node-rank/--headless): two nodes of 8 GPUs, TP 8 within a node, PP 2.
+LWS_PARALLEL = ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "2", "--nnodes", "2"]
+LWS_LEADER_ARGS = [*TARGET_ARGS, *LWS_PARALLEL, "--node-rank", "0", "--master-addr", "$(LWS_LEADER_ADDRESS)"]
+LWS_WORKER_ARGS = [
+    *["serve", MODEL, *LWS_PARALLEL, "--node-rank", "1", "--master-addr", "$(LWS_LEADER_ADDRESS)", "--headless"]
+]
+
+
+def target_leaderworkerset(
+    leader_args: list[str] | None = None, worker_args: list[str] | None = None, image: str = TARGET_IMAGE
+) -> dict[str, Any]:
+    """A LeaderWorkerSet `llama` of one group: a leader serving the API and one headless worker."""
+
+    def template(role: str, args: list[str]) -> dict[str, Any]:
+        container: dict[str, Any] = {"name": "vllm", "image": image, "args": list(args)}
+        if role == "leader":
+            container["ports"] = [{"name": "http", "containerPort": 8000}]
+        return {
+            "metadata": {"labels": {"app": "llama", "role": role}},
+            "spec": {"nodeSelector": {"pool": "h200"}, "containers": [container]},
+        }
+
+    worker = LWS_WORKER_ARGS if worker_args is None else worker_args
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "llama", "namespace": NAMESPACE, "generation": 1},
+        "spec": {
+            "replicas": 2,
+            "leaderWorkerTemplate": {
+                "size": 2,
+                "leaderTemplate": template("leader", LWS_LEADER_ARGS if leader_args is None else leader_args),
+                "workerTemplate": template("worker", worker),
+            },
+        },
+    }
+
+
 def gate_output(verdict: str, **fields: Any) -> str:
     return json.dumps({"gate": "accuracy", "verdict": verdict, **fields})
 

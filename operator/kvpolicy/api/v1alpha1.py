@@ -294,11 +294,13 @@ class TargetKind(StrEnum):
     """The kinds of serving workload a policy can govern; each has its implementation in `rollout/targets/`."""
 
     DEPLOYMENT = "Deployment"
+    LEADER_WORKER_SET = "LeaderWorkerSet"
 
 
 # The apiVersion each target kind is served at.
 TARGET_API_VERSIONS: dict[TargetKind, str] = {
     TargetKind.DEPLOYMENT: "apps/v1",
+    TargetKind.LEADER_WORKER_SET: "leaderworkerset.x-k8s.io/v1",
 }
 
 
@@ -326,16 +328,19 @@ class TargetRef(_Model):
     api_version: str = Field(
         default="apps/v1",
         max_length=253,
-        description="The kind's API group and version: apps/v1 for a Deployment.",
+        description="The kind's API group and version: apps/v1 for a Deployment, leaderworkerset.x-k8s.io/v1 for "
+        "a LeaderWorkerSet.",
     )
     kind: TargetKind = Field(
         default=TargetKind.DEPLOYMENT,
-        description="The kind of workload that serves the model.",
+        description="The kind of workload that serves the model: a Deployment, or a LeaderWorkerSet (multi-host vLLM: "
+        "the leader's container is the target's, the workers' KV flags follow it).",
     )
     name: str = Field(min_length=1, max_length=253, description="Name of the workload in the policy's namespace.")
     container: str | None = Field(
         default=None,
-        description="The vLLM container in the pod template; defaults to the first container.",
+        description="The vLLM container in the pod template (a LeaderWorkerSet's leader template); defaults to the "
+        "first container.",
     )
 
 
@@ -1239,11 +1244,25 @@ class Decision(_Model):
     time: str
 
 
+class Parallelism(_Model):
+    """How the served model is split across GPUs: vLLM's tensor, pipeline and data parallel sizes (1 when unset)."""
+
+    tensor: int = 1
+    pipeline: int = 1
+    data: int = 1
+
+    def describe(self) -> str:
+        return f"tensor {self.tensor}, pipeline {self.pipeline}, data {self.data}"
+
+
 class CanaryRef(_Model):
     deployment: str
     service: str
     generation: int
     run: int = Field(default=1, ge=1, description="Which run of the rollout at this generation (drift, retries).")
+    parallelism: Parallelism | None = Field(
+        default=None, description="The target's parallel sizes when the canary was planned; the canary keeps them."
+    )
     served_kv_cache_dtype: str | None = Field(
         default=None, description="The KV cache dtype the canary serves, from its vllm:cache_config_info."
     )

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpolicy.api.v1alpha1 import API_VERSION, KIND, KVPolicySpec, Plan, PodTemplateRecord
+from kvpolicy.api.v1alpha1 import API_VERSION, KIND, KVPolicySpec, Parallelism, Plan, PodTemplateRecord
 from kvpolicy.gate_programs.report import DEFAULT_TERMINATION_LOG
 from kvpolicy.rollout.child_names import child_name, label_value
 
@@ -170,6 +170,32 @@ def kv_cache_dtype(tokens: Sequence[str]) -> str:
         elif token == "--kv-cache-dtype" and index + 1 < len(tokens):
             value = tokens[index + 1]
     return value
+
+
+# vLLM's parallel-size flags and their short forms (vLLM's parser takes `_` for `-` in long flags too).
+PARALLEL_FLAGS = {
+    "--tensor-parallel-size": "tensor",
+    "-tp": "tensor",
+    "--pipeline-parallel-size": "pipeline",
+    "-pp": "pipeline",
+    "--data-parallel-size": "data",
+    "-dp": "data",
+}
+
+
+def parallelism(record: PodTemplateRecord) -> Parallelism:
+    """The parallel sizes a command line asks vLLM for (the last of a repeated flag wins, as in argparse)."""
+    tokens = [*(record.command or []), *(record.args or [])]
+    sizes: dict[str, int] = {}
+    for index, token in enumerate(tokens):
+        flag, sep, value = token.partition("=")
+        name = PARALLEL_FLAGS.get(flag.replace("_", "-") if flag.startswith("--") else flag)
+        if name is None:
+            continue
+        text = value if sep else (tokens[index + 1] if index + 1 < len(tokens) else "")
+        if text.isdigit():
+            sizes[name] = int(text)
+    return Parallelism.model_validate(sizes)
 
 
 def runs_fp8(record: PodTemplateRecord) -> bool:

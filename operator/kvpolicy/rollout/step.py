@@ -25,6 +25,7 @@ from kvpolicy.api.v1alpha1 import (
     Drift,
     KVPolicy,
     OnDrift,
+    Parallelism,
     Phase,
     PodTemplateRecord,
     VerdictKind,
@@ -95,10 +96,13 @@ def _planning(t: Tick) -> None:
     if planned.image:
         summary += f" with image {planned.image}"
     summary += f"; gates: {', '.join(planned.gates) or 'none'}"
+    sizes = b.parallelism(base)
+    if sizes != Parallelism():
+        summary += f"; the canary keeps the target's parallel sizes ({sizes.describe()})"
     t.condition(ConditionType.PLANNED, ConditionStatus.TRUE, Reason.FP8_PLANNED, summary)
     run = t.status.rollout_run or 1
     name = b.canary_name(t.ref.name, t.generation, run)
-    t.status.canary = CanaryRef(deployment=name, service=name, generation=t.generation, run=run)
+    t.status.canary = CanaryRef(deployment=name, service=name, generation=t.generation, run=run, parallelism=sizes)
     t.event("Normal", Reason.PLANNED, summary)
     t.enter(Phase.CANARY_STARTING)
     _canary_starting(t)
@@ -122,6 +126,8 @@ def _ensure_canary_objects(t: Tick) -> None:
 def _canary_starting(t: Tick) -> None:
     unschedulable = watch_capacity(t)
     replicas = t.spec.rollout.canary_replicas
+    if t.observed_canary is not None and not _same_parallelism(t, t.observed_canary):
+        return
     if t.observed_canary is not None and t.ready_canary_pods(joined=False) >= replicas:
         _ensure_canary_objects(t)
         if not _verified(t):
@@ -139,6 +145,29 @@ def _canary_starting(t: Tick) -> None:
     _ensure_canary_objects(t)
     waiting = f"waiting for {replicas} canary pod(s) to be ready"
     t.condition(ConditionType.CANARY_READY, ConditionStatus.FALSE, Reason.CANARY_STARTING, waiting)
+
+
+def _same_parallelism(t: Tick, canary: Obj) -> bool:
+    """Part of the canary configuration check, before any gate: the canary must split the model as the target did
+    when it was planned (vllm:cache_config_info does not say; accuracy depended on the tensor-parallel size at long
+    context, vllm #23813). A mismatch rolls back."""
+    expected = t.canary.parallelism
+    try:
+        found = b.parallelism(t.target_kind.record(canary, t.spec.target_ref.container))
+    except b.TargetShapeError as error:
+        rollback(t, DecisionReason.CANARY_CONFIG_MISMATCH, f"canary {t.canary.deployment}: {error}")
+        return False
+    if expected is None or found == expected:
+        return True
+    message = (
+        f"the canary {t.canary.deployment} runs parallel sizes {found.describe()}, the target {expected.describe()}: "
+        "the gates would not compare the KV cache alone"
+    )
+    t.condition(
+        ConditionType.CANARY_CONFIG_VERIFIED, ConditionStatus.FALSE, DecisionReason.CANARY_CONFIG_MISMATCH, message
+    )
+    rollback(t, DecisionReason.CANARY_CONFIG_MISMATCH, message)
+    return False
 
 
 def _verified(t: Tick) -> bool:

@@ -6,8 +6,11 @@ from __future__ import annotations
 from kvpolicy.api.v1alpha1 import TargetKind, TargetRef
 from kvpolicy.rollout.targets.base import ServingTarget
 from kvpolicy.rollout.targets.deployment import DeploymentTarget
+from kvpolicy.rollout.targets.leaderworkerset import LeaderWorkerSetTarget
 
-TARGETS: dict[TargetKind, ServingTarget] = {target.kind: target for target in (DeploymentTarget(),)}
+TARGETS: dict[TargetKind, ServingTarget] = {
+    target.kind: target for target in (DeploymentTarget(), LeaderWorkerSetTarget())
+}
 
 
 def target_kind(ref: TargetRef) -> ServingTarget:
