@@ -323,3 +323,18 @@ def test_referenced_secrets_are_read_only_when_the_value_grants_it(render: Rende
 def test_malformed_default_receivers_are_refused_at_install(render: Renderer) -> None:
     with pytest.raises(RenderError, match=re.escape("notifications.defaults.0: urlSecretRef is required")):
         render("--set-json", 'notifications.defaults=[{"name": "ops"}]')
+
+
+def test_leaderworkerset_targets_are_granted_only_when_enabled_and_only_the_verbs_used(render: Renderer) -> None:
+    used = {
+        ("leaderworkerset.x-k8s.io", "leaderworkersets", verb) for verb in ("get", "list", "create", "patch", "delete")
+    }
+    assert not {t for t in granted(only(render(), "ClusterRole")) if t[0] == "leaderworkerset.x-k8s.io"}, (
+        "off by default"
+    )
+    enabled = "targets.leaderWorkerSet.enabled=true"
+    cluster_wide = granted(only(render("--set", enabled), "ClusterRole"))
+    assert {t for t in cluster_wide if t[0] == "leaderworkerset.x-k8s.io"} == used
+    namespaced = render("--values", CUSTOM_VALUES, "--set", enabled)
+    assert not used & granted(only(namespaced, "ClusterRole")), "namespaced: in each watched namespace's Role"
+    assert all(used <= granted(role) for role in of_kind(namespaced, "Role") if "-notifications" not in str(role))

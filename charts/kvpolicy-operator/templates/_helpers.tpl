@@ -74,6 +74,11 @@ Granted cluster-wide (ClusterRole) without watchNamespaces, or per namespace (Ro
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.targets.leaderWorkerSet.enabled }}
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+{{- end }}
 {{- if or .Values.notifications.policySecrets .Values.auth.readReferencedSecrets }}
 - apiGroups: [""]
   resources: ["secrets"]
