@@ -3,8 +3,12 @@ controller's stand-in making the leader and worker pods (simulated vLLM), the op
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from e2e_helpers import (
+    DECIDED,
+    KVP,
     MODEL,
     MODEL_LEN,
     PATCHED_IMAGE,
@@ -19,6 +23,7 @@ from e2e_helpers import (
     wait_until,
 )
 from kvpolicy_dev.devcluster import POOL_LABEL, ThreadedDevCluster
+from kvpolicy_dev.devcluster.cpu_vllm import RealVllmRunner
 from kvpolicy_dev.devcluster.leaderworkerset import crd
 
 LWS = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
@@ -36,13 +41,14 @@ def leaderworkerset_crd(devcluster: ThreadedDevCluster) -> None:
 pytestmark = pytest.mark.usefixtures("leaderworkerset_crd")
 
 
-def lws_target(namespace: str, max_model_len: int = MODEL_LEN) -> Obj:
+def lws_target(namespace: str, max_model_len: int = MODEL_LEN, model: str = MODEL) -> Obj:
     """One group of two nodes: the leader serves the API, the worker runs `vllm serve --headless`."""
 
     def template(role: str, rank: str) -> Obj:
-        args = ["serve", MODEL, "--max-model-len", str(max_model_len), *PARALLEL, "--node-rank", rank]
+        args = [model, "--max-model-len", str(max_model_len), *PARALLEL, "--node-rank", rank]
         args += ["--master-addr", "$(LWS_LEADER_ADDRESS)", *(["--headless"] if role == "worker" else [])]
-        vllm = {"name": "vllm", "image": TARGET_IMAGE, "args": args, "ports": [{"name": "http", "containerPort": 8000}]}
+        vllm = {"name": "vllm", "image": TARGET_IMAGE, "command": ["vllm", "serve"], "args": args,
+                "ports": [{"name": "http", "containerPort": 8000}]}  # fmt: skip
         return {"metadata": {"labels": {"app": "llama", "role": role}},
                 "spec": {"nodeSelector": {POOL_LABEL: "h200"}, "containers": [vllm]}}  # fmt: skip
 
@@ -74,6 +80,11 @@ def _to_the_gate(devcluster: ThreadedDevCluster, ns: str) -> None:
     devcluster.create(lws_target(ns))
     devcluster.create(lws_policy(ns))
     wait_phase(devcluster, ns, {"AccuracyGate"})
+
+
+def _decided(devcluster: ThreadedDevCluster, ns: str) -> Obj | None:
+    found = devcluster.find(*KVP, "llama-fp8", ns)
+    return found if found and found.get("status", {}).get("phase") in DECIDED else None
 
 
 def _canaries(devcluster: ThreadedDevCluster, ns: str) -> list[Obj]:
@@ -166,3 +177,44 @@ def test_a_leaderworkerset_edited_mid_rollout_is_gated_again(
     promoted = devcluster.get(*LWS, "llama", ns)
     env = promoted["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["env"]
     assert env == [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}], "the edit the rollout was gated on again stays"
+
+
+@pytest.mark.realvllm
+def test_a_leaderworkerset_of_real_vllm_servers_is_promoted_on_what_its_leader_serves(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory, cpu_vllm_model: Path
+) -> None:
+    """Real vLLM (CPU build, a tiny random-weight Llama) in the leader and worker pods: vLLM's parser checks every
+    pod's arguments, multi-host flags included; the leader serves the group and the worker (`--headless`) waits. The
+    canary configuration check reads the canary leader's own vllm:cache_config_info against the target's leaders."""
+    ns = devcluster_namespace
+    devcluster.set_runner(RealVllmRunner(cpu_vllm_model))
+    devcluster.create(lws_target(ns, max_model_len=4096, model="tiny"))
+
+    def log(pod: str) -> str:
+        return str(devcluster.call(lambda: devcluster.cluster.kubelet.read_log(ns, pod)))
+
+    headless = "a headless node serves no API"
+    wait_until(lambda: headless in log("llama-0-1"), "the worker's arguments checked by vLLM's parser", timeout=400)
+    assert "--tensor-parallel-size 8 --pipeline-parallel-size 2 --nnodes 2 --node-rank 1" in log("llama-0-1")
+    tiny = {"servedModelName": "tiny", "headDim": 64, "numLayers": 2, "maxModelLen": 4096}
+    with operator():
+        devcluster.create(
+            lws_policy(
+                ns,
+                model=tiny,
+                workload={"maxContextTokens": 4096, "decodeBreakEvenTokens": 2048},
+                gates={
+                    "accuracy": {"enabled": False},
+                    "gpuPreflight": {"enabled": False},
+                    "latency": {"enabled": False},
+                },
+                rollout={"traffic": "Synthetic", "bakeSeconds": 0, "progressDeadlineSeconds": 400},
+            )
+        )
+        done = wait_until(lambda: _decided(devcluster, ns), "a decision with real vLLM servers", timeout=450)
+    status = done["status"]
+    assert status["phase"] == "Promoted", status
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions["CanaryConfigVerified"] == ("True", "ServedAsPlanned")
+    assert status["canary"]["servedKvCacheDtype"] == "fp8", "what the canary's leader itself reports"
+    assert status["canary"]["parallelism"] == {"tensor": 8, "pipeline": 2, "data": 1}
