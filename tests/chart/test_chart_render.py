@@ -325,16 +325,21 @@ def test_malformed_default_receivers_are_refused_at_install(render: Renderer) ->
         render("--set-json", 'notifications.defaults=[{"name": "ops"}]')
 
 
-def test_leaderworkerset_targets_are_granted_only_when_enabled_and_only_the_verbs_used(render: Renderer) -> None:
-    used = {
-        ("leaderworkerset.x-k8s.io", "leaderworkersets", verb) for verb in ("get", "list", "create", "patch", "delete")
-    }
-    assert not {t for t in granted(only(render(), "ClusterRole")) if t[0] == "leaderworkerset.x-k8s.io"}, (
-        "off by default"
-    )
-    enabled = "targets.leaderWorkerSet.enabled=true"
+@pytest.mark.parametrize(
+    ("value", "group", "resource"),
+    [
+        ("leaderWorkerSet", "leaderworkerset.x-k8s.io", "leaderworkersets"),
+        ("llmInferenceService", "serving.kserve.io", "llminferenceservices"),
+    ],
+)
+def test_target_kinds_are_granted_only_when_enabled_and_only_the_verbs_used(
+    render: Renderer, value: str, group: str, resource: str
+) -> None:
+    used = {(group, resource, verb) for verb in ("get", "list", "create", "patch", "delete")}
+    assert not {t for t in granted(only(render(), "ClusterRole")) if t[0] == group}, "off by default"
+    enabled = f"targets.{value}.enabled=true"
     cluster_wide = granted(only(render("--set", enabled), "ClusterRole"))
-    assert {t for t in cluster_wide if t[0] == "leaderworkerset.x-k8s.io"} == used
+    assert {t for t in cluster_wide if t[0] == group} == used
     namespaced = render("--values", CUSTOM_VALUES, "--set", enabled)
     assert not used & granted(only(namespaced, "ClusterRole")), "namespaced: in each watched namespace's Role"
     assert all(used <= granted(role) for role in of_kind(namespaced, "Role") if "-notifications" not in str(role))

@@ -15,7 +15,7 @@ from kvpolicy.analysis.checks import CheckVerdict
 from kvpolicy.analysis.model import SideMetrics, Verdict
 from kvpolicy.analysis.provider import ServedReading
 from kvpolicy.analysis.served import CANARY_CONFIG, ServedSides
-from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy, Phase, VerdictKind
+from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy, Phase, TargetKind, VerdictKind
 from kvpolicy.kube.observe import PHASE_NEEDS
 from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts
 from kvpolicy.rollout.metric_checks import LATENCY
@@ -158,8 +158,36 @@ def target_leaderworkerset(
     }
 
 
+def target_llminferenceservice(env: list[dict[str, Any]] | None = None, image: str = TARGET_IMAGE) -> dict[str, Any]:
+    """An LLMInferenceService `llama` of two replicas, TP 4 by spec.parallelism, member of routing group `llama`,
+    its flags in VLLM_ADDITIONAL_ARGS as KServe's preset passes them to `vllm serve`."""
+    flags = [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--max-model-len 131072 --enable-prefix-caching"}]
+    container = {"name": "main", "image": image, "env": [*flags, *(env or [])]}
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha2",
+        "kind": "LLMInferenceService",
+        "metadata": {"name": "llama", "namespace": NAMESPACE, "generation": 1},
+        "spec": {
+            "model": {"uri": "hf://meta-llama/Llama-3.1-8B-Instruct", "name": MODEL},
+            "replicas": 2,
+            "parallelism": {"tensor": 4},
+            "template": {"nodeSelector": {"pool": "h200"}, "containers": [container]},
+            "router": {"route": {"group": "llama", "weight": 100}, "gateway": {}, "scheduler": {}},
+        },
+        "status": {"router": {"group": {"name": "llama", "members": [{"name": "llama", "weight": 100}]}}},
+    }
+
+
 def gate_output(verdict: str, **fields: Any) -> str:
     return json.dumps({"gate": "accuracy", "verdict": verdict, **fields})
+
+
+def serving_pod_labels(kind: ServingTarget, obj: Mapping[str, Any]) -> dict[str, str]:
+    """The labels the serving pods of `obj` get from its controller: its pod template's, or for an
+    LLMInferenceService, KServe's workload labels and spec.labels."""
+    if kind.kind == TargetKind.LLM_INFERENCE_SERVICE:
+        return {**kind.serving_selector(obj), **(obj["spec"].get("labels") or {})}
+    return kind.traffic_labels(obj)
 
 
 def merge(obj: dict[str, Any], patch: Mapping[str, Any]) -> None:
@@ -225,7 +253,7 @@ class World:
     def canary_up(self, ready: bool = True, unschedulable: str | None = None) -> None:
         """Give the canary Deployment its pods, with its current template labels."""
         for name, deployment in self.deployments.items():
-            labels = self.kind.traffic_labels(deployment)
+            labels = serving_pod_labels(self.kind, deployment)
             for index in range(deployment["spec"]["replicas"]):
                 pod = f"{name}-{index}"
                 self.pods[pod] = PodView(pod, "127.0.0.5", ready, unschedulable, dict(labels))

@@ -79,6 +79,11 @@ Granted cluster-wide (ClusterRole) without watchNamespaces, or per namespace (Ro
   resources: ["leaderworkersets"]
   verbs: ["get", "list", "create", "patch", "delete"]
 {{- end }}
+{{- if .Values.targets.llmInferenceService.enabled }}
+- apiGroups: ["serving.kserve.io"]
+  resources: ["llminferenceservices"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+{{- end }}
 {{- if or .Values.notifications.policySecrets .Values.auth.readReferencedSecrets }}
 - apiGroups: [""]
   resources: ["secrets"]

@@ -295,12 +295,14 @@ class TargetKind(StrEnum):
 
     DEPLOYMENT = "Deployment"
     LEADER_WORKER_SET = "LeaderWorkerSet"
+    LLM_INFERENCE_SERVICE = "LLMInferenceService"
 
 
 # The apiVersion each target kind is served at.
 TARGET_API_VERSIONS: dict[TargetKind, str] = {
     TargetKind.DEPLOYMENT: "apps/v1",
     TargetKind.LEADER_WORKER_SET: "leaderworkerset.x-k8s.io/v1",
+    TargetKind.LLM_INFERENCE_SERVICE: "serving.kserve.io/v1alpha2",
 }
 
 
@@ -329,12 +331,13 @@ class TargetRef(_Model):
         default="apps/v1",
         max_length=253,
         description="The kind's API group and version: apps/v1 for a Deployment, leaderworkerset.x-k8s.io/v1 for "
-        "a LeaderWorkerSet.",
+        "a LeaderWorkerSet, serving.kserve.io/v1alpha2 for an LLMInferenceService.",
     )
     kind: TargetKind = Field(
         default=TargetKind.DEPLOYMENT,
-        description="The kind of workload that serves the model: a Deployment, or a LeaderWorkerSet (multi-host vLLM: "
-        "the leader's container is the target's, the workers' KV flags follow it).",
+        description="The kind of workload that serves the model: a Deployment; a LeaderWorkerSet (multi-host vLLM: "
+        "the leader's container is the target's, the workers' KV flags follow it); or a KServe LLMInferenceService "
+        "(its spec.template's container; the canary joins its routing group).",
     )
     name: str = Field(min_length=1, max_length=253, description="Name of the workload in the policy's namespace.")
     container: str | None = Field(

@@ -183,9 +183,37 @@ PARALLEL_FLAGS = {
 }
 
 
+# KServe's vLLM template runs `vllm serve ... ${VLLM_ADDITIONAL_ARGS} $@`: serving flags may sit in this env var too.
+ADDITIONAL_ARGS_ENV = "VLLM_ADDITIONAL_ARGS"
+
+
+def _additional_args(env: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    for item in env or []:
+        if item.get("name") == ADDITIONAL_ARGS_ENV and isinstance(item.get("value"), str):
+            return str(item["value"]).split()
+    return []
+
+
+def serving_tokens(record: PodTemplateRecord) -> list[str]:
+    """The vLLM flags a container gives, in the order vLLM reads them: command, VLLM_ADDITIONAL_ARGS, args."""
+    return [*(record.command or []), *_additional_args(record.env), *(record.args or [])]
+
+
+def _env_without_kv_flags(env: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The env with the plan-owned flags taken out of VLLM_ADDITIONAL_ARGS (the variable kept, even empty)."""
+    if env is None:
+        return None
+    return [
+        {**item, "value": " ".join(strip_kv_flags(_additional_args([item])))}
+        if item.get("name") == ADDITIONAL_ARGS_ENV and split_kv_flags(_additional_args([item]))[1]
+        else item
+        for item in env
+    ]
+
+
 def parallelism(record: PodTemplateRecord) -> Parallelism:
     """The parallel sizes a command line asks vLLM for (the last of a repeated flag wins, as in argparse)."""
-    tokens = [*(record.command or []), *(record.args or [])]
+    tokens = serving_tokens(record)
     sizes: dict[str, int] = {}
     for index, token in enumerate(tokens):
         flag, sep, value = token.partition("=")
@@ -199,8 +227,7 @@ def parallelism(record: PodTemplateRecord) -> Parallelism:
 
 
 def runs_fp8(record: PodTemplateRecord) -> bool:
-    tokens = [*(record.command or []), *(record.args or [])]
-    return kv_cache_dtype(tokens).startswith("fp8")
+    return kv_cache_dtype(serving_tokens(record)).startswith("fp8")
 
 
 def with_plan(record: PodTemplateRecord, plan: Plan) -> PodTemplateRecord:
@@ -216,7 +243,7 @@ def with_kv_flags(record: PodTemplateRecord, flags: Sequence[str], image: str) -
         args = [*(args or []), *flags]
     else:
         command = [*command, *flags]
-    return PodTemplateRecord(image=image, command=command, args=args, env=record.env)
+    return PodTemplateRecord(image=image, command=command, args=args, env=_env_without_kv_flags(record.env))
 
 
 def without_fp8(record: PodTemplateRecord) -> PodTemplateRecord:
@@ -225,7 +252,7 @@ def without_fp8(record: PodTemplateRecord) -> PodTemplateRecord:
         image=record.image,
         command=strip_kv_flags(record.command) if record.command is not None else None,
         args=strip_kv_flags(record.args) if record.args is not None else None,
-        env=record.env,
+        env=_env_without_kv_flags(record.env),
     )
 
 
@@ -261,6 +288,16 @@ def container_ops(path: str, current: Mapping[str, Any], desired: PodTemplateRec
     elif "env" in current:
         ops.append({"op": "remove", "path": f"{path}/env"})
     return ops
+
+
+def set_container(container: Obj, record: PodTemplateRecord) -> None:
+    """Give a container (in place) the record's image, command, args and env; a None field is removed."""
+    container["image"] = record.image
+    for attribute, value in (("command", record.command), ("args", record.args), ("env", record.env)):
+        if value is None:
+            container.pop(attribute, None)
+        else:
+            container[attribute] = copy.deepcopy(value)
 
 
 def container_entry(current: Mapping[str, Any], desired: PodTemplateRecord) -> Obj:
@@ -317,13 +354,7 @@ def canary_deployment(
     template = copy.deepcopy(target["spec"]["template"])
     index = container_index(target, spec.target_ref.container)
     container = template["spec"]["containers"][index]
-    desired = with_plan(container_record(container), plan)
-    container["image"] = desired.image
-    for attribute, value in (("command", desired.command), ("args", desired.args)):
-        if value is None:
-            container.pop(attribute, None)
-        else:
-            container[attribute] = value
+    set_container(container, with_plan(container_record(container), plan))
     metadata = template.setdefault("metadata", {})
     metadata["labels"] = canary_pod_labels(policy, name, template_labels(target), joined)
     return {

@@ -36,7 +36,7 @@ def _tokens(tokens: Sequence[str] | None) -> str:
 
 def kv_arguments(record: PodTemplateRecord) -> list[str]:
     """The plan-owned flags of a container's command line, in order (`--kv-cache-dtype fp8 --attention-backend X`)."""
-    return b.split_kv_flags([*(record.command or []), *(record.args or [])])[1]
+    return b.split_kv_flags(b.serving_tokens(record))[1]
 
 
 def _env_by_name(env: Sequence[Mapping[str, Any]] | None) -> dict[str, str]:

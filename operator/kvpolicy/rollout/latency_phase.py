@@ -166,6 +166,11 @@ def latency_analysis(t: Tick) -> None:
         if canary is None or t.ready_canary_pods(joined=joining) < t.spec.rollout.canary_replicas:
             deadline_rollback(t, watch_capacity(t), f"canary {t.canary.deployment} (joining traffic)")
             return
+        awaited = t.target_kind.traffic_confirmed(t.canary.deployment, target) if joining else None
+        if awaited is not None:
+            t.status.message = awaited
+            deadline_rollback(t, None, f"canary {t.canary.deployment} ({awaited})")
+            return
         latency.started_at = timestamp(t.now)
         if joining:
             joined = f"canary {t.canary.deployment} now serves a share of the users' traffic"

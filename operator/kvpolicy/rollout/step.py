@@ -96,7 +96,7 @@ def _planning(t: Tick) -> None:
     if planned.image:
         summary += f" with image {planned.image}"
     summary += f"; gates: {', '.join(planned.gates) or 'none'}"
-    sizes = b.parallelism(base)
+    sizes = t.target_kind.parallelism(target, t.spec.target_ref.container)
     if sizes != Parallelism():
         summary += f"; the canary keeps the target's parallel sizes ({sizes.describe()})"
     t.condition(ConditionType.PLANNED, ConditionStatus.TRUE, Reason.FP8_PLANNED, summary)
@@ -153,7 +153,7 @@ def _same_parallelism(t: Tick, canary: Obj) -> bool:
     context, vllm #23813). A mismatch rolls back."""
     expected = t.canary.parallelism
     try:
-        found = b.parallelism(t.target_kind.record(canary, t.spec.target_ref.container))
+        found = t.target_kind.parallelism(canary, t.spec.target_ref.container)
     except b.TargetShapeError as error:
         rollback(t, DecisionReason.CANARY_CONFIG_MISMATCH, f"canary {t.canary.deployment}: {error}")
         return False
@@ -307,7 +307,8 @@ def _remove_children(t: Tick) -> bool:
     """Delete the canary, its Services and any gate Job still running; True when nothing is left."""
     gone = True
     if t.obs.canary is not None:
-        t.add(Delete(t.target_kind.object_kind, t.obs.canary["metadata"]["name"]))
+        for action in t.target_kind.retire(t.obs.canary["metadata"]["name"]):
+            t.add(action)
         gone = False
     for service in sorted(t.obs.services):
         t.add(Delete(Kind.SERVICE, service))
@@ -325,7 +326,7 @@ def _promoting(t: Tick) -> None:
         _still_gated(t)
         return
     base = _base(t, current)
-    desired = b.with_plan(base, t.plan)
+    desired = t.target_kind.with_plan(base, t.plan)
     # Only the plan's change on top of what was gated: the target may be there still, or there already (our patch,
     # or a GitOps repository taking the advice); anything else was never gated.
     if drift.differences(desired, current) and not _still_gated(t):
@@ -441,7 +442,9 @@ def _watch_drift(t: Tick) -> None:
     current = _observed(t)
     if t.status.target_decided is None and current is not None:
         # Decided by an operator that did not record it: what the decision means for the target as it is.
-        adopted = b.with_plan(current, t.plan) if t.phase == Phase.PROMOTED else _bf16_configuration(t, current)
+        adopted = (
+            t.target_kind.with_plan(current, t.plan) if t.phase == Phase.PROMOTED else _bf16_configuration(t, current)
+        )
         t.status.target_decided = adopted
     expected = t.status.target_decided
     name = t.spec.target_ref.name

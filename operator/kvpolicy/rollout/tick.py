@@ -279,7 +279,8 @@ def restart(t: Tick, spec_hash: str, why: str, warning: Reason | None = None, *,
     Normal restart event."""
     previous = t.status
     if previous.canary is not None and t.phase not in TERMINAL_PHASES:
-        t.add(Delete(t.target_kind.object_kind, previous.canary.deployment))
+        for action in t.target_kind.retire(previous.canary.deployment):
+            t.add(action)
         t.add(Delete(Kind.SERVICE, previous.canary.service))
         baseline = b.baseline_service_name(t.ref.name, previous.canary.generation, previous.canary.run)
         t.add(Delete(Kind.SERVICE, baseline))

@@ -7,9 +7,10 @@ from kvpolicy.api.v1alpha1 import TargetKind, TargetRef
 from kvpolicy.rollout.targets.base import ServingTarget
 from kvpolicy.rollout.targets.deployment import DeploymentTarget
 from kvpolicy.rollout.targets.leaderworkerset import LeaderWorkerSetTarget
+from kvpolicy.rollout.targets.llminferenceservice import LLMInferenceServiceTarget
 
 TARGETS: dict[TargetKind, ServingTarget] = {
-    target.kind: target for target in (DeploymentTarget(), LeaderWorkerSetTarget())
+    target.kind: target for target in (DeploymentTarget(), LeaderWorkerSetTarget(), LLMInferenceServiceTarget())
 }
 
 

@@ -12,9 +12,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from kvpolicy.api.v1alpha1 import KVPolicySpec, Plan, PodTemplateRecord, TargetKind
+from kvpolicy.api.v1alpha1 import KVPolicySpec, Parallelism, Plan, PodTemplateRecord, TargetKind
 from kvpolicy.rollout import builders as b
-from kvpolicy.rollout.step_types import ObjectKind
+from kvpolicy.rollout.step_types import Action, Delete, ObjectKind
 
 Obj = dict[str, Any]
 
@@ -41,6 +41,14 @@ class ServingTarget(ABC):
     def patch(self, target: Mapping[str, Any], container: str | None, desired: PodTemplateRecord) -> list[Obj]:
         """A JSON patch making the target serve `desired` (promotion, rollback, a BF16 decision), testing first what
         it replaces so a patch computed against an old object fails instead of overwriting an unseen edit."""
+
+    def with_plan(self, record: PodTemplateRecord, plan: Plan) -> PodTemplateRecord:
+        """The serving configuration the plan asks of a container now running `record`."""
+        return b.with_plan(record, plan)
+
+    def parallelism(self, target: Mapping[str, Any], container: str | None) -> Parallelism:
+        """The parallel sizes the target serves with (from its vLLM arguments unless the kind says more)."""
+        return b.parallelism(self.record(target, container))
 
     def serving_port(self, target: Mapping[str, Any], container: str | None) -> int:
         return b.serving_port(self.container(target, container))
@@ -71,6 +79,15 @@ class ServingTarget(ABC):
     def is_joined(self, canary: Mapping[str, Any], target: Mapping[str, Any]) -> bool:
         labels = self.traffic_labels(canary)
         return all(labels.get(key) == value for key, value in self.traffic_labels(target).items())
+
+    def traffic_confirmed(self, name: str, target: Mapping[str, Any]) -> str | None:
+        """None once the traffic the canary `name` joined reaches it; else what is still awaited. Label-selected
+        traffic reaches the canary's ready pods at once."""
+        return None
+
+    def retire(self, name: str) -> list[Action]:
+        """The writes that remove the canary `name` (after a promotion, a rollback, a restart)."""
+        return [Delete(self.object_kind, name)]
 
     # --------------------------------------------------------------------------------------------- its pods
 

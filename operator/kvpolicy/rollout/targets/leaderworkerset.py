@@ -108,11 +108,11 @@ class LeaderWorkerSetTarget(ServingTarget):
         }
         leader = self.container(canary, container)
         before = b.container_record(leader)
-        desired = b.with_plan(before, plan)
+        desired = self.with_plan(before, plan)
         worker = self._worker(canary, container)
-        _set(leader, desired)
+        b.set_container(leader, desired)
         if worker is not None:
-            _set(worker[1], follow(b.container_record(worker[1]), before, desired))
+            b.set_container(worker[1], follow(b.container_record(worker[1]), before, desired))
         templates["leaderTemplate"].setdefault("metadata", {})["labels"] = b.canary_pod_labels(policy, name, {}, False)
         templates["workerTemplate"].setdefault("metadata", {})["labels"] = policy.labels(b.ROLE_CANARY)
         return canary
@@ -139,9 +139,9 @@ class LeaderWorkerSetTarget(ServingTarget):
         leader = self.container(changed, container)
         worker = self._worker(changed, container)
         before = b.container_record(leader)
-        _set(leader, desired, env=True)
+        b.set_container(leader, desired)
         if worker is not None:
-            _set(worker[1], follow(b.container_record(worker[1]), before, desired), env=True)
+            b.set_container(worker[1], follow(b.container_record(worker[1]), before, desired))
         keys = [_leader_key(target), *(["workerTemplate"] if worker is not None else [])]
         return {
             "spec": {
@@ -150,14 +150,3 @@ class LeaderWorkerSetTarget(ServingTarget):
                 }
             }
         }
-
-
-def _set(container: Obj, record: PodTemplateRecord, env: bool = False) -> None:
-    """Give a container (in place) the record's image, command and args (and env with `env`)."""
-    container["image"] = record.image
-    fields = [("command", record.command), ("args", record.args), *([("env", record.env)] if env else [])]
-    for attribute, value in fields:
-        if value is None:
-            container.pop(attribute, None)
-        else:
-            container[attribute] = copy.deepcopy(value)
