@@ -123,6 +123,41 @@ def wait_decided(cluster: ThreadedDevCluster, namespace: str) -> Obj:
     return wait_phase(cluster, namespace, DECIDED)
 
 
+def gate_jobs(cluster: ThreadedDevCluster, namespace: str) -> list[Obj]:
+    return cluster.list("batch/v1", "Job", namespace, "kvpolicy.dev/role=gate")
+
+
+def wait_decided_on_real_vllm(cluster: ThreadedDevCluster, namespace: str) -> Obj:
+    """The policy once decided, waiting as long as real vLLM servers take to start on a loaded machine."""
+
+    def decided() -> Obj | None:
+        found = cluster.find(*KVP, "llama-fp8", namespace)
+        return found if found and found.get("status", {}).get("phase") in DECIDED else None
+
+    result: Obj = wait_until(decided, "a decision with real vLLM servers", timeout=450)
+    return result
+
+
+def tiny_model_policy(namespace: str, **overrides: Any) -> Obj:
+    """A policy for the tiny random-weight Llama real vLLM serves (cpu_vllm_model): FP8 planned on its 4k context,
+    no gate that needs a real model's answers, a deadline real vLLM's start-up fits in."""
+    return policy(
+        namespace,
+        model={"servedModelName": "tiny", "headDim": 64, "numLayers": 2, "maxModelLen": 4096},
+        workload={"maxContextTokens": 4096, "decodeBreakEvenTokens": 2048},
+        gates={"accuracy": {"enabled": False}, "gpuPreflight": {"enabled": False}, "latency": {"enabled": False}},
+        rollout={"bakeSeconds": 0, "progressDeadlineSeconds": 400},
+        **overrides,
+    )
+
+
+def served_as_planned(status: Obj) -> None:
+    """The canary configuration check passed on what the canary's vLLM itself reported: FP8 KV."""
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions["CanaryConfigVerified"] == ("True", "ServedAsPlanned")
+    assert status["canary"]["servedKvCacheDtype"] == "fp8", "what the canary's vLLM itself reports"
+
+
 def start_and_reach_the_gate(cluster: ThreadedDevCluster, namespace: str) -> None:
     """Create the default policy and wait for its accuracy gate to be running."""
     cluster.create(policy(namespace))

@@ -97,8 +97,12 @@ def test_the_canary_joins_the_routing_group_at_weight_1_and_traffic_waits_for_th
     assert ISVC.traffic_confirmed("c", target) is None
     members[-1]["stopped"] = True
     assert ISVC.traffic_confirmed("c", target) is not None, "a stopped member takes no traffic"
-    assert ISVC.retire("c") == [Patch(ISVC.object_kind, "c", {"spec": {"router": {"route": {"weight": 0}}}}),
-                                Delete(ISVC.object_kind, "c")]  # fmt: skip
+    [stop, delete] = ISVC.retire("c")
+    assert isinstance(stop, Patch) and stop.patch == {
+        "metadata": {"annotations": {"serving.kserve.io/stop": "true"}},
+        "spec": {"router": {"route": {"weight": 0}}},
+    }
+    assert delete == Delete(ISVC.object_kind, "c")
     assert ISVC.serving_selector(target) == {
         "app.kubernetes.io/name": "llama",
         "app.kubernetes.io/component": "llminferenceservice-workload",

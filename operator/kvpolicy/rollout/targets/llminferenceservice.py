@@ -8,7 +8,8 @@
 - The canary is a second LLMInferenceService with no router until the accuracy gate passed; joining the traffic puts
   it in the target's routing group (`spec.router.route.group`) at weight 1 (a gateway may not warm a backend of
   weight 0), and the latency analysis starts only once the target's `status.router.group.members` shows it.
-- Retiring the canary takes its weight to 0 before it is deleted, so the group stops sending to it first.
+- Retiring the canary takes its weight to 0 and stops it (`serving.kserve.io/stop`) before it is deleted, so the
+  group stops sending to it first and its GPUs are freed even if the delete is refused.
 - The serving pods are those of KServe's workload labels (`app.kubernetes.io/name`, `.../component`).
 """
 
@@ -120,8 +121,10 @@ class LLMInferenceServiceTarget(ServingTarget):
         return f"waiting for routing group {group} to list {name} with a weight (status.router.group.members)"
 
     def retire(self, name: str) -> list[Action]:
-        # Out of the group's traffic first (weight 0), then gone.
-        return [Patch(self.object_kind, name, {"spec": {"router": {"route": {"weight": 0}}}}), *super().retire(name)]
+        # Out of the group's traffic first (weight 0) and stopped (KServe scales it to zero, freeing its GPUs even if
+        # the delete that follows is refused or held by a finalizer), then gone.
+        stop = {"metadata": {"annotations": {STOP_ANNOTATION: "true"}}, "spec": {"router": {"route": {"weight": 0}}}}
+        return [Patch(self.object_kind, name, stop), *super().retire(name)]
 
     def serving_selector(self, target: Mapping[str, Any]) -> dict[str, str]:
         return {NAME_LABEL: str(target["metadata"]["name"]), COMPONENT_LABEL: WORKLOAD}
