@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kopf.testing import KopfRunner
+from kvpolicy.notify import metrics
 from kvpolicy_dev.demo.traffic import Route, TrafficGenerator
 from kvpolicy_dev.devcluster import POOL_LABEL, ThreadedDevCluster
 from operator_helpers import set_paths
@@ -121,6 +122,12 @@ DECIDED = {"Promoted", "RolledBack", "HeldBF16"}
 
 def wait_decided(cluster: ThreadedDevCluster, namespace: str) -> Obj:
     return wait_phase(cluster, namespace, DECIDED)
+
+
+def decisions_counted(namespace: str, result: str, reason: str) -> float | None:
+    """kvpolicy_decisions_total for the default policy, as the operator under kopf (in this process) counted it."""
+    labels = {"namespace": namespace, "policy": "llama-fp8", "result": result, "reason": reason}
+    return metrics.OPERATOR_METRICS.registry.get_sample_value("kvpolicy_decisions_total", labels)
 
 
 def gate_jobs(cluster: ThreadedDevCluster, namespace: str) -> list[Obj]:

@@ -13,6 +13,7 @@ from e2e_helpers import (
     TARGET_IMAGE,
     Obj,
     OperatorFactory,
+    decisions_counted,
     event_reasons,
     gate_jobs,
     policy,
@@ -97,6 +98,8 @@ def test_a_leaderworkerset_is_promoted_leader_and_workers_together(
     with operator():
         devcluster.create(lws_policy(ns))
         done = wait_decided(devcluster, ns)
+        # Counted after the status is written: looked for while the operator still runs.
+        wait_until(lambda: decisions_counted(ns, "Promoted", "GatesPassed") == 1, "the decision metric")
     status = done["status"]
     assert status["phase"] == "Promoted", status
     assert status["canary"]["parallelism"] == {"tensor": 8, "pipeline": 2, "data": 1}

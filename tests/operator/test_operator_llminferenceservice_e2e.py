@@ -14,6 +14,7 @@ from e2e_helpers import (
     TARGET_IMAGE,
     Obj,
     OperatorFactory,
+    decisions_counted,
     event_reasons,
     gate_jobs,
     policy,
@@ -82,6 +83,8 @@ def test_an_llminferenceservice_is_promoted_through_its_routing_group(
         rollout(devcluster, ns)
         wait_phase(devcluster, ns, {"LatencyAnalysis", "Promoting", "Promoted"})
         done = wait_decided(devcluster, ns)
+        # Counted after the status is written: looked for while the operator still runs.
+        wait_until(lambda: decisions_counted(ns, "Promoted", "GatesPassed") == 1, "the decision metric")
     status = done["status"]
     assert status["phase"] == "Promoted", status
     promoted = devcluster.get(*ISVC, "llama", ns)
