@@ -4,7 +4,7 @@ and its RBAC allows every request the operator makes in a whole rollout (and not
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import chart_helpers
@@ -25,6 +25,8 @@ from kvpolicy.runtime import handlers
 from kvpolicy.runtime.run import _parser as run_parser
 from kvpolicy_dev.devcluster import POOL_LABEL, SimulatorRunner, ThreadedDevCluster
 from kvpolicy_dev.devcluster.apiserver import ApiPath, query_flag
+from kvpolicy_dev.devcluster.kserve import crd as kserve_crd
+from kvpolicy_dev.devcluster.leaderworkerset import crd as lws_crd
 
 FIXED_IMAGE = "vllm-fp8-twolevel:rbac-test"
 # Checked by admission (ownerReferences with blockOwnerDeletion), never requested: no request can show it is used.
@@ -80,8 +82,35 @@ def requested(method: str, path: ApiPath, params: dict[str, str]) -> tuple[Tripl
     return (path.group, resource, verb), path.namespace
 
 
-def rollout_objects(namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A vLLM Deployment on the H200 pool and a KVPolicy that takes it to FP8 on the fixed image."""
+# The other target kinds: their CRD (the controllers' stand-ins make their pods), the chart value granting them, the
+# target made from the same vLLM container, and the Deployment rule such a rollout never uses.
+DEPLOYMENT_RULES = {("apps", "deployments", verb) for verb in ("get", "list", "create", "patch", "delete")}
+
+
+def leaderworkerset(namespace: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    template = {"metadata": {"labels": {"app": "llama"}}, "spec": pod_spec}
+    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+            "metadata": {"name": "llama", "namespace": namespace},
+            "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 1, "workerTemplate": template}}}  # fmt: skip
+
+
+def llminferenceservice(namespace: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    main = {"name": "main", "image": pod_spec["containers"][0]["image"],
+            "env": [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--max-model-len 131072"}]}  # fmt: skip
+    spec = {"model": {"uri": "hf://example/llama", "name": "llama"}, "replicas": 1,
+            "template": {**pod_spec, "containers": [main]}, "router": {"route": {"group": "llama"}}}  # fmt: skip
+    return {"apiVersion": "serving.kserve.io/v1alpha2", "kind": "LLMInferenceService",
+            "metadata": {"name": "llama", "namespace": namespace}, "spec": spec}  # fmt: skip
+
+
+OTHER_KINDS: dict[str, tuple[Callable[[], dict[str, Any]], str, Callable[[str, dict[str, Any]], dict[str, Any]]]] = {
+    "LeaderWorkerSet": (lws_crd, "leaderWorkerSet", leaderworkerset),
+    "LLMInferenceService": (kserve_crd, "llmInferenceService", llminferenceservice),
+}
+
+
+def rollout_objects(namespace: str, kind: str = "Deployment") -> tuple[dict[str, Any], dict[str, Any]]:
+    """A vLLM workload of `kind` on the H200 pool and a KVPolicy that takes it to FP8 on the fixed image."""
     labels = {"app": "llama"}
     container = {
         "name": "vllm",
@@ -100,12 +129,14 @@ def rollout_objects(namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
+    if kind != "Deployment":
+        target = OTHER_KINDS[kind][2](namespace, pod_spec)
     policy = {
         "apiVersion": "kvpolicy.dev/v1alpha1",
         "kind": "KVPolicy",
         "metadata": {"name": "llama-fp8", "namespace": namespace},
         "spec": {
-            "targetRef": {"name": "llama"},
+            "targetRef": {"name": "llama", "kind": kind, "apiVersion": target["apiVersion"]},
             "model": {"servedModelName": "llama", "headDim": 128, "numLayers": 32, "maxModelLen": 131072},
             "workload": {"maxContextTokens": 131072, "typicalContextTokens": 65536},
             "images": {"fp8Patched": FIXED_IMAGE},
@@ -122,7 +153,9 @@ def fixed_image_runner(devcluster: ThreadedDevCluster) -> Iterator[None]:
     yield
 
 
+@pytest.mark.parametrize("kind", ["Deployment", *OTHER_KINDS])
 def test_rbac_allows_exactly_what_the_operator_requests_in_a_rollout(
+    kind: str,
     devcluster: ThreadedDevCluster,
     devcluster_namespace: str,
     fixed_image_runner: None,
@@ -134,7 +167,8 @@ def test_rbac_allows_exactly_what_the_operator_requests_in_a_rollout(
     from kvpolicy.api import crd
 
     ns = devcluster_namespace
-    manifests = render("--set", f"watchNamespaces={{{ns}}}")
+    enabled = ["--set", f"targets.{OTHER_KINDS[kind][1]}.enabled=true"] if kind in OTHER_KINDS else []
+    manifests = render("--set", f"watchNamespaces={{{ns}}}", *enabled)
     container = operator_container(manifests)
     for entry in container["env"]:
         monkeypatch.setenv(entry["name"], entry["value"])
@@ -144,7 +178,9 @@ def test_rbac_allows_exactly_what_the_operator_requests_in_a_rollout(
     assert namespace_flags == [f"--namespace={ns}"]
 
     devcluster.apply(crd.crd_object())
-    target, policy = rollout_objects(ns)
+    if kind in OTHER_KINDS:
+        devcluster.apply(OTHER_KINDS[kind][0]())
+    target, policy = rollout_objects(ns, kind)
     devcluster.create(target)
     before = {id(request) for request in devcluster.call(lambda: list(devcluster.cluster.api))}
     # The operator's handlers live in a registry of their own, as `kvpolicy run` hands it to kopf.
@@ -180,7 +216,12 @@ def test_rbac_allows_exactly_what_the_operator_requests_in_a_rollout(
         if triple not in cluster_wide and not (triple in in_namespace and None not in namespaces)
     }
     assert denied == {}, "requests the chart's RBAC would refuse (None: cluster-wide)"
-    unused = (cluster_wide | in_namespace) - used.keys() - ADMISSION_ONLY
+    unused = (
+        (cluster_wide | in_namespace)
+        - used.keys()
+        - ADMISSION_ONLY
+        - (DEPLOYMENT_RULES if kind in OTHER_KINDS else set())
+    )
     assert unused == set(), "permissions the operator never used"
     subjects = only(manifests, "RoleBinding")["subjects"]
     assert subjects[0]["namespace"] == RELEASE_NAMESPACE

@@ -215,6 +215,7 @@ def documented_rbac() -> dict[str, set[Triple]]:
             triples = {(group, row["resource"], verb.strip()) for verb in row["verbs"].split(",")}
             by_scope.setdefault(row["scope"].strip(), set()).update(triples)
     scopes = {"namespaced", "cluster", "cluster, with watchNamespaces", "release namespace, with leader election"}
+    scopes |= {f"namespaced, with `targets.{kind}.enabled`" for kind in ("leaderWorkerSet", "llmInferenceService")}
     assert set(by_scope) == scopes, by_scope.keys()
     return by_scope
 
@@ -345,6 +346,27 @@ def test_referenced_secrets_are_read_only_when_the_value_grants_it(render: Rende
 def test_malformed_default_receivers_are_refused_at_install(render: Renderer) -> None:
     with pytest.raises(RenderError, match=re.escape("notifications.defaults.0: urlSecretRef is required")):
         render("--set-json", 'notifications.defaults=[{"name": "ops"}]')
+
+
+@pytest.mark.parametrize(
+    ("value", "group", "resource"),
+    [
+        ("leaderWorkerSet", "leaderworkerset.x-k8s.io", "leaderworkersets"),
+        ("llmInferenceService", "serving.kserve.io", "llminferenceservices"),
+    ],
+)
+def test_target_kinds_are_granted_only_when_enabled_and_only_the_verbs_used(
+    render: Renderer, value: str, group: str, resource: str
+) -> None:
+    used = {(group, resource, verb) for verb in ("get", "list", "create", "patch", "delete")}
+    assert documented_rbac()[f"namespaced, with `targets.{value}.enabled`"] == used, "the README's RBAC table"
+    assert not {t for t in granted(operator_cluster_role(render())) if t[0] == group}, "off by default"
+    enabled = f"targets.{value}.enabled=true"
+    cluster_wide = granted(operator_cluster_role(render("--set", enabled)))
+    assert {t for t in cluster_wide if t[0] == group} == used
+    namespaced = render("--values", CUSTOM_VALUES, "--set", enabled)
+    assert not used & granted(operator_cluster_role(namespaced)), "namespaced: in each watched namespace's Role"
+    assert all(used <= granted(role) for role in of_kind(namespaced, "Role") if "-notifications" not in str(role))
 
 
 def test_runbook_urls_follow_the_configured_pattern(render: Renderer) -> None:

@@ -102,6 +102,17 @@ def test_the_entrypoint_serves_the_model_directory_under_the_containers_name(tmp
     assert arguments[arguments.index("--kv-cache-memory-bytes") + 1] == str(tiny.kv_cache_bytes(131072))
 
 
+def test_a_multi_host_leaders_group_flags_are_left_out_on_cpu_where_one_process_serves_the_group(
+    tmp_path: Path,
+) -> None:
+    tiny_config(tmp_path)
+    group = ["-tp", "8", "--pipeline-parallel-size", "2", "--nnodes", "2", "--node-rank", "0", "--master-addr", "l-0.l"]
+    request = ServeRequest("llama", None, 4096, {})
+    arguments = cpu_arguments(["llama", *group, "--max-model-len", "4096"], request, tmp_path, "h", 1)
+    assert not set(group) & set(arguments)
+    assert arguments[:4] == ["--model", str(tmp_path), "--max-model-len", "4096"]
+
+
 def test_a_directory_with_weights_is_served_with_them(tmp_path: Path) -> None:
     tiny_config(tmp_path).joinpath("model.safetensors").write_bytes(b"")
     arguments = cpu_arguments(["llama"], ServeRequest("llama", None, 4096, {}), tmp_path, "h", 1)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kopf.testing import KopfRunner
+from kvpolicy.notify import metrics
 from kvpolicy_dev.demo.traffic import Route, TrafficGenerator
 from kvpolicy_dev.devcluster import POOL_LABEL, ThreadedDevCluster
 from operator_helpers import set_paths
@@ -121,6 +122,47 @@ DECIDED = {"Promoted", "RolledBack", "HeldBF16"}
 
 def wait_decided(cluster: ThreadedDevCluster, namespace: str) -> Obj:
     return wait_phase(cluster, namespace, DECIDED)
+
+
+def decisions_counted(namespace: str, result: str, reason: str) -> float | None:
+    """kvpolicy_decisions_total for the default policy, as the operator under kopf (in this process) counted it."""
+    labels = {"namespace": namespace, "policy": "llama-fp8", "result": result, "reason": reason}
+    return metrics.OPERATOR_METRICS.registry.get_sample_value("kvpolicy_decisions_total", labels)
+
+
+def gate_jobs(cluster: ThreadedDevCluster, namespace: str) -> list[Obj]:
+    return cluster.list("batch/v1", "Job", namespace, "kvpolicy.dev/role=gate")
+
+
+def wait_decided_on_real_vllm(cluster: ThreadedDevCluster, namespace: str) -> Obj:
+    """The policy once decided, waiting as long as real vLLM servers take to start on a loaded machine."""
+
+    def decided() -> Obj | None:
+        found = cluster.find(*KVP, "llama-fp8", namespace)
+        return found if found and found.get("status", {}).get("phase") in DECIDED else None
+
+    result: Obj = wait_until(decided, "a decision with real vLLM servers", timeout=450)
+    return result
+
+
+def tiny_model_policy(namespace: str, **overrides: Any) -> Obj:
+    """A policy for the tiny random-weight Llama real vLLM serves (cpu_vllm_model): FP8 planned on its 4k context,
+    no gate that needs a real model's answers, a deadline real vLLM's start-up fits in."""
+    return policy(
+        namespace,
+        model={"servedModelName": "tiny", "headDim": 64, "numLayers": 2, "maxModelLen": 4096},
+        workload={"maxContextTokens": 4096, "decodeBreakEvenTokens": 2048},
+        gates={"accuracy": {"enabled": False}, "gpuPreflight": {"enabled": False}, "latency": {"enabled": False}},
+        rollout={"bakeSeconds": 0, "progressDeadlineSeconds": 400},
+        **overrides,
+    )
+
+
+def served_as_planned(status: Obj) -> None:
+    """The canary configuration check passed on what the canary's vLLM itself reported: FP8 KV."""
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions["CanaryConfigVerified"] == ("True", "ServedAsPlanned")
+    assert status["canary"]["servedKvCacheDtype"] == "fp8", "what the canary's vLLM itself reports"
 
 
 def start_and_reach_the_gate(cluster: ThreadedDevCluster, namespace: str) -> None:

@@ -15,7 +15,7 @@ from kvpolicy.analysis.checks import CheckVerdict
 from kvpolicy.analysis.model import SideMetrics, Verdict
 from kvpolicy.analysis.provider import ServedReading
 from kvpolicy.analysis.served import CANARY_CONFIG, ServedSides
-from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy, Phase, VerdictKind
+from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy, Phase, TargetKind, VerdictKind
 from kvpolicy.kube.observe import PHASE_NEEDS
 from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts
 from kvpolicy.rollout.metric_checks import LATENCY
@@ -26,12 +26,15 @@ from kvpolicy.rollout.step_types import (
     Delete,
     JobView,
     Kind,
+    ObjectKind,
     Observations,
     Patch,
     PodView,
     StepConfig,
     StepResult,
 )
+from kvpolicy.rollout.targets.base import ServingTarget
+from kvpolicy.rollout.targets.deployment import DeploymentTarget
 
 NAMESPACE = "serving"
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -116,8 +119,86 @@ def target_deployment(args: list[str] | None = None, image: str = TARGET_IMAGE) 
     }
 
 
+MODEL = TARGET_ARGS[1]
+# Multi-host vLLM without Ray (vLLM's --nnodes/--node-rank/--headless): two nodes of 8 GPUs, TP 8 within a node, PP 2.
+LWS_PARALLEL = ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "2", "--nnodes", "2"]
+LWS_LEADER_ARGS = [*TARGET_ARGS, *LWS_PARALLEL, "--node-rank", "0", "--master-addr", "$(LWS_LEADER_ADDRESS)"]
+LWS_WORKER_ARGS = [
+    *["serve", MODEL, *LWS_PARALLEL, "--node-rank", "1", "--master-addr", "$(LWS_LEADER_ADDRESS)", "--headless"]
+]
+
+
+def target_leaderworkerset(
+    leader_args: list[str] | None = None, worker_args: list[str] | None = None, image: str = TARGET_IMAGE
+) -> dict[str, Any]:
+    """A LeaderWorkerSet `llama` of one group: a leader serving the API and one headless worker."""
+
+    def template(role: str, args: list[str]) -> dict[str, Any]:
+        container: dict[str, Any] = {"name": "vllm", "image": image, "args": list(args)}
+        if role == "leader":
+            container["ports"] = [{"name": "http", "containerPort": 8000}]
+        return {
+            "metadata": {"labels": {"app": "llama", "role": role}},
+            "spec": {"nodeSelector": {"pool": "h200"}, "containers": [container]},
+        }
+
+    worker = LWS_WORKER_ARGS if worker_args is None else worker_args
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "llama", "namespace": NAMESPACE, "generation": 1},
+        "spec": {
+            "replicas": 2,
+            "leaderWorkerTemplate": {
+                "size": 2,
+                "leaderTemplate": template("leader", LWS_LEADER_ARGS if leader_args is None else leader_args),
+                "workerTemplate": template("worker", worker),
+            },
+        },
+    }
+
+
+def target_llminferenceservice(env: list[dict[str, Any]] | None = None, image: str = TARGET_IMAGE) -> dict[str, Any]:
+    """An LLMInferenceService `llama` of two replicas, TP 4 by spec.parallelism, member of routing group `llama`,
+    its flags in VLLM_ADDITIONAL_ARGS as KServe's preset passes them to `vllm serve`."""
+    flags = [{"name": "VLLM_ADDITIONAL_ARGS", "value": "--max-model-len 131072 --enable-prefix-caching"}]
+    container = {"name": "main", "image": image, "env": [*flags, *(env or [])]}
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha2",
+        "kind": "LLMInferenceService",
+        "metadata": {"name": "llama", "namespace": NAMESPACE, "generation": 1},
+        "spec": {
+            "model": {"uri": "hf://meta-llama/Llama-3.1-8B-Instruct", "name": MODEL},
+            "replicas": 2,
+            "parallelism": {"tensor": 4},
+            "template": {"nodeSelector": {"pool": "h200"}, "containers": [container]},
+            "router": {"route": {"group": "llama", "weight": 100}, "gateway": {}, "scheduler": {}},
+        },
+        "status": {"router": {"group": {"name": "llama", "members": [{"name": "llama", "weight": 100}]}}},
+    }
+
+
 def gate_output(verdict: str, **fields: Any) -> str:
     return json.dumps({"gate": "accuracy", "verdict": verdict, **fields})
+
+
+def serving_pod_labels(kind: ServingTarget, obj: Mapping[str, Any]) -> dict[str, str]:
+    """The labels the serving pods of `obj` get from its controller: its pod template's, or for an
+    LLMInferenceService, KServe's workload labels and spec.labels."""
+    if kind.kind == TargetKind.LLM_INFERENCE_SERVICE:
+        return {**kind.serving_selector(obj), **(obj["spec"].get("labels") or {})}
+    return kind.traffic_labels(obj)
+
+
+def merge(obj: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    """Apply an RFC 7386 merge patch in place."""
+    for key, value in patch.items():
+        if value is None:
+            obj.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(obj.get(key), dict):
+            merge(obj[key], value)
+        else:
+            obj[key] = copy.deepcopy(value)
 
 
 @dataclass
@@ -126,7 +207,8 @@ class World:
 
     target: dict[str, Any] | None = field(default_factory=target_deployment)
     gpu: GpuFacts = field(default_factory=lambda: gpu("H200"))
-    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    kind: ServingTarget = field(default_factory=DeploymentTarget)  # the target's kind: what its canaries are
+    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)  # the canaries, whatever their kind
     services: dict[str, dict[str, Any]] = field(default_factory=dict)
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     job_views: dict[str, JobView] = field(default_factory=dict)
@@ -145,16 +227,18 @@ class World:
                 self.deletes.append(f"{action.kind}/{action.name}")
                 self._store(action.kind).pop(action.name, None)
                 self.job_views.pop(action.name, None) if action.kind == Kind.JOB else None
-                if action.kind == Kind.DEPLOYMENT:
+                if action.kind not in (Kind.SERVICE, Kind.JOB):
                     self.pods = {k: p for k, p in self.pods.items() if not k.startswith(action.name)}
             elif isinstance(action, Patch):
                 self._patch(action)
 
-    def _store(self, kind: Kind) -> dict[str, dict[str, Any]]:
-        return {Kind.DEPLOYMENT: self.deployments, Kind.SERVICE: self.services, Kind.JOB: self.jobs}[kind]
+    def _store(self, kind: ObjectKind) -> dict[str, dict[str, Any]]:
+        stores = {Kind.SERVICE: self.services, Kind.JOB: self.jobs}
+        assert kind in stores or kind == self.kind.object_kind, f"{kind} is not the target's kind"
+        return stores.get(kind, self.deployments)
 
     def _patch(self, action: Patch) -> None:
-        assert action.kind == Kind.DEPLOYMENT
+        assert action.kind == self.kind.object_kind
         if self.target is not None and action.name == self.target["metadata"]["name"]:
             assert action.patch_type == "json"
             self.target = jsonpatch.apply_patch(self.target, action.patch)
@@ -162,15 +246,14 @@ class World:
             return
         deployment = self.deployments[action.name]
         assert action.patch_type == "merge" and isinstance(action.patch, dict)
-        labels = action.patch["spec"]["template"]["metadata"]["labels"]
-        deployment["spec"]["template"]["metadata"]["labels"] = labels
+        merge(deployment, action.patch)
         # The canary's pods are replaced (Recreate); the new ones start unready.
         self.pods = {k: p for k, p in self.pods.items() if not k.startswith(action.name)}
 
     def canary_up(self, ready: bool = True, unschedulable: str | None = None) -> None:
         """Give the canary Deployment its pods, with its current template labels."""
         for name, deployment in self.deployments.items():
-            labels = deployment["spec"]["template"]["metadata"]["labels"]
+            labels = serving_pod_labels(self.kind, deployment)
             for index in range(deployment["spec"]["replicas"]):
                 pod = f"{name}-{index}"
                 self.pods[pod] = PodView(pod, "127.0.0.5", ready, unschedulable, dict(labels))

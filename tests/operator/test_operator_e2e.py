@@ -9,6 +9,7 @@ from e2e_helpers import (
     OperatorFactory,
     container,
     event_reasons,
+    gate_jobs,
     policy,
     ready_pods,
     start_and_reach_the_gate,
@@ -115,10 +116,6 @@ def test_canary_without_gpu_capacity_rolls_back_at_the_deadline(
     assert devcluster.list("apps/v1", "Deployment", ns, "kvpolicy.dev/role=canary") == []
 
 
-def _accuracy_jobs(devcluster: ThreadedDevCluster, ns: str) -> list[dict[str, object]]:
-    return devcluster.list("batch/v1", "Job", ns, "kvpolicy.dev/role=gate")
-
-
 def test_operator_restarted_mid_gate_resumes_without_a_duplicate_job(
     devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory, fixed_image_runner: None
 ) -> None:
@@ -126,11 +123,11 @@ def test_operator_restarted_mid_gate_resumes_without_a_duplicate_job(
     devcluster.create(target(ns))
     with operator():
         start_and_reach_the_gate(devcluster, ns)
-        (job,) = wait_until(lambda: _accuracy_jobs(devcluster, ns), "the accuracy gate Job")
+        (job,) = wait_until(lambda: gate_jobs(devcluster, ns), "the accuracy gate Job")
     with operator():
         done = wait_decided(devcluster, ns)
     assert done["status"]["phase"] == "Promoted"
-    assert [j["metadata"]["uid"] for j in _accuracy_jobs(devcluster, ns)] == [job["metadata"]["uid"]]
+    assert [j["metadata"]["uid"] for j in gate_jobs(devcluster, ns)] == [job["metadata"]["uid"]]
     assert event_reasons(devcluster, ns).count("Planned") == 1
 
 

@@ -8,6 +8,7 @@ import jsonpatch
 import pytest
 from kvpolicy.api.v1alpha1 import KVCacheDtype, Plan, PodTemplateRecord
 from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.targets.deployment import DeploymentTarget
 from operator_helpers import CONFIG, TARGET_ARGS, make_policy, target_deployment
 
 FP8_PLAN = Plan(
@@ -24,6 +25,7 @@ FA3_PLAN = FP8_PLAN.model_copy(
     }
 )
 POLICY = b.PolicyRef(name="llama-fp8", namespace="serving", uid="uid-1")
+DEPLOYMENT = DeploymentTarget()
 
 
 def test_child_names_are_deterministic_and_fit_63_characters() -> None:
@@ -84,11 +86,11 @@ def test_with_plan_replaces_the_flags_in_args_or_in_the_command() -> None:
 
 def test_container_patch_restores_a_template_exactly() -> None:
     original = target_deployment()
-    record = b.container_record(b.vllm_container(original, None))
+    record = b.container_record(DEPLOYMENT.container(original, None))
     promoted = jsonpatch.apply_patch(
         original, b.container_patch(original, None, b.with_plan(record, FP8_PLAN)), in_place=False
     )
-    promoted_container = b.vllm_container(promoted, None)
+    promoted_container = DEPLOYMENT.container(promoted, None)
     promoted_container["command"] = ["python", "-m", "vllm"]  # the patch must also remove what the record lacks
     restored = jsonpatch.apply_patch(promoted, b.container_patch(promoted, "vllm", record))
     assert restored == original
@@ -128,12 +130,12 @@ def test_canary_deployment_joins_only_when_asked() -> None:
     canary = b.canary_deployment(POLICY, "llama-fp8-canary-g1", target, spec, FP8_PLAN)
     assert canary["spec"]["replicas"] == 2 and canary["spec"]["strategy"] == {"type": "Recreate"}
     assert canary["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "h200"}
-    assert b.vllm_container(canary, None)["args"] == [*TARGET_ARGS, *FP8_PLAN.extra_args]
-    assert not b.is_joined(canary, target)
+    assert DEPLOYMENT.container(canary, None)["args"] == [*TARGET_ARGS, *FP8_PLAN.extra_args]
+    assert not DEPLOYMENT.is_joined(canary, target)
     patch = b.join_patch(POLICY, "llama-fp8-canary-g1", target)
     joined = copy.deepcopy(canary)
     joined["spec"]["template"]["metadata"]["labels"] = patch["spec"]["template"]["metadata"]["labels"]
-    assert b.is_joined(joined, target)
+    assert DEPLOYMENT.is_joined(joined, target)
     selector = canary["spec"]["selector"]["matchLabels"]
     assert all(joined["spec"]["template"]["metadata"]["labels"][k] == v for k, v in selector.items())
     assert target["spec"]["template"]["metadata"]["labels"] == {"app": "llama", "tier": "serving"}, "not mutated"

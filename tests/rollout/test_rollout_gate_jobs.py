@@ -35,9 +35,8 @@ def gate_jobs(config: StepConfig = CONFIG, target: dict[str, Any] | None = None)
     spec = make_policy().spec
     jobs = {}
     for gate in JOB_GATES:
-        inputs = JobInputs(
-            spec, config, f"llama-fp8-{gate.name}-g1", target or restricted_target(), FA3_PLAN, "http://c", "http://b"
-        )
+        pod_spec = (target or restricted_target())["spec"]["template"]["spec"]
+        inputs = JobInputs(spec, config, f"llama-fp8-{gate.name}-g1", pod_spec, FA3_PLAN, "http://c", "http://b")
         jobs[gate.name] = b.gate_job(POLICY, gate.build(inputs))
     return jobs
 

@@ -13,6 +13,7 @@ from kvpolicy.api.v1alpha1 import NotificationEvent
 from kvpolicy.rollout import drift
 from kvpolicy.rollout.rules import rollout_hash
 from kvpolicy.rollout.step_types import Patch
+from kvpolicy.rollout.targets.deployment import DeploymentTarget
 from operator_helpers import (
     PATCHED_IMAGE,
     PROMOTED_ROLLOUT,
@@ -28,6 +29,7 @@ from operator_helpers import (
 
 FP8_FLAGS = ["--kv-cache-dtype", "fp8", "--attention-backend", "FLASH_ATTN"]
 # The quickest FP8 rollout: no gate Jobs, synthetic traffic, no bake.
+DEPLOYMENT = DeploymentTarget()
 QUICK = {"gates.accuracy.enabled": False, "rollout.traffic": "Synthetic"}
 
 
@@ -263,8 +265,8 @@ def test_a_target_edited_between_the_gates_and_the_patch_is_not_overwritten() ->
 
 def test_the_promotion_patch_fails_if_the_target_changed_after_it_was_observed() -> None:
     target = target_deployment()
-    desired = drift.observed_record(target, None).model_copy(update={"image": PATCHED_IMAGE})
-    patch = drift.advice("1-abcdef", target, None, desired)
+    desired = DEPLOYMENT.record(target, None).model_copy(update={"image": PATCHED_IMAGE})
+    patch = drift.advice("1-abcdef", DEPLOYMENT, target, None, desired)
     ops = json.loads(patch.json_patch)
     assert jsonpatch.apply_patch(target, ops)["spec"]["template"]["spec"]["containers"][0]["image"] == PATCHED_IMAGE
     edited = copy.deepcopy(target)
@@ -320,10 +322,10 @@ def test_advisory_publishes_the_change_and_is_promoted_only_when_the_target_runs
 
 def test_the_advised_strategic_merge_patch_names_the_container_and_replaces_its_args() -> None:
     target = target_deployment()
-    desired = drift.observed_record(target, None).model_copy(
+    desired = DEPLOYMENT.record(target, None).model_copy(
         update={"image": PATCHED_IMAGE, "args": [*TARGET_ARGS, *FP8_FLAGS]}
     )
-    advice = drift.advice("3-0a1b2c", target, None, desired)
+    advice = drift.advice("3-0a1b2c", DEPLOYMENT, target, None, desired)
     container = json.loads(advice.strategic_merge_patch)["spec"]["template"]["spec"]["containers"][0]
     assert container["name"] == "vllm" and container["image"] == PATCHED_IMAGE
     assert container["args"] == [*TARGET_ARGS, *FP8_FLAGS]

@@ -25,14 +25,17 @@ def _children(policy: str, generation: int) -> list[tuple[str, dict[str, object]
     spec = make_policy().spec
     target = target_deployment()
     canary = b.canary_name(policy, generation)
+    selector = target["spec"]["selector"]["matchLabels"]
     children: list[tuple[str, dict[str, object]]] = [
         ("Deployment", b.canary_deployment(ref, canary, target, spec, FP8_PLAN)),
         ("Service", b.canary_service(ref, canary, 8000)),
-        ("Service", b.baseline_service(ref, target, 8000, b.baseline_service_name(policy, generation))),
+        ("Service", b.baseline_service(ref, selector, 8000, b.baseline_service_name(policy, generation))),
     ]
     for gate in JOB_GATES:
         name = b.job_name(policy, gate.name, generation)
-        inputs = JobInputs(spec, CONFIG, name, target, FA3_PLAN, "http://c:8000", "http://b:8000")
+        inputs = JobInputs(
+            spec, CONFIG, name, target["spec"]["template"]["spec"], FA3_PLAN, "http://c:8000", "http://b:8000"
+        )
         children.append(("Job", b.gate_job(ref, gate.build(inputs))))
     return children
 

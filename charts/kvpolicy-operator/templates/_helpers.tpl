@@ -91,6 +91,16 @@ Granted cluster-wide (ClusterRole) without watchNamespaces, or per namespace (Ro
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.targets.leaderWorkerSet.enabled }}
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+{{- end }}
+{{- if .Values.targets.llmInferenceService.enabled }}
+- apiGroups: ["serving.kserve.io"]
+  resources: ["llminferenceservices"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+{{- end }}
 {{- if or .Values.notifications.policySecrets .Values.auth.readReferencedSecrets }}
 - apiGroups: [""]
   resources: ["secrets"]

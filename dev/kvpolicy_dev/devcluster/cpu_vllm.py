@@ -60,6 +60,21 @@ VOCAB_SIZE = 2000
 
 # Flags that only choose a GPU kernel: checked with vLLM's own validators, then left out (the CPU build picks its own).
 GPU_KERNEL_FLAGS = ("--attention-backend",)
+# Multi-host serving (a LeaderWorkerSet's leader and its `--headless` workers): checked by vLLM's parser, then left out
+# on CPU, where the leader's one process serves the whole group.
+DISTRIBUTED_FLAGS = (
+    "--tensor-parallel-size",
+    "-tp",
+    "--pipeline-parallel-size",
+    "-pp",
+    "--data-parallel-size",
+    "-dp",
+    "--nnodes",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+    "--headless",
+)
 # What every CPU server adds: eager mode (torch.compile's warm-up costs about a minute per start on
 # two cores); the model executed in the engine process (with VLLM_ENABLE_V1_MULTIPROCESSING=0: two processes, about
 # 1.6 GB, instead of three); and an explicit KV cache size (`kv_cache_bytes`), which also skips the memory-profiling

@@ -4,7 +4,9 @@
 
 1. the image's quirks (tests only: an entrypoint that loses or rewrites flags) change SERVE_ARGS;
 2. vLLM's own parser checks SERVE_ARGS: an argument it refuses ends the process with vLLM's message and status 2;
-3. flags that only choose a GPU kernel are checked with vLLM's own validator, then left out, with a log line;
+3. flags that only choose a GPU kernel are checked with vLLM's own validator, then left out, with a log line; so
+   are multi-host flags (tensor/pipeline/data parallel sizes, --nnodes, --node-rank, --master-addr): the leader's one
+   process serves the whole group, and a `--headless` worker, which serves no API, only waits once they are checked;
 4. the model (SERVE_ARGS' positional) becomes --model DIR, served under the name the container asked for, and the
    CPU runtime arguments (eager mode, a KV cache sized for --max-model-len and the model, random weights when DIR
    has none) are added;
@@ -20,11 +22,12 @@ import os
 import runpy
 import shlex
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpolicy_dev.devcluster.cpu_vllm import GPU_KERNEL_FLAGS, ServedModel
+from kvpolicy_dev.devcluster.cpu_vllm import DISTRIBUTED_FLAGS, GPU_KERNEL_FLAGS, ServedModel
 from kvpolicy_dev.devcluster.runners import EntrypointQuirk, drop_flags
 
 SITE_DIR = Path(__file__).parent / "vllm_site"
@@ -56,6 +59,7 @@ class ServeRequest:
     served_model_name: list[str] | None
     max_model_len: int | None
     gpu_kernel_values: dict[str, str]  # flag -> value given
+    headless: bool = False  # a multi-host worker: no API of its own
 
 
 def parse_with_vllm(serve_args: Sequence[str]) -> ServeRequest:
@@ -77,7 +81,7 @@ def parse_with_vllm(serve_args: Sequence[str]) -> ServeRequest:
         except (KeyError, ValueError):  # AttentionBackendEnum's lookup raises ValueError for an unknown name
             parser.error(f"argument --attention-backend: {value!r} is not an attention backend vLLM knows")
         kernels["--attention-backend"] = value
-    return ServeRequest(model, namespace.served_model_name, namespace.max_model_len, kernels)
+    return ServeRequest(model, namespace.served_model_name, namespace.max_model_len, kernels, namespace.headless)
 
 
 def cpu_arguments(serve_args: Sequence[str], request: ServeRequest, model_dir: Path, host: str, port: int) -> list[str]:
@@ -85,7 +89,7 @@ def cpu_arguments(serve_args: Sequence[str], request: ServeRequest, model_dir: P
     rest = list(serve_args)
     if rest and rest[0] == request.model:
         rest = rest[1:]
-    rest = drop_flags(rest, GPU_KERNEL_FLAGS)
+    rest = drop_flags(rest, (*GPU_KERNEL_FLAGS, *DISTRIBUTED_FLAGS))
     names = [] if request.served_model_name else ["--served-model-name", request.model]
     model = ServedModel.read(model_dir)
     kv_cache = [
@@ -133,6 +137,12 @@ def main(argv: Sequence[str]) -> int:
     request = parse_with_vllm(serve_args)
     for flag, value in request.gpu_kernel_values.items():
         say(f"{flag} {value}: accepted by vLLM's parser and validator; left out on CPU, where vLLM picks its kernel")
+    distributed = [token for token in serve_args if token.split("=", 1)[0] in DISTRIBUTED_FLAGS]
+    if distributed:
+        say(f"{' '.join(distributed)}: accepted by vLLM's parser; left out on CPU, where one process serves the group")
+    if request.headless:
+        say("a headless node serves no API: waiting (the group's leader serves it)")
+        threading.Event().wait()
     arguments = cpu_arguments(serve_args, request, options.model_dir, options.host, options.port)
     say(f"vLLM on CPU runs: {shlex.join(arguments)}")
     sys.argv = ["vllm serve", *arguments]

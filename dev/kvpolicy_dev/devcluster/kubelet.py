@@ -29,6 +29,8 @@ from typing import Any
 import aiohttp
 from kvpolicy.gate_programs.report import TERMINATION_LOG_ENV, TERMINATION_LOG_LIMIT
 
+from kvpolicy_dev.devcluster.kserve import LLMInferenceServiceController
+from kvpolicy_dev.devcluster.leaderworkerset import LeaderWorkerSetController
 from kvpolicy_dev.devcluster.nodes import (
     POOL_LABEL,
     NodePool,
@@ -141,6 +143,10 @@ class Kubelet:
     service_wait_seconds: float = 10.0
     # Images under these prefixes pull only with an imagePullSecrets entry naming the Secret given (a private registry).
     private_registries: dict[str, str] = field(default_factory=dict)
+    # The LeaderWorkerSet controller's stand-in: pods for the sets of the CRD, once installed (leaderworkerset.py).
+    leaderworkersets: LeaderWorkerSetController = field(default_factory=LeaderWorkerSetController)
+    # KServe's LLMInferenceService controller's stand-in: a workload Deployment per service, routing group status.
+    llminferenceservices: LLMInferenceServiceController = field(default_factory=LLMInferenceServiceController)
     _runtimes: dict[str, PodRuntime] = field(default_factory=dict, init=False)
     _job_started: dict[str, float] = field(default_factory=dict, init=False)
     _first_seen: dict[str, float] = field(default_factory=dict, init=False)
@@ -212,6 +218,8 @@ class Kubelet:
         wakes += [self._isolated(self._reconcile_job, job) for job in jobs]
         for uid in self._job_started.keys() - {job["metadata"]["uid"] for job in jobs}:
             del self._job_started[uid]
+        self.leaderworkersets.reconcile(self.store)
+        self.llminferenceservices.reconcile(self.store)
         wakes.append(self._reconcile_pods())
         due = [wake for wake in wakes if wake is not None]
         return max(0.0, min(due)) if due else None

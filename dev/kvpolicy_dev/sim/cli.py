@@ -58,6 +58,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="a Hugging Face model directory or tokenizer.json to tokenize with (default: a built-in word tokenizer)",
     )
+    # Multi-host vLLM's flags (a LeaderWorkerSet's leader and headless workers): accepted as vLLM accepts them, and
+    # otherwise ignored: one simulated process stands for the whole group.
+    distributed = parser.add_argument_group("vllm serve distributed flags (accepted, not simulated)")
+    for flags in (
+        ("--tensor-parallel-size", "-tp"),
+        ("--pipeline-parallel-size", "-pp"),
+        ("--data-parallel-size", "-dp"),
+        ("--nnodes",),
+        ("--node-rank",),
+    ):
+        distributed.add_argument(*flags, type=int, default=1 if flags[0] != "--node-rank" else 0)
+    distributed.add_argument("--master-addr")
+    distributed.add_argument("--master-port", type=int)
+    distributed.add_argument("--headless", action="store_true")
     sim = parser.add_argument_group("simulator flags")
     sim.add_argument("--gpu", choices=[gpu.value for gpu in Gpu], default=Gpu.H100.value)
     sim.add_argument("--two-level-fix", action="store_true", help="the image carries two-level FP8 accumulation")

@@ -290,14 +290,60 @@ class ConditionStatus(StrEnum):
 # ----------------------------------------------------------------------------------------------------------- spec
 
 
-class TargetRef(_Model):
-    """The existing vLLM Deployment the policy governs (like Flagger's targetRef)."""
+class TargetKind(StrEnum):
+    """The kinds of serving workload a policy can govern; each has its implementation in `rollout/targets/`."""
 
-    api_version: str = Field(default="apps/v1", pattern=r"^apps/v1$", description="Only apps/v1 is supported.")
-    kind: str = Field(default="Deployment", pattern=r"^Deployment$", description="Only Deployment is supported.")
-    name: str = Field(min_length=1, max_length=253, description="Name of the Deployment in the policy's namespace.")
+    DEPLOYMENT = "Deployment"
+    LEADER_WORKER_SET = "LeaderWorkerSet"
+    LLM_INFERENCE_SERVICE = "LLMInferenceService"
+
+
+# The apiVersion each target kind is served at.
+TARGET_API_VERSIONS: dict[TargetKind, str] = {
+    TargetKind.DEPLOYMENT: "apps/v1",
+    TargetKind.LEADER_WORKER_SET: "leaderworkerset.x-k8s.io/v1",
+    TargetKind.LLM_INFERENCE_SERVICE: "serving.kserve.io/v1alpha2",
+}
+
+
+def _target_api_versions_cel() -> str:
+    return " || ".join(
+        f"(self.kind == '{kind.value}' && self.apiVersion == '{version}')"
+        for kind, version in TARGET_API_VERSIONS.items()
+    )
+
+
+class TargetRef(_Model):
+    """The existing vLLM workload the policy governs (like Flagger's targetRef)."""
+
+    rules = (
+        Rule(
+            cel=_target_api_versions_cel(),
+            message="targetRef.apiVersion must be the kind's: "
+            + ", ".join(f"{kind.value} is {version}" for kind, version in TARGET_API_VERSIONS.items()),
+            check=lambda m: TARGET_API_VERSIONS[m.kind] == m.api_version,
+            values=lambda m: f"{m.kind.value} {m.api_version}",
+            values_cel="self.kind + ' ' + self.apiVersion",
+        ),
+    )
+
+    api_version: str = Field(
+        default="apps/v1",
+        max_length=253,
+        description="The kind's API group and version: apps/v1 for a Deployment, leaderworkerset.x-k8s.io/v1 for "
+        "a LeaderWorkerSet, serving.kserve.io/v1alpha2 for an LLMInferenceService.",
+    )
+    kind: TargetKind = Field(
+        default=TargetKind.DEPLOYMENT,
+        description="The kind of workload that serves the model: a Deployment; a LeaderWorkerSet (multi-host vLLM: "
+        "the leader's container is the target's, the workers' KV flags follow it); or a KServe LLMInferenceService "
+        "(its spec.template's container; the canary joins its routing group).",
+    )
+    name: str = Field(min_length=1, max_length=253, description="Name of the workload in the policy's namespace.")
     container: str | None = Field(
-        default=None, description="The vLLM container in the pod template; defaults to the first container."
+        default=None,
+        description="The vLLM container in the pod template (a LeaderWorkerSet's leader template); defaults to the "
+        "first container.",
     )
 
 
@@ -1201,11 +1247,25 @@ class Decision(_Model):
     time: str
 
 
+class Parallelism(_Model):
+    """How the served model is split across GPUs: vLLM's tensor, pipeline and data parallel sizes (1 when unset)."""
+
+    tensor: int = 1
+    pipeline: int = 1
+    data: int = 1
+
+    def describe(self) -> str:
+        return f"tensor {self.tensor}, pipeline {self.pipeline}, data {self.data}"
+
+
 class CanaryRef(_Model):
     deployment: str
     service: str
     generation: int
     run: int = Field(default=1, ge=1, description="Which run of the rollout at this generation (drift, retries).")
+    parallelism: Parallelism | None = Field(
+        default=None, description="The target's parallel sizes when the canary was planned; the canary keeps them."
+    )
     served_kv_cache_dtype: str | None = Field(
         default=None, description="The KV cache dtype the canary serves, from its vllm:cache_config_info."
     )

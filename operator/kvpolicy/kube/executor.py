@@ -14,12 +14,21 @@ from datetime import datetime
 from typing import Any
 
 from kvpolicy.kube.api import DEPLOYMENTS, JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, Resource
-from kvpolicy.rollout.step_types import Action, Create, Delete, Event, Kind, Patch, timestamp
+from kvpolicy.rollout.step_types import Action, Create, CustomKind, Delete, Event, Kind, ObjectKind, Patch, timestamp
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 RESOURCES: dict[Kind, Resource] = {Kind.DEPLOYMENT: DEPLOYMENTS, Kind.SERVICE: SERVICES, Kind.JOB: JOBS}
+
+
+def resource_for(kind: ObjectKind) -> Resource:
+    """The API resource of a kind the step names (a target kind's custom resource by its group and plural)."""
+    if isinstance(kind, CustomKind):
+        return Resource(kind.group, kind.version, kind.plural)
+    return RESOURCES[kind]
+
+
 COMPONENT = "kvpolicy-operator"
 
 
@@ -60,14 +69,14 @@ async def apply_actions(api: KubeApi, namespace: str, actions: Sequence[Action])
 
 async def _apply(api: KubeApi, namespace: str, action: Action) -> None:
     if isinstance(action, Create):
-        created = await api.create(RESOURCES[action.kind], namespace, action.body)
+        created = await api.create(resource_for(action.kind), namespace, action.body)
         logger.info("%s %s/%s %s", action.kind, namespace, action.name, "created" if created else "exists")
     elif isinstance(action, Delete):
-        if await api.delete(RESOURCES[action.kind], namespace, action.name):
+        if await api.delete(resource_for(action.kind), namespace, action.name):
             logger.info("%s %s/%s deleted", action.kind, namespace, action.name)
     else:
         try:
-            await api.patch(RESOURCES[action.kind], namespace, action.name, action.patch, action.patch_type)
+            await api.patch(resource_for(action.kind), namespace, action.name, action.patch, action.patch_type)
         except ApiError as error:
             if action.patch_type == "json" and error.code == 422 and _failed_test(error):
                 raise StaleObservationError(f"{action.kind} {action.name} changed: {error.message}") from error

@@ -15,7 +15,8 @@ from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.api.reasons import AnalysisReason
 from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, GpuFacts, KVPolicy, LatencyProvider, Phase
 from kvpolicy.credentials import Credentials
-from kvpolicy.kube.api import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, SERVICES, KubeApi, label_selector
+from kvpolicy.kube.api import JOBS, KVPOLICIES, NODES, PODS, SERVICES, KubeApi, label_selector
+from kvpolicy.kube.executor import resource_for
 from kvpolicy.kube.references import ReferenceReader, prometheus_credentials
 from kvpolicy.planning.gpu import PRESENT_LABEL, gpu_facts, required_affinity_admits
 from kvpolicy.rollout import builders as b
@@ -24,6 +25,7 @@ from kvpolicy.rollout.metric_checks import check_due, checks_for, needs_baseline
 from kvpolicy.rollout.ownership import governing_policy
 from kvpolicy.rollout.rules import rollout_hash
 from kvpolicy.rollout.step_types import JobView, Observations, PodView
+from kvpolicy.rollout.targets import target_kind
 from kvpolicy.rollout.tick import REPLAN_PHASES
 
 Obj = dict[str, Any]
@@ -129,7 +131,7 @@ def live(objects: Sequence[Obj]) -> list[Obj]:
 def gpu_node_selector(policy: KVPolicy, target: Mapping[str, Any]) -> dict[str, str]:
     if policy.spec.gpu_node_selector:
         return dict(policy.spec.gpu_node_selector)
-    selector = (target["spec"]["template"].get("spec") or {}).get("nodeSelector")
+    selector = target_kind(policy.spec.target_ref).pod_spec(target).get("nodeSelector")
     return dict(selector) if selector else dict(GPU_PRESENT)
 
 
@@ -137,7 +139,8 @@ def pool_gpu_facts(policy: KVPolicy, target: Mapping[str, Any], nodes: Sequence[
     """GPU facts of the nodes the target's pods may land on, among those its selector listed: a target placed by
     required node affinity (Karpenter, GKE and EKS node pools) is held to it too, unless spec.gpuNodeSelector names
     the pool."""
-    affinity = None if policy.spec.gpu_node_selector else (target["spec"]["template"].get("spec") or {}).get("affinity")
+    pod_spec = target_kind(policy.spec.target_ref).pod_spec(target)
+    affinity = None if policy.spec.gpu_node_selector else pod_spec.get("affinity")
     return gpu_facts(
         [
             node["metadata"].get("labels") or {}
@@ -192,7 +195,7 @@ class LatencyAnalyser:
 
     @staticmethod
     def side(policy: KVPolicy, target: Mapping[str, Any], role: str, pods: Sequence[PodView]) -> SideSelector:
-        port = b.serving_port(b.vllm_container(target, policy.spec.target_ref.container))
+        port = target_kind(policy.spec.target_ref).serving_port(target, policy.spec.target_ref.container)
         ready = [pod for pod in pods if pod.ready and pod.ip]
         return SideSelector(
             role=role,
@@ -244,7 +247,8 @@ class Observer:
             return Observations(now=now, governed_by=governed_by)
         if phase == Phase.ROLLED_BACK:
             return Observations(now=now)
-        target = await self.api.get(DEPLOYMENTS, namespace, policy.spec.target_ref.name)
+        kind = target_kind(policy.spec.target_ref)
+        target = await self.api.get(resource_for(kind.object_kind), namespace, policy.spec.target_ref.name)
         gpu = None
         if target is not None and (phase == Phase.PLANNING or phase in REPLAN_PHASES):
             listed = await self.api.list_objects(NODES, None, label_selector(gpu_node_selector(policy, target)))
@@ -256,7 +260,7 @@ class Observer:
         by_policy = label_selector(b.policy_labels(name))
         canary = None
         if "canary" in needs and status.canary is not None:
-            canary = await self.api.get(DEPLOYMENTS, namespace, status.canary.deployment)
+            canary = await self.api.get(resource_for(kind.object_kind), namespace, status.canary.deployment)
         # The canary's pods, and the gate Jobs' (their termination messages, or why they cannot start).
         all_pods = await self.api.list_objects(PODS, namespace, by_policy) if needs & {"pods", "jobs"} else []
         pods = live(all_pods) if "pods" in needs else []
@@ -298,9 +302,9 @@ class Observer:
         return await self.analyser.evaluate(policy, target, due, canary_pods, baseline), tuple(baseline)
 
     async def _baseline(self, policy: KVPolicy, target: Obj) -> list[PodView]:
-        """The target's own pods (not the canary's that joined its Service)."""
+        """The target's own serving pods (not the canary's that joined its Service)."""
         namespace = str(policy.metadata.get("namespace", ""))
-        selector = target["spec"]["selector"].get("matchLabels") or {}
+        selector = target_kind(policy.spec.target_ref).serving_selector(target)
         target_pods = live(await self.api.list_objects(PODS, namespace, label_selector(selector)))
         return [
             pod_view(pod)

@@ -40,6 +40,8 @@ from kvpolicy.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, Approval, KVPoli
 from kvpolicy.kube.observe import gpu_node_selector, pool_gpu_facts
 from kvpolicy.planning.planner import plan
 from kvpolicy.plugin import view
+from kvpolicy.rollout.step_types import CustomKind
+from kvpolicy.rollout.targets import target_kind
 from kvpolicy.rollout.tick import CANARY_PHASES
 
 Obj = dict[str, Any]
@@ -360,13 +362,19 @@ def _control(field: str, value: bool, done: str, already: str) -> Command:
 async def _explain(session: Session, args: argparse.Namespace) -> int:
     """The planner's reasons for this policy on the GPUs the target's nodes have now."""
     policy = _parsed(await session.policy(args.name))
-    apps = client.AppsV1Api(session.api)
+    ref = policy.spec.target_ref
+    kind = target_kind(ref).object_kind
     try:
-        target = await _json(apps.read_namespaced_deployment, policy.spec.target_ref.name, session.namespace)
+        if isinstance(kind, CustomKind):
+            custom = client.CustomObjectsApi(session.api)
+            read = custom.get_namespaced_custom_object
+            target = await _json(read, kind.group, kind.version, session.namespace, kind.plural, ref.name)
+        else:
+            target = await _json(client.AppsV1Api(session.api).read_namespaced_deployment, ref.name, session.namespace)
     except ApiFailure as error:
         if error.status != 404:
             raise
-        raise PluginError(f"target Deployment {policy.spec.target_ref.name} not found in {session.namespace}") from None
+        raise PluginError(f"target {ref.kind.value} {ref.name} not found in {session.namespace}") from None
     selector = gpu_node_selector(policy, target)
     label_selector = ",".join(f"{key}={value}" for key, value in sorted(selector.items()))
     nodes = await _json(session.core.list_node, label_selector=label_selector)

@@ -312,7 +312,7 @@ def render_get(raw: Mapping[str, Any], events: Sequence[Mapping[str, Any]], now:
     lines = [_field("Name", parsed.name), _field("Namespace", parsed.namespace)]
     if spec is not None:
         container = spec.target_ref.container or "first container"
-        lines.append(_field("Target", f"Deployment/{spec.target_ref.name} ({container})"))
+        lines.append(_field("Target", f"{spec.target_ref.kind.value}/{spec.target_ref.name} ({container})"))
     else:
         lines.append(_field("Spec", f"invalid: {parsed.invalid}"))
     phase = status.phase.value if status.phase else "Pending"

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpolicy.api.v1alpha1 import API_VERSION, KIND, KVPolicySpec, Plan, PodTemplateRecord
+from kvpolicy.api.v1alpha1 import API_VERSION, KIND, KVPolicySpec, Parallelism, Plan, PodTemplateRecord
 from kvpolicy.gate_programs.report import DEFAULT_TERMINATION_LOG
 from kvpolicy.rollout.child_names import child_name, label_value
 
@@ -94,28 +94,26 @@ class PolicyRef:
 
 
 class TargetShapeError(ValueError):
-    """The target Deployment cannot be rolled out (no such container, no pod template)."""
+    """The target cannot be rolled out (no such container, no pod template)."""
 
 
 def container_index(deployment: Mapping[str, Any], container: str | None) -> int:
     containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
+    return index_in(containers, container, f"Deployment {deployment['metadata']['name']}")
+
+
+def index_in(containers: Sequence[Mapping[str, Any]], container: str | None, owner: str) -> int:
+    """The index of the vLLM container among a pod template's `containers` (the first when unnamed); `owner` names
+    the object in the error (`Deployment llama`)."""
     if not containers:
-        raise TargetShapeError(f"Deployment {deployment['metadata']['name']} has no containers in its pod template")
+        raise TargetShapeError(f"{owner} has no containers in its pod template")
     if container is None:
         return 0
     for index, item in enumerate(containers):
         if item.get("name") == container:
             return index
     names = ", ".join(str(item.get("name")) for item in containers)
-    raise TargetShapeError(
-        f"Deployment {deployment['metadata']['name']} has no container {container!r} (it has: {names}); "
-        "fix spec.targetRef.container"
-    )
-
-
-def vllm_container(deployment: Mapping[str, Any], container: str | None) -> Obj:
-    containers: list[Obj] = deployment["spec"]["template"]["spec"]["containers"]
-    return containers[container_index(deployment, container)]
+    raise TargetShapeError(f"{owner} has no container {container!r} (it has: {names}); fix spec.targetRef.container")
 
 
 def container_record(container: Mapping[str, Any]) -> PodTemplateRecord:
@@ -174,20 +172,78 @@ def kv_cache_dtype(tokens: Sequence[str]) -> str:
     return value
 
 
+# vLLM's parallel-size flags and their short forms (vLLM's parser takes `_` for `-` in long flags too).
+PARALLEL_FLAGS = {
+    "--tensor-parallel-size": "tensor",
+    "-tp": "tensor",
+    "--pipeline-parallel-size": "pipeline",
+    "-pp": "pipeline",
+    "--data-parallel-size": "data",
+    "-dp": "data",
+}
+
+
+# KServe's vLLM template runs `vllm serve ... ${VLLM_ADDITIONAL_ARGS} $@`: serving flags may sit in this env var too.
+ADDITIONAL_ARGS_ENV = "VLLM_ADDITIONAL_ARGS"
+
+
+def _additional_args(env: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    for item in env or []:
+        if item.get("name") == ADDITIONAL_ARGS_ENV and isinstance(item.get("value"), str):
+            return str(item["value"]).split()
+    return []
+
+
+def serving_tokens(record: PodTemplateRecord) -> list[str]:
+    """The vLLM flags a container gives, in the order vLLM reads them: command, VLLM_ADDITIONAL_ARGS, args."""
+    return [*(record.command or []), *_additional_args(record.env), *(record.args or [])]
+
+
+def _env_without_kv_flags(env: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The env with the plan-owned flags taken out of VLLM_ADDITIONAL_ARGS (the variable kept, even empty)."""
+    if env is None:
+        return None
+    return [
+        {**item, "value": " ".join(strip_kv_flags(_additional_args([item])))}
+        if item.get("name") == ADDITIONAL_ARGS_ENV and split_kv_flags(_additional_args([item]))[1]
+        else item
+        for item in env
+    ]
+
+
+def parallelism(record: PodTemplateRecord) -> Parallelism:
+    """The parallel sizes a command line asks vLLM for (the last of a repeated flag wins, as in argparse)."""
+    tokens = serving_tokens(record)
+    sizes: dict[str, int] = {}
+    for index, token in enumerate(tokens):
+        flag, sep, value = token.partition("=")
+        name = PARALLEL_FLAGS.get(flag.replace("_", "-") if flag.startswith("--") else flag)
+        if name is None:
+            continue
+        text = value if sep else (tokens[index + 1] if index + 1 < len(tokens) else "")
+        if text.isdigit():
+            sizes[name] = int(text)
+    return Parallelism.model_validate(sizes)
+
+
 def runs_fp8(record: PodTemplateRecord) -> bool:
-    tokens = [*(record.command or []), *(record.args or [])]
-    return kv_cache_dtype(tokens).startswith("fp8")
+    return kv_cache_dtype(serving_tokens(record)).startswith("fp8")
 
 
 def with_plan(record: PodTemplateRecord, plan: Plan) -> PodTemplateRecord:
     """The container configuration the plan asks for: plan image (or the same), KV flags replaced by the plan's."""
+    return with_kv_flags(record, plan.extra_args, plan.image or record.image)
+
+
+def with_kv_flags(record: PodTemplateRecord, flags: Sequence[str], image: str) -> PodTemplateRecord:
+    """`record` running `image`, its plan-owned flags replaced by `flags` (in args, or in the command without any)."""
     command = strip_kv_flags(record.command) if record.command is not None else None
     args = strip_kv_flags(record.args) if record.args is not None else None
     if args is not None or command is None:
-        args = [*(args or []), *plan.extra_args]
+        args = [*(args or []), *flags]
     else:
-        command = [*command, *plan.extra_args]
-    return PodTemplateRecord(image=plan.image or record.image, command=command, args=args, env=record.env)
+        command = [*command, *flags]
+    return PodTemplateRecord(image=image, command=command, args=args, env=_env_without_kv_flags(record.env))
 
 
 def without_fp8(record: PodTemplateRecord) -> PodTemplateRecord:
@@ -196,7 +252,7 @@ def without_fp8(record: PodTemplateRecord) -> PodTemplateRecord:
         image=record.image,
         command=strip_kv_flags(record.command) if record.command is not None else None,
         args=strip_kv_flags(record.args) if record.args is not None else None,
-        env=record.env,
+        env=_env_without_kv_flags(record.env),
     )
 
 
@@ -204,14 +260,18 @@ SERVING_FIELDS = ("image", "command", "args", "env")
 
 
 def container_patch(deployment: Mapping[str, Any], container: str | None, desired: PodTemplateRecord) -> list[Obj]:
-    """A JSON patch setting one container's image, command, args and env exactly to `desired`.
-
-    It first tests the container's name and the values it replaces, so a patch computed against an old template
-    cannot hit another container or overwrite an edit it has not seen.
-    """
+    """A JSON patch setting one container's image, command, args and env exactly to `desired`."""
     index = container_index(deployment, container)
     current = deployment["spec"]["template"]["spec"]["containers"][index]
-    path = f"/spec/template/spec/containers/{index}"
+    return container_ops(f"/spec/template/spec/containers/{index}", current, desired)
+
+
+def container_ops(path: str, current: Mapping[str, Any], desired: PodTemplateRecord) -> list[Obj]:
+    """JSON patch operations setting the container at `path` (now `current`) to `desired`.
+
+    They first test the container's name and the values they replace, so a patch computed against an old template
+    cannot hit another container or overwrite an edit it has not seen.
+    """
     ops: list[Obj] = [{"op": "test", "path": f"{path}/name", "value": current.get("name")}]
     # The fields it replaces must still be what was observed: an edit made since fails the patch (422), and the next
     # pass observes it (and restarts the analysis rather than overwrite a configuration nobody gated).
@@ -228,6 +288,27 @@ def container_patch(deployment: Mapping[str, Any], container: str | None, desire
     elif "env" in current:
         ops.append({"op": "remove", "path": f"{path}/env"})
     return ops
+
+
+def set_container(container: Obj, record: PodTemplateRecord) -> None:
+    """Give a container (in place) the record's image, command, args and env; a None field is removed."""
+    container["image"] = record.image
+    for attribute, value in (("command", record.command), ("args", record.args), ("env", record.env)):
+        if value is None:
+            container.pop(attribute, None)
+        else:
+            container[attribute] = copy.deepcopy(value)
+
+
+def container_entry(current: Mapping[str, Any], desired: PodTemplateRecord) -> Obj:
+    """The container `current` as a strategic/merge patch entry setting it to `desired` (null removes a field)."""
+    entry: Obj = {"name": current.get("name"), "image": desired.image}
+    for attribute, value in (("command", desired.command), ("args", desired.args), ("env", desired.env)):
+        if value is not None:
+            entry[attribute] = value
+        elif attribute in current:
+            entry[attribute] = None
+    return entry
 
 
 def serving_port(container: Mapping[str, Any]) -> int:
@@ -259,11 +340,11 @@ def template_labels(deployment: Mapping[str, Any]) -> dict[str, str]:
     return dict(labels)
 
 
-def canary_pod_labels(policy: PolicyRef, name: str, target: Mapping[str, Any], joined: bool) -> dict[str, str]:
-    """Before the accuracy gate the canary's pods carry none of the target's labels, so no Service that selects the
-    target's pods (the users' Service included) can send them traffic; joining adds the target's labels back."""
+def canary_pod_labels(policy: PolicyRef, name: str, target_labels: Mapping[str, str], joined: bool) -> dict[str, str]:
+    """Before the accuracy gate the canary's pods carry none of the target's labels (`target_labels`), so no Service
+    that selects the target's pods (the users' Service included) can send them traffic; joining adds them back."""
     own = {**policy.labels(ROLE_CANARY), CANARY_LABEL: name}
-    return {**template_labels(target), **own} if joined else own
+    return {**target_labels, **own} if joined else own
 
 
 def canary_deployment(
@@ -273,15 +354,9 @@ def canary_deployment(
     template = copy.deepcopy(target["spec"]["template"])
     index = container_index(target, spec.target_ref.container)
     container = template["spec"]["containers"][index]
-    desired = with_plan(container_record(container), plan)
-    container["image"] = desired.image
-    for attribute, value in (("command", desired.command), ("args", desired.args)):
-        if value is None:
-            container.pop(attribute, None)
-        else:
-            container[attribute] = value
+    set_container(container, with_plan(container_record(container), plan))
     metadata = template.setdefault("metadata", {})
-    metadata["labels"] = canary_pod_labels(policy, name, target, joined)
+    metadata["labels"] = canary_pod_labels(policy, name, template_labels(target), joined)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -298,12 +373,8 @@ def canary_deployment(
 
 def join_patch(policy: PolicyRef, name: str, target: Mapping[str, Any]) -> Obj:
     """Merge patch giving the canary's pods the target's labels, so the target's Service sends them traffic."""
-    return {"spec": {"template": {"metadata": {"labels": canary_pod_labels(policy, name, target, joined=True)}}}}
-
-
-def is_joined(canary: Mapping[str, Any], target: Mapping[str, Any]) -> bool:
-    labels = template_labels(canary)
-    return all(labels.get(key) == value for key, value in template_labels(target).items())
+    labels = canary_pod_labels(policy, name, template_labels(target), joined=True)
+    return {"spec": {"template": {"metadata": {"labels": labels}}}}
 
 
 def _service(policy: PolicyRef, name: str, role: str, selector: Mapping[str, str], port: int) -> Obj:
@@ -322,10 +393,9 @@ def canary_service(policy: PolicyRef, name: str, port: int) -> Obj:
     return _service(policy, name, ROLE_CANARY, {**policy_labels(policy.name), CANARY_LABEL: name}, port)
 
 
-def baseline_service(policy: PolicyRef, target: Mapping[str, Any], port: int, name: str) -> Obj:
-    """The gates' view of the target's pods. It selects what the target's Deployment selects, which the canary's pods
-    only match once they have joined (ReplicaRatio, after the accuracy gate)."""
-    selector = target["spec"]["selector"].get("matchLabels") or template_labels(target)
+def baseline_service(policy: PolicyRef, selector: Mapping[str, str], port: int, name: str) -> Obj:
+    """The gates' view of the target's serving pods (`selector`: for a Deployment what it selects, which the canary's
+    pods only match once they have joined: ReplicaRatio, after the accuracy gate)."""
     return _service(policy, name, ROLE_BASELINE, selector, port)
 
 
@@ -415,8 +485,8 @@ def with_one_gpu(resources: Obj) -> Obj:
     return result
 
 
-def image_pull_secrets(target: Mapping[str, Any]) -> list[Obj]:
-    secrets: list[Obj] = target["spec"]["template"]["spec"].get("imagePullSecrets") or []
+def image_pull_secrets(pod_spec: Mapping[str, Any]) -> list[Obj]:
+    secrets: list[Obj] = pod_spec.get("imagePullSecrets") or []
     return copy.deepcopy(secrets)
 
 
@@ -518,7 +588,6 @@ def preflight_command(spec: KVPolicySpec, probe_backend: str) -> list[str]:
     ]
 
 
-def pod_placement(target: Mapping[str, Any]) -> Obj:
-    """The target's scheduling constraints, so a GPU Job lands on the same pool."""
-    pod_spec = target["spec"]["template"]["spec"]
+def pod_placement(pod_spec: Mapping[str, Any]) -> Obj:
+    """The target's serving pods' scheduling constraints, so a GPU Job lands on the same pool."""
     return {key: copy.deepcopy(pod_spec[key]) for key in ("nodeSelector", "tolerations", "affinity") if key in pod_spec}

@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpolicy.api.v1alpha1 import Advice, Difference, PodTemplateRecord
 from kvpolicy.rollout import builders as b
 
+if TYPE_CHECKING:  # the target kinds use drift's Deployment helpers
+    from kvpolicy.rollout.targets.base import ServingTarget
+
 NONE = "(none)"
 # Drift messages stay readable in a condition and an event: long values are shortened to this many characters.
 VALUE_LIMIT = 120
-
-
-def observed_record(target: Mapping[str, Any], container: str | None) -> PodTemplateRecord:
-    """The serving configuration the target's pod template asks for now."""
-    return b.container_record(b.vllm_container(target, container))
 
 
 def _short(text: str) -> str:
@@ -38,7 +36,7 @@ def _tokens(tokens: Sequence[str] | None) -> str:
 
 def kv_arguments(record: PodTemplateRecord) -> list[str]:
     """The plan-owned flags of a container's command line, in order (`--kv-cache-dtype fp8 --attention-backend X`)."""
-    return b.split_kv_flags([*(record.command or []), *(record.args or [])])[1]
+    return b.split_kv_flags(b.serving_tokens(record))[1]
 
 
 def _env_by_name(env: Sequence[Mapping[str, Any]] | None) -> dict[str, str]:
@@ -105,29 +103,22 @@ def rolled_out(deployment: Mapping[str, Any]) -> bool:
     )
 
 
-def advice(rollout_id: str, target: Mapping[str, Any], container: str | None, desired: PodTemplateRecord) -> Advice:
-    """The change that makes the target's vLLM container `desired`: a strategic merge patch (containers merge by name,
-    so it fits a Kustomize patch too), the equivalent JSON patch, and the values themselves."""
-    current = b.vllm_container(target, container)
-    name = str(current.get("name"))
-    entry: dict[str, Any] = {"name": name, "image": desired.image}
-    for field, value in (("command", desired.command), ("args", desired.args), ("env", desired.env)):
-        if value is not None:
-            entry[field] = value
-        elif field in current:
-            entry[field] = None  # strategic merge: null removes the field
-    strategic = {"spec": {"template": {"spec": {"containers": [entry]}}}}
-    json_patch = b.container_patch(target, container, desired)
-    before = b.container_record(current)
+def advice(
+    rollout_id: str, kind: ServingTarget, target: Mapping[str, Any], container: str | None, desired: PodTemplateRecord
+) -> Advice:
+    """The change that makes the target's vLLM container `desired`: the patch a GitOps repository takes (for a
+    Deployment a strategic merge patch, which fits a Kustomize patch too), the equivalent JSON patch, and the values
+    themselves."""
+    before = kind.record(target, container)
     changes = describe(differences(before, desired)) or "nothing: the target already runs it"
     return Advice(
         rollout_id=rollout_id,
         deployment=str(target["metadata"]["name"]),
-        container=name,
+        container=str(kind.container(target, container).get("name")),
         image=desired.image,
         command=desired.command,
         args=desired.args,
-        strategic_merge_patch=json.dumps(strategic, separators=(",", ":")),
-        json_patch=json.dumps(json_patch, separators=(",", ":")),
+        strategic_merge_patch=json.dumps(kind.advice_patch(target, container, desired), separators=(",", ":")),
+        json_patch=json.dumps(kind.patch(target, container, desired), separators=(",", ":")),
         summary=changes,
     )

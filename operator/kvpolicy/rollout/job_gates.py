@@ -44,7 +44,7 @@ class JobInputs:
     spec: KVPolicySpec
     config: StepConfig
     name: str
-    target: Obj
+    pod_spec: Obj  # the target's serving pods': the GPU Jobs share their pool and their images' registry
     plan: Plan
     canary_url: str
     baseline_url: str
@@ -128,7 +128,7 @@ def _tool_job(inputs: JobInputs, command: Callable[[KVPolicySpec, str, str], lis
         timeout_seconds=timeout,
         resources=inputs.config.gate_resources,
         pod_placement={},
-        image_pull_secrets=b.image_pull_secrets(inputs.target),
+        image_pull_secrets=b.image_pull_secrets(inputs.pod_spec),
         env=b.api_key_env(inputs.spec),
     )
 
@@ -161,8 +161,8 @@ def _preflight_job(inputs: JobInputs) -> b.GateJob:
         command=b.preflight_command(inputs.spec, backend),
         timeout_seconds=inputs.spec.rollout.progress_deadline_seconds,
         resources=b.with_one_gpu(inputs.config.preflight_resources),
-        pod_placement=b.pod_placement(inputs.target),
-        image_pull_secrets=b.image_pull_secrets(inputs.target),
+        pod_placement=b.pod_placement(inputs.pod_spec),
+        image_pull_secrets=b.image_pull_secrets(inputs.pod_spec),
         env=b.PREFLIGHT_ENV,
     )
 

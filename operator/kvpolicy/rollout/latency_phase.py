@@ -20,10 +20,9 @@ from kvpolicy.api.v1alpha1 import (
     Traffic,
     VerdictKind,
 )
-from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.job_gates import LATENCY_PROBE, Then
 from kvpolicy.rollout.rules import latency_gate_config
-from kvpolicy.rollout.step_types import Kind, Patch, parse_timestamp, timestamp
+from kvpolicy.rollout.step_types import Patch, parse_timestamp, timestamp
 from kvpolicy.rollout.tick import Tick, advance, deadline_rollback, rollback, run_job, watch_capacity
 
 GATE = ConditionType.LATENCY_GATE_PASSED
@@ -159,12 +158,18 @@ def latency_analysis(t: Tick) -> None:
     joining = t.spec.rollout.traffic == Traffic.REPLICA_RATIO
     if latency.started_at is None:
         canary = t.observed_canary
-        if joining and canary is not None and not b.is_joined(canary, target):
-            t.add(Patch(Kind.DEPLOYMENT, t.canary.deployment, b.join_patch(t.ref, t.canary.deployment, target)))
+        if joining and canary is not None and not t.target_kind.is_joined(canary, target):
+            join = t.target_kind.join_patch(t.ref, t.canary.deployment, target)
+            t.add(Patch(t.target_kind.object_kind, t.canary.deployment, join))
             t.status.message = f"canary {t.canary.deployment} joining the Service(s) of {t.spec.target_ref.name}"
             return
         if canary is None or t.ready_canary_pods(joined=joining) < t.spec.rollout.canary_replicas:
             deadline_rollback(t, watch_capacity(t), f"canary {t.canary.deployment} (joining traffic)")
+            return
+        awaited = t.target_kind.traffic_confirmed(t.canary.deployment, target) if joining else None
+        if awaited is not None:
+            t.status.message = awaited
+            deadline_rollback(t, None, f"canary {t.canary.deployment} ({awaited})")
             return
         latency.started_at = timestamp(t.now)
         if joining:

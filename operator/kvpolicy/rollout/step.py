@@ -25,6 +25,7 @@ from kvpolicy.api.v1alpha1 import (
     Drift,
     KVPolicy,
     OnDrift,
+    Parallelism,
     Phase,
     PodTemplateRecord,
     VerdictKind,
@@ -66,12 +67,12 @@ from kvpolicy.rollout.tick import (
 def _planning(t: Tick) -> None:
     target = t.obs.target
     if target is None:
-        message = f"target Deployment {t.spec.target_ref.name} not found"
+        message = f"target {t.spec.target_ref.kind.value} {t.spec.target_ref.name} not found"
         if t.condition(ConditionType.PLANNED, ConditionStatus.FALSE, Reason.TARGET_NOT_FOUND, message):
             t.event("Warning", Reason.TARGET_NOT_FOUND, message)
         return
     try:
-        b.container_index(target, t.spec.target_ref.container)
+        base = t.target_kind.record(target, t.spec.target_ref.container)
     except b.TargetShapeError as error:
         if t.condition(ConditionType.PLANNED, ConditionStatus.FALSE, Reason.INVALID_TARGET, str(error)):
             t.event("Warning", Reason.INVALID_TARGET, str(error))
@@ -82,7 +83,7 @@ def _planning(t: Tick) -> None:
     t.status.plan = planned
     t.status.gpu = t.obs.gpu
     # What this rollout is gated on: promotion applies the plan to it, and only while the target still matches it.
-    t.status.target_base = drift.observed_record(target, t.spec.target_ref.container)
+    t.status.target_base = base
     if not planned.is_fp8:
         cause = bf16_cause(planned)
         t.condition(ConditionType.PLANNED, ConditionStatus.TRUE, Reason.BF16_PLANNED, cause.message)
@@ -95,10 +96,13 @@ def _planning(t: Tick) -> None:
     if planned.image:
         summary += f" with image {planned.image}"
     summary += f"; gates: {', '.join(planned.gates) or 'none'}"
+    sizes = t.target_kind.parallelism(target, t.spec.target_ref.container)
+    if sizes != Parallelism():
+        summary += f"; the canary keeps the target's parallel sizes ({sizes.describe()})"
     t.condition(ConditionType.PLANNED, ConditionStatus.TRUE, Reason.FP8_PLANNED, summary)
     run = t.status.rollout_run or 1
     name = b.canary_name(t.ref.name, t.generation, run)
-    t.status.canary = CanaryRef(deployment=name, service=name, generation=t.generation, run=run)
+    t.status.canary = CanaryRef(deployment=name, service=name, generation=t.generation, run=run, parallelism=sizes)
     t.event("Normal", Reason.PLANNED, summary)
     t.enter(Phase.CANARY_STARTING)
     _canary_starting(t)
@@ -110,17 +114,20 @@ def _ensure_canary_objects(t: Tick) -> None:
     name = t.canary.deployment
     port = t.serving_port()
     if t.observed_canary is None:
-        t.add(Create(Kind.DEPLOYMENT, b.canary_deployment(t.ref, name, target, t.spec, t.plan)))
+        t.add(Create(t.target_kind.object_kind, t.target_kind.canary(t.ref, name, target, t.spec, t.plan)))
     if t.canary.service not in t.obs.services:
         t.add(Create(Kind.SERVICE, b.canary_service(t.ref, t.canary.service, port)))
     baseline = t.baseline_service_name()
     if baseline not in t.obs.services:
-        t.add(Create(Kind.SERVICE, b.baseline_service(t.ref, target, port, baseline)))
+        selector = t.target_kind.serving_selector(target)
+        t.add(Create(Kind.SERVICE, b.baseline_service(t.ref, selector, port, baseline)))
 
 
 def _canary_starting(t: Tick) -> None:
     unschedulable = watch_capacity(t)
     replicas = t.spec.rollout.canary_replicas
+    if t.observed_canary is not None and not _same_parallelism(t, t.observed_canary):
+        return
     if t.observed_canary is not None and t.ready_canary_pods(joined=False) >= replicas:
         _ensure_canary_objects(t)
         if not _verified(t):
@@ -138,6 +145,29 @@ def _canary_starting(t: Tick) -> None:
     _ensure_canary_objects(t)
     waiting = f"waiting for {replicas} canary pod(s) to be ready"
     t.condition(ConditionType.CANARY_READY, ConditionStatus.FALSE, Reason.CANARY_STARTING, waiting)
+
+
+def _same_parallelism(t: Tick, canary: Obj) -> bool:
+    """Part of the canary configuration check, before any gate: the canary must split the model as the target did
+    when it was planned (vllm:cache_config_info does not say; accuracy depended on the tensor-parallel size at long
+    context, vllm #23813). A mismatch rolls back."""
+    expected = t.canary.parallelism
+    try:
+        found = t.target_kind.parallelism(canary, t.spec.target_ref.container)
+    except b.TargetShapeError as error:
+        rollback(t, DecisionReason.CANARY_CONFIG_MISMATCH, f"canary {t.canary.deployment}: {error}")
+        return False
+    if expected is None or found == expected:
+        return True
+    message = (
+        f"the canary {t.canary.deployment} runs parallel sizes {found.describe()}, the target {expected.describe()}: "
+        "the gates would not compare the KV cache alone"
+    )
+    t.condition(
+        ConditionType.CANARY_CONFIG_VERIFIED, ConditionStatus.FALSE, DecisionReason.CANARY_CONFIG_MISMATCH, message
+    )
+    rollback(t, DecisionReason.CANARY_CONFIG_MISMATCH, message)
+    return False
 
 
 def _verified(t: Tick) -> bool:
@@ -205,7 +235,7 @@ def _observed(t: Tick) -> PodTemplateRecord | None:
     if t.obs.target is None:
         return None
     try:
-        return drift.observed_record(t.obs.target, t.spec.target_ref.container)
+        return t.target_kind.record(t.obs.target, t.spec.target_ref.container)
     except b.TargetShapeError:
         return None
 
@@ -213,15 +243,15 @@ def _observed(t: Tick) -> PodTemplateRecord | None:
 def _advise(t: Tick, desired: PodTemplateRecord) -> None:
     """Advisory mode: publish the change that makes the target `desired`, once per rollout and configuration."""
     assert t.obs.target is not None and t.status.rollout_id is not None
-    advice = drift.advice(t.status.rollout_id, t.obs.target, t.spec.target_ref.container, desired)
+    advice = drift.advice(t.status.rollout_id, t.target_kind, t.obs.target, t.spec.target_ref.container, desired)
     if t.status.advice == advice:
         return
     t.status.advice = advice
     t.event(
         "Normal",
         Reason.ADVISED,
-        f"applyMode Advisory: apply to Deployment {advice.deployment} ({advice.summary}); strategic merge patch "
-        f"(also in status.advice): {advice.strategic_merge_patch}",
+        f"applyMode Advisory: apply to {t.spec.target_ref.kind.value} {advice.deployment} ({advice.summary}); "
+        f"{t.target_kind.advice_patch_type} patch (also in status.advice): {advice.strategic_merge_patch}",
     )
 
 
@@ -235,8 +265,8 @@ def _converge_target(t: Tick, desired: PodTemplateRecord) -> bool:
     if t.advisory:
         _advise(t, desired)
         return True
-    patch = b.container_patch(t.obs.target, t.spec.target_ref.container, desired)
-    t.add(Patch(Kind.DEPLOYMENT, t.spec.target_ref.name, patch, patch_type="json"))
+    patch = t.target_kind.patch(t.obs.target, t.spec.target_ref.container, desired)
+    t.add(Patch(t.target_kind.object_kind, t.spec.target_ref.name, patch, patch_type="json"))
     return False
 
 
@@ -277,7 +307,8 @@ def _remove_children(t: Tick) -> bool:
     """Delete the canary, its Services and any gate Job still running; True when nothing is left."""
     gone = True
     if t.obs.canary is not None:
-        t.add(Delete(Kind.DEPLOYMENT, t.obs.canary["metadata"]["name"]))
+        for action in t.target_kind.retire(t.obs.canary["metadata"]["name"]):
+            t.add(action)
         gone = False
     for service in sorted(t.obs.services):
         t.add(Delete(Kind.SERVICE, service))
@@ -295,7 +326,7 @@ def _promoting(t: Tick) -> None:
         _still_gated(t)
         return
     base = _base(t, current)
-    desired = b.with_plan(base, t.plan)
+    desired = t.target_kind.with_plan(base, t.plan)
     # Only the plan's change on top of what was gated: the target may be there still, or there already (our patch,
     # or a GitOps repository taking the advice); anything else was never gated.
     if drift.differences(desired, current) and not _still_gated(t):
@@ -342,7 +373,7 @@ def _await_adoption(t: Tick, target: Obj, current: PodTemplateRecord, desired: P
     _advise(t, desired)
     removed = _remove_children(t)
     adopted = not drift.differences(desired, current)
-    if adopted and drift.rolled_out(target) and removed:
+    if adopted and t.target_kind.rolled_out(target) and removed:
         message = (
             f"{t.spec.target_ref.name}'s pods run the advised FP8 KV configuration "
             f"({' '.join(desired.args or desired.command or [])})"
@@ -411,12 +442,15 @@ def _watch_drift(t: Tick) -> None:
     current = _observed(t)
     if t.status.target_decided is None and current is not None:
         # Decided by an operator that did not record it: what the decision means for the target as it is.
-        adopted = b.with_plan(current, t.plan) if t.phase == Phase.PROMOTED else _bf16_configuration(t, current)
+        adopted = (
+            t.target_kind.with_plan(current, t.plan) if t.phase == Phase.PROMOTED else _bf16_configuration(t, current)
+        )
         t.status.target_decided = adopted
     expected = t.status.target_decided
     name = t.spec.target_ref.name
     if current is None or expected is None:
-        found = [Difference(field="Target", expected=f"Deployment {name}", observed="not found or no vLLM container")]
+        what = f"{t.spec.target_ref.kind.value} {name}"
+        found = [Difference(field="Target", expected=what, observed="not found or no vLLM container")]
     else:
         found = drift.differences(expected, current)
     if not found:
@@ -473,7 +507,8 @@ def _governed_elsewhere(t: Tick, spec_hash: str, owner: str) -> None:
     """Another policy governs the target: write nothing to it. A rollout of this policy's own stops (its children are
     removed, the phase is Planning again) and waits for that policy to be deleted."""
     target = t.spec.target_ref.name
-    message = f"Deployment {target} is governed by KVPolicy {owner} (created first); waiting until it is deleted"
+    kind = t.spec.target_ref.kind.value
+    message = f"{kind} {target} is governed by KVPolicy {owner} (created first); waiting until it is deleted"
     if t.phase in CANARY_PHASES | {Phase.PROMOTING, Phase.ROLLING_BACK}:
         restart(t, spec_hash, message)
     if t.condition(ConditionType.READY, ConditionStatus.FALSE, Reason.CONFLICT, message):
@@ -523,7 +558,8 @@ def step(policy: KVPolicy, obs: Observations, config: StepConfig) -> StepResult:
     phase = t.phase
 
     if phase in CANARY_PHASES | {Phase.PROMOTING} and obs.target is None:
-        rollback(t, DecisionReason.TARGET_NOT_FOUND, f"target Deployment {t.spec.target_ref.name} disappeared")
+        ref = t.spec.target_ref
+        rollback(t, DecisionReason.TARGET_NOT_FOUND, f"target {ref.kind.value} {ref.name} disappeared")
         return t.result()
     if t.spec.rollout.abort and phase not in (Phase.ROLLED_BACK, Phase.HELD_BF16, Phase.ROLLING_BACK):
         rollback(t, DecisionReason.ABORTED, "spec.rollout.abort is set")

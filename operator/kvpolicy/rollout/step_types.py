@@ -23,6 +23,22 @@ class Kind(StrEnum):
     JOB = "Job"
 
 
+@dataclass(frozen=True)
+class CustomKind:
+    """A kind served by a custom resource (a target kind's CRD): what the executor reads and writes it through."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    def __str__(self) -> str:
+        return self.kind
+
+
+ObjectKind = Kind | CustomKind
+
+
 # ------------------------------------------------------------------------------------------------------ observations
 
 
@@ -85,7 +101,7 @@ class Observations:
 class Create:
     """Create an object; AlreadyExists counts as done (names are deterministic)."""
 
-    kind: Kind
+    kind: ObjectKind
     body: Obj
 
     @property
@@ -96,7 +112,7 @@ class Create:
 
 @dataclass(frozen=True)
 class Patch:
-    kind: Kind
+    kind: ObjectKind
     name: str
     patch: Obj | list[Obj]
     patch_type: Literal["merge", "json"] = "merge"
@@ -106,7 +122,7 @@ class Patch:
 class Delete:
     """Delete an object; NotFound counts as done. Dependents (a Job's pods) go in the background."""
 
-    kind: Kind
+    kind: ObjectKind
     name: str
 
 

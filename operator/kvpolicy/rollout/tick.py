@@ -46,6 +46,7 @@ from kvpolicy.rollout.step_types import (
     parse_timestamp,
     timestamp,
 )
+from kvpolicy.rollout.targets import target_kind
 
 HISTORY_LIMIT = 10
 # Phases with a canary running: they watch it, and `paused` holds them.
@@ -76,6 +77,7 @@ class Tick:
 
     def __init__(self, policy: KVPolicy, obs: Observations, config: StepConfig) -> None:
         self.spec = policy.spec
+        self.target_kind = target_kind(policy.spec.target_ref)
         self.obs = obs
         self.now = obs.now
         self.config = config
@@ -194,7 +196,7 @@ class Tick:
 
     def serving_port(self) -> int:
         assert self.obs.target is not None
-        return b.serving_port(b.vllm_container(self.obs.target, self.spec.target_ref.container))
+        return self.target_kind.serving_port(self.obs.target, self.spec.target_ref.container)
 
     def url(self, service: str) -> str:
         return b.service_url(service, self.ref.namespace, self.serving_port())
@@ -205,7 +207,7 @@ class Tick:
             spec=self.spec,
             config=self.config,
             name=self.job(gate),
-            target=self.obs.target,
+            pod_spec=self.target_kind.pod_spec(self.obs.target),
             plan=self.plan,
             canary_url=self.url(self.canary.service),
             baseline_url=self.url(self.baseline_service_name()),
@@ -220,7 +222,7 @@ class Tick:
         return canary
 
     def ready_canary_pods(self, joined: bool) -> int:
-        target_labels = b.template_labels(self.obs.target) if joined and self.obs.target else {}
+        target_labels = self.target_kind.traffic_labels(self.obs.target) if joined and self.obs.target else {}
         return sum(
             1
             for pod in self.obs.canary_pods
@@ -277,7 +279,8 @@ def restart(t: Tick, spec_hash: str, why: str, warning: Reason | None = None, *,
     Normal restart event."""
     previous = t.status
     if previous.canary is not None and t.phase not in TERMINAL_PHASES:
-        t.add(Delete(Kind.DEPLOYMENT, previous.canary.deployment))
+        for action in t.target_kind.retire(previous.canary.deployment):
+            t.add(action)
         t.add(Delete(Kind.SERVICE, previous.canary.service))
         baseline = b.baseline_service_name(t.ref.name, previous.canary.generation, previous.canary.run)
         t.add(Delete(Kind.SERVICE, baseline))

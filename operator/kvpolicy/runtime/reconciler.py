@@ -34,8 +34,8 @@ from kvpolicy.api.v1alpha1 import (
     PodTemplateRecord,
     TargetRef,
 )
-from kvpolicy.kube.api import DEPLOYMENTS, JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, label_selector
-from kvpolicy.kube.executor import Rejected, apply_actions, post_events, write_status
+from kvpolicy.kube.api import JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, label_selector
+from kvpolicy.kube.executor import Rejected, apply_actions, post_events, resource_for, write_status
 from kvpolicy.kube.observe import LatencyAnalyser, Observer
 from kvpolicy.notify import metrics
 from kvpolicy.notify.notifier import Notifier
@@ -45,6 +45,7 @@ from kvpolicy.rollout.job_gates import JOB_GATES, finished_gates
 from kvpolicy.rollout.rules import phase_deadline
 from kvpolicy.rollout.step import step
 from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult, parse_timestamp, timestamp
+from kvpolicy.rollout.targets import target_kind
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -340,29 +341,31 @@ class Reconciler:
         meta = raw["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], str(meta.get("uid"))
         selector = label_selector(b.policy_labels(name))
-        for resource in (DEPLOYMENTS, SERVICES, JOBS):
+        target_ref, status = _stored_target_ref(raw), _stored_status(raw)
+        # The canary is of the target's kind; a spec too broken to name one has had no canary made from it.
+        kinds = [resource_for(target_kind(target_ref).object_kind)] if target_ref is not None else []
+        for resource in (*kinds, SERVICES, JOBS):
             for child in await self.api.list_objects(resource, namespace, selector):
                 if any(ref.get("uid") == uid for ref in child["metadata"].get("ownerReferences") or []):
                     await self.api.delete(resource, namespace, child["metadata"]["name"])
         self._phases.pop(uid, None)
         metrics.set_policies_by_phase(Counter(self._phases.values()))
         metrics.forget_policy(namespace, name)
-        target_ref, status = _stored_target_ref(raw), _stored_status(raw)
         if target_ref is None:
             return "its spec names no readable targetRef, so no target was touched"
-        target = await self.api.get(DEPLOYMENTS, namespace, target_ref.name)
+        kind = target_kind(target_ref)
+        target = await self.api.get(resource_for(kind.object_kind), namespace, target_ref.name)
         if target is None:
-            return f"target Deployment {target_ref.name} does not exist"
+            return f"target {target_ref.kind.value} {target_ref.name} does not exist"
         previous = status.previous_template
         try:
-            container = b.vllm_container(target, target_ref.container)
+            current: PodTemplateRecord = kind.record(target, target_ref.container)
         except b.TargetShapeError as error:
             return f"{target_ref.name} left as it is: {error}"
         if status.phase == Phase.ROLLING_BACK and previous is not None:
-            patch = b.container_patch(target, target_ref.container, previous)
-            await self.api.patch(DEPLOYMENTS, namespace, target["metadata"]["name"], patch, "json")
+            patch = kind.patch(target, target_ref.container, previous)
+            await self.api.patch(resource_for(kind.object_kind), namespace, target["metadata"]["name"], patch, "json")
             return f"{target_ref.name} restored to its recorded BF16 configuration (image {previous.image})"
-        current: PodTemplateRecord = b.container_record(container)
         dtype = "FP8" if b.runs_fp8(current) else "BF16"
         return f"{target_ref.name} left as it runs: {dtype} KV cache, image {current.image}"
 

@@ -1,0 +1,45 @@
+"""`apps/v1` Deployment: one pod template, whose vLLM container is the target's; the canary is a second Deployment."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvpolicy.api.v1alpha1 import KVPolicySpec, Plan, PodTemplateRecord, TargetKind
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout import drift
+from kvpolicy.rollout.step_types import Kind
+from kvpolicy.rollout.targets.base import Obj, ServingTarget
+
+
+class DeploymentTarget(ServingTarget):
+    kind = TargetKind.DEPLOYMENT
+    object_kind = Kind.DEPLOYMENT
+
+    def pod_spec(self, target: Mapping[str, Any]) -> Obj:
+        spec: Obj = target.get("spec", {}).get("template", {}).get("spec") or {}
+        return spec
+
+    def patch(self, target: Mapping[str, Any], container: str | None, desired: PodTemplateRecord) -> list[Obj]:
+        return b.container_patch(target, container, desired)
+
+    def canary(self, policy: b.PolicyRef, name: str, target: Mapping[str, Any], spec: KVPolicySpec, plan: Plan) -> Obj:
+        return b.canary_deployment(policy, name, target, spec, plan)
+
+    def traffic_labels(self, target: Mapping[str, Any]) -> dict[str, str]:
+        return b.template_labels(target)
+
+    def join_patch(self, policy: b.PolicyRef, name: str, target: Mapping[str, Any]) -> Obj:
+        return b.join_patch(policy, name, target)
+
+    def serving_selector(self, target: Mapping[str, Any]) -> dict[str, str]:
+        selector: dict[str, str] = target["spec"]["selector"].get("matchLabels") or b.template_labels(target)
+        return dict(selector)
+
+    def rolled_out(self, target: Mapping[str, Any]) -> bool:
+        return drift.rolled_out(target)
+
+    def advice_patch(self, target: Mapping[str, Any], container: str | None, desired: PodTemplateRecord) -> Obj:
+        # Strategic merge: containers merge by name, so it fits a Kustomize patch too.
+        entry = b.container_entry(self.container(target, container), desired)
+        return {"spec": {"template": {"spec": {"containers": [entry]}}}}

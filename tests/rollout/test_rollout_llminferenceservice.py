@@ -1,0 +1,158 @@
+"""A KServe LLMInferenceService target: flags read and written in args and VLLM_ADDITIONAL_ARGS, parallel sizes from
+spec.parallelism, the canary a second LLMInferenceService that joins the target's routing group at weight 1, and
+leaves it at weight 0 before it is deleted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonpatch
+import pytest
+from kvpolicy.api.v1alpha1 import Parallelism, TargetRef
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout import drift
+from kvpolicy.rollout.step_types import Delete, Patch
+from kvpolicy.rollout.targets.llminferenceservice import LLMInferenceServiceTarget
+from operator_helpers import (
+    TARGET_IMAGE,
+    Driver,
+    World,
+    gate_output,
+    make_policy,
+    target_llminferenceservice,
+)
+from pydantic import ValidationError
+from test_rollout_builders import FP8_PLAN
+
+ISVC = LLMInferenceServiceTarget()
+POLICY = b.PolicyRef(name="llama-fp8", namespace="serving", uid="uid-1")
+ISVC_REF = {"targetRef.kind": "LLMInferenceService", "targetRef.apiVersion": "serving.kserve.io/v1alpha2"}
+BASE = "--max-model-len 131072 --enable-prefix-caching"
+FP8 = "--kv-cache-dtype fp8 --kv-cache-dtype-skip-layers sliding_window"
+
+
+def _additional(obj: dict[str, Any]) -> str:
+    for item in obj["spec"]["template"]["containers"][0].get("env") or []:
+        if item["name"] == "VLLM_ADDITIONAL_ARGS":
+            return str(item["value"])
+    raise AssertionError("no VLLM_ADDITIONAL_ARGS")
+
+
+def test_a_targetref_names_an_llminferenceservice_only_at_its_api_version() -> None:
+    TargetRef.model_validate({"kind": "LLMInferenceService", "apiVersion": "serving.kserve.io/v1alpha2", "name": "l"})
+    with pytest.raises(ValidationError, match=r"\(LLMInferenceService serving.kserve.io/v1alpha1\)"):
+        TargetRef.model_validate(
+            {"kind": "LLMInferenceService", "apiVersion": "serving.kserve.io/v1alpha1", "name": "l"}
+        )
+
+
+def test_the_canary_is_a_second_llminferenceservice_outside_the_routing_group_running_the_plan() -> None:
+    target = target_llminferenceservice()
+    spec = make_policy(**ISVC_REF).spec
+    canary = ISVC.canary(POLICY, "llama-fp8-canary-g1", target, spec, FP8_PLAN)
+    assert canary["kind"] == "LLMInferenceService" and "router" not in canary["spec"], "no user traffic yet"
+    assert canary["spec"]["replicas"] == spec.rollout.canary_replicas
+    assert canary["spec"]["labels"][b.CANARY_LABEL] == "llama-fp8-canary-g1", "KServe puts spec.labels on its pods"
+    assert _additional(canary) == f"{BASE} {FP8}"
+    assert canary["spec"]["template"]["containers"][0]["image"] == "patched:1"
+    assert ISVC.parallelism(canary, None) == ISVC.parallelism(target, None) == Parallelism(tensor=4)
+    assert target == target_llminferenceservice()
+
+
+def test_flags_in_args_or_in_vllm_additional_args_are_read_and_replaced_in_vllm_additional_args() -> None:
+    target = target_llminferenceservice()
+    main = target["spec"]["template"]["containers"][0]
+    main["env"][0]["value"] = f"{BASE} --kv-cache-dtype fp8_e5m2"
+    main["args"] = ["--attention-backend", "FLASHINFER", "-tp", "8"]
+    record = ISVC.record(target, None)
+    assert b.runs_fp8(record) and ISVC.parallelism(target, None) == Parallelism(tensor=8), "args win, as in vLLM"
+    desired = ISVC.with_plan(record, FP8_PLAN)
+    assert desired.args == ["-tp", "8"] and desired.env is not None
+    assert desired.env[0]["value"] == f"{BASE} {FP8}"
+    bf16 = b.without_fp8(record)
+    assert not b.runs_fp8(bf16) and bf16.env is not None and bf16.env[0]["value"] == BASE
+
+
+def test_promotion_writes_vllm_additional_args_and_rollback_restores_the_target_exactly() -> None:
+    target = target_llminferenceservice()
+    before = ISVC.record(target, None)
+    promoted = jsonpatch.apply_patch(target, ISVC.patch(target, None, ISVC.with_plan(before, FP8_PLAN)))
+    assert _additional(promoted) == f"{BASE} {FP8}"
+    assert jsonpatch.apply_patch(promoted, ISVC.patch(promoted, None, before)) == target
+    advice = drift.advice("1-abcdef", ISVC, target, None, ISVC.with_plan(before, FP8_PLAN))
+    assert '"VLLM_ADDITIONAL_ARGS"' in advice.strategic_merge_patch and "--kv-cache-dtype fp8" in advice.summary
+
+
+def test_the_canary_joins_the_routing_group_at_weight_1_and_traffic_waits_for_the_groups_status() -> None:
+    target = target_llminferenceservice()
+    canary = ISVC.canary(POLICY, "c", target, make_policy(**ISVC_REF).spec, FP8_PLAN)
+    assert not ISVC.is_joined(canary, target)
+    patch = ISVC.join_patch(POLICY, "c", target)
+    assert patch["spec"]["router"]["route"] == {"group": "llama", "weight": 1}
+    joined = {**canary, "spec": {**canary["spec"], **patch["spec"]}}
+    assert ISVC.is_joined(joined, target)
+    assert ISVC.traffic_confirmed("c", target) is not None, "not in status.router.group.members yet"
+    members = target["status"]["router"]["group"]["members"]
+    members.append({"name": "c", "weight": 1})
+    assert ISVC.traffic_confirmed("c", target) is None
+    members[-1]["stopped"] = True
+    assert ISVC.traffic_confirmed("c", target) is not None, "a stopped member takes no traffic"
+    [stop, delete] = ISVC.retire("c")
+    assert isinstance(stop, Patch) and stop.patch == {
+        "metadata": {"annotations": {"serving.kserve.io/stop": "true"}},
+        "spec": {"router": {"route": {"weight": 0}}},
+    }
+    assert delete == Delete(ISVC.object_kind, "c")
+    assert ISVC.serving_selector(target) == {
+        "app.kubernetes.io/name": "llama",
+        "app.kubernetes.io/component": "llminferenceservice-workload",
+    }
+
+
+def isvc_driver(**spec: Any) -> Driver:
+    return Driver(make_policy(**ISVC_REF, **spec), World(target=target_llminferenceservice(), kind=ISVC))
+
+
+def _member(driver: Driver, name: str) -> None:
+    assert driver.world.target is not None
+    driver.world.target["status"]["router"]["group"]["members"].append({"name": name, "weight": 1})
+
+
+def test_an_llminferenceservice_is_promoted_after_its_canary_shows_in_the_routing_group() -> None:
+    driver = isvc_driver()
+    driver.tick()
+    assert "LLMInferenceService/llama-fp8-canary-g1" in driver.world.creates
+    driver.world.canary_up()
+    driver.tick()
+    assert driver.phase == "AccuracyGate"
+    driver.world.finish_job("accuracy", gate_output("Pass", recovery=1.0, canaryScore=0.9, baselineScore=0.9))
+    driver.tick(10)
+    [canary] = driver.world.deployments.values()
+    assert canary["spec"]["router"]["route"] == {"group": "llama", "weight": 1}
+    driver.world.canary_up()
+    driver.tick(10)
+    assert driver.phase == "LatencyAnalysis" and "routing group llama" in (driver.policy.status.message or "")
+    _member(driver, "llama-fp8-canary-g1")
+    for _ in range(4):
+        driver.tick(10)
+    assert driver.phase == "Promoted", driver.reasons()
+    assert driver.world.target is not None and "--kv-cache-dtype fp8" in _additional(driver.world.target)
+    assert driver.world.target["spec"]["template"]["containers"][0]["image"] != TARGET_IMAGE
+    assert driver.world.deployments == {}
+    assert driver.policy.status.canary is not None
+    assert driver.policy.status.canary.parallelism == Parallelism(tensor=4)
+
+
+def test_an_llminferenceservice_whose_canary_fails_the_accuracy_gate_is_left_as_it_was() -> None:
+    driver = isvc_driver()
+    driver.tick()
+    driver.world.canary_up()
+    driver.tick()
+    driver.world.finish_job("accuracy", gate_output("Fail", recovery=0.4, canaryScore=0.36, baselineScore=0.9))
+    for _ in range(3):
+        driver.tick(10)
+    assert driver.phase == "RolledBack"
+    assert driver.world.target == target_llminferenceservice() and driver.world.target_patches == 0
+    actions = [action for result in driver.results for action in result.actions if action.kind == ISVC.object_kind]
+    assert [type(action) for action in actions[-2:]] == [Patch, Delete], "weight 0, then deleted"
+    assert driver.world.deployments == {}
