@@ -47,6 +47,10 @@ class Reason(StrEnum):
     RECOVERY_ABOVE_MINIMUM = "RecoveryAboveMinimum"
     RECOVERY_BELOW_MINIMUM = "RecoveryBelowMinimum"
     TRAFFIC_JOINED = "TrafficJoined"
+    TRAFFIC_SHIFTED = "TrafficShifted"  # traffic InferencePool: the route sends the canary's pool this step's share
+    SHIFTING_TRAFFIC = "ShiftingTraffic"  # the route's weights or the canary's pool are being written
+    TRAFFIC_RESTORED = "TrafficRestored"  # the route's rules are as the user wrote them again, the canary pool gone
+    ROUTE_CHANGE_ADVISED = "RouteChangeAdvised"  # applyMode Advisory: the route patch is published, not applied
     LATENCY_ANALYSIS_STARTED = "LatencyAnalysisStarted"
     LATENCY_GATE_DISABLED = "LatencyGateDisabled"
     LATENCY_GATE_PASSED = "LatencyGatePassed"
@@ -96,6 +100,7 @@ class DecisionReason(StrEnum):
     LATENCY_BREACH = "LatencyBreach"
     LATENCY_INCONCLUSIVE = "LatencyInconclusive"
     LATENCY_PROBE_TIMEOUT = "LatencyProbeTimeout"
+    TRAFFIC_ROUTE_UNUSABLE = "TrafficRouteUnusable"  # the HTTPRoute or the baseline InferencePool cannot carry it
 
 
 class PlanCode(StrEnum):

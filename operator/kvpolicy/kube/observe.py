@@ -13,9 +13,21 @@ from kvpolicy.analysis.prometheus import DEFAULT_SELECTOR_TEMPLATE, PrometheusPr
 from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.api.reasons import AnalysisReason
-from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, GpuFacts, KVPolicy, LatencyProvider, Phase
+from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, GpuFacts, KVPolicy, LatencyProvider, Phase, Traffic
 from kvpolicy.credentials import Credentials
-from kvpolicy.kube.api import DEPLOYMENTS, JOBS, KVPOLICIES, NODES, PODS, SERVICES, KubeApi, label_selector
+from kvpolicy.kube.api import (
+    DEPLOYMENTS,
+    HTTP_ROUTES,
+    INFERENCE_POOLS,
+    JOBS,
+    KVPOLICIES,
+    NODES,
+    PODS,
+    SERVICES,
+    ApiError,
+    KubeApi,
+    label_selector,
+)
 from kvpolicy.kube.references import ReferenceReader, prometheus_credentials
 from kvpolicy.planning.gpu import PRESENT_LABEL, gpu_facts, required_affinity_admits
 from kvpolicy.rollout import builders as b
@@ -249,8 +261,9 @@ class Observer:
         if target is not None and (phase == Phase.PLANNING or phase in REPLAN_PHASES):
             listed = await self.api.list_objects(NODES, None, label_selector(gpu_node_selector(policy, target)))
             gpu = pool_gpu_facts(policy, target, listed)
+        route, pools = await self._traffic_objects(policy, phase)
         if phase == Phase.PLANNING or phase in TERMINAL_PHASES:  # decided: the target's drift; HeldBF16: the GPUs too
-            return Observations(now=now, target=target, gpu=gpu)
+            return Observations(now=now, target=target, gpu=gpu, route=route, pools=pools)
 
         needs = PHASE_NEEDS.get(phase, frozenset())
         by_policy = label_selector(b.policy_labels(name))
@@ -280,7 +293,28 @@ class Observer:
             canary_pods=canary_pods,
             services=services,
             jobs=jobs,
+            route=route,
+            pools=pools,
         )
+
+    async def _traffic_objects(self, policy: KVPolicy, phase: Phase) -> tuple[Obj | None, dict[str, Obj]]:
+        """traffic InferencePool: the route and the namespace's InferencePools, while the rollout shifts the route or
+        has an edit of it to put back (in any phase: a restart puts it back before anything else)."""
+        routing = policy.spec.rollout.inference_pool
+        shifting = policy.spec.rollout.traffic == Traffic.INFERENCE_POOL and phase == Phase.LATENCY_ANALYSIS
+        recorded = policy.status.traffic
+        if not shifting and recorded is None:
+            return None, {}
+        namespace = str(policy.metadata.get("namespace", ""))
+        name = recorded.route if recorded is not None else routing.http_route if routing is not None else None
+        route = await self.api.get(HTTP_ROUTES, namespace, name) if name else None
+        try:
+            listed = await self.api.list_objects(INFERENCE_POOLS, namespace)
+        except ApiError as error:
+            if error.code != 404:  # 404: the InferencePool CRD is not installed: there are none
+                raise
+            listed = []
+        return route, {pool["metadata"]["name"]: pool for pool in live(listed)}
 
     async def _checks(
         self, policy: KVPolicy, target: Obj, canary_pods: Sequence[PodView], now: datetime

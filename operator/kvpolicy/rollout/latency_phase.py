@@ -1,5 +1,6 @@
-"""The LatencyAnalysis phase: join the traffic (ReplicaRatio), then judge the canary's latency from live metrics
-checks or from the synthetic latency probe Job, and promote after the bake."""
+"""The LatencyAnalysis phase: join the traffic (ReplicaRatio) or shift the route to the step's weight
+(InferencePool, traffic_router.py), then judge the canary's latency from live metrics checks or from the synthetic
+latency probe Job, and promote after the bake (InferencePool: after the last step's)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from kvpolicy.api.v1alpha1 import (
     VerdictKind,
 )
 from kvpolicy.rollout import builders as b
+from kvpolicy.rollout import traffic_router
 from kvpolicy.rollout.job_gates import LATENCY_PROBE, Then
 from kvpolicy.rollout.rules import latency_gate_config
 from kvpolicy.rollout.step_types import Kind, Patch, parse_timestamp, timestamp
@@ -41,7 +43,13 @@ def _passed(t: Tick, reason: str, message: str) -> None:
         return
     t.condition(GATE, ConditionStatus.TRUE, reason, message)
     t.event("Normal", Reason.LATENCY_GATE_PASSED, message)
-    advance(t)
+    _step_passed(t)
+
+
+def _step_passed(t: Tick) -> None:
+    """The analysis passed at this share of the traffic: the next step's share (InferencePool), else promotion."""
+    if not traffic_router.next_step(t):
+        advance(t)
 
 
 def _inconclusive(t: Tick, reason: str, message: str) -> None:
@@ -129,7 +137,7 @@ def _live(t: Tick) -> None:
         if outcome.action == AnalysisAction.PROMOTE:
             t.condition(GATE, ConditionStatus.TRUE, outcome.reason, outcome.message)
             t.event("Normal", Reason.LATENCY_GATE_PASSED, outcome.message)
-            advance(t)
+            _step_passed(t)
             return
         if outcome.action == AnalysisAction.ROLLBACK:
             t.condition(GATE, ConditionStatus.FALSE, outcome.reason, outcome.message)
@@ -157,6 +165,7 @@ def latency_analysis(t: Tick) -> None:
     latency = t.status.latency
     assert target is not None and latency is not None
     joining = t.spec.rollout.traffic == Traffic.REPLICA_RATIO
+    routed = t.spec.rollout.traffic == Traffic.INFERENCE_POOL
     if latency.started_at is None:
         canary = t.observed_canary
         if joining and canary is not None and not b.is_joined(canary, target):
@@ -166,11 +175,13 @@ def latency_analysis(t: Tick) -> None:
         if canary is None or t.ready_canary_pods(joined=joining) < t.spec.rollout.canary_replicas:
             deadline_rollback(t, watch_capacity(t), f"canary {t.canary.deployment} (joining traffic)")
             return
+        if routed and not traffic_router.shifted(t):
+            return
         latency.started_at = timestamp(t.now)
         if joining:
             joined = f"canary {t.canary.deployment} now serves a share of the users' traffic"
             t.event("Normal", Reason.TRAFFIC_JOINED, joined)
-        else:
+        elif not routed:  # a routed canary's TrafficShifted event said where the traffic goes
             t.event(
                 "Normal",
                 Reason.LATENCY_ANALYSIS_STARTED,
@@ -178,7 +189,7 @@ def latency_analysis(t: Tick) -> None:
             )
     if not LATENCY_PROBE.runs(t.spec, t.plan):
         _passed(t, Reason.LATENCY_GATE_DISABLED, "gates.latency is disabled")
-    elif joining:
+    elif joining or routed:
         _live(t)
     else:
         _synthetic(t)

@@ -32,7 +32,7 @@ from kvpolicy.api.v1alpha1 import (
 from kvpolicy.planning.gpu import planning_change
 from kvpolicy.planning.planner import bf16_cause, plan
 from kvpolicy.rollout import builders as b
-from kvpolicy.rollout import drift
+from kvpolicy.rollout import drift, traffic_router
 from kvpolicy.rollout.gate_phase import job_gate_phase
 from kvpolicy.rollout.job_gates import PHASE_GATES, JobGate
 from kvpolicy.rollout.latency_phase import latency_analysis
@@ -274,8 +274,9 @@ def _still_gated(t: Tick) -> bool:
 
 
 def _remove_children(t: Tick) -> bool:
-    """Delete the canary, its Services and any gate Job still running; True when nothing is left."""
-    gone = True
+    """Put the user's route back (traffic InferencePool), then delete the canary, its pool, its Services and any gate
+    Job still running; True when nothing is left."""
+    gone = traffic_router.release(t)
     if t.obs.canary is not None:
         t.add(Delete(Kind.DEPLOYMENT, t.obs.canary["metadata"]["name"]))
         gone = False

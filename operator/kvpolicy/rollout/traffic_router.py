@@ -1,0 +1,122 @@
+"""traffic InferencePool, the phase logic: shift the user's HTTPRoute to each step's weight, go on to the next step
+after a step's analysis passed, and put the route back when the rollout ends (promotion, rollback, restart).
+
+Where the route is, and which step it is at, lives in `status.traffic`, so an operator that restarts picks the rollout
+up at the weight it had reached. applyMode Advisory publishes the forward steps' route patches (status.traffic.advice
+and an event) instead of writing them; putting the route back as the user wrote it is written in both modes, since a
+route left sending users to a canary that is being removed fails their requests (and, for a GitOps repository that
+holds the route as written, it is the route back in sync).
+"""
+
+from __future__ import annotations
+
+import json
+
+from kvpolicy.api.reasons import DecisionReason, Reason
+from kvpolicy.api.v1alpha1 import ConditionStatus, ConditionType, LatencyAnalysis, TrafficStatus
+from kvpolicy.rollout.step_types import Create, Kind, Patch, timestamp
+from kvpolicy.rollout.tick import Tick, rollback
+from kvpolicy.rollout.traffic_routes import RouteShapeError, canary_pool, original_rules, restore_actions, route_patch
+
+TRAFFIC = ConditionType.TRAFFIC_ROUTED
+
+
+def _unusable(t: Tick, message: str) -> None:
+    """The route cannot carry the canary; once progressDeadlineSeconds have passed, roll back (the route is fixed by
+    someone else, or never)."""
+    if t.condition(TRAFFIC, ConditionStatus.FALSE, DecisionReason.TRAFFIC_ROUTE_UNUSABLE, message):
+        t.event("Warning", DecisionReason.TRAFFIC_ROUTE_UNUSABLE, message)
+    if t.phase_age() > t.spec.rollout.progress_deadline_seconds:
+        rollback(t, DecisionReason.TRAFFIC_ROUTE_UNUSABLE, message)
+    else:
+        t.status.message = message
+
+
+def shifted(t: Tick) -> bool:
+    """Make the route send the canary this step's share (creating the canary's pool first); True once the route is
+    observed there. Advisory: publish the route's patch and wait for it to be applied."""
+    spec = t.spec.rollout.inference_pool
+    assert spec is not None
+    baseline = t.obs.pools.get(spec.pool)
+    if baseline is None:
+        _unusable(t, f"InferencePool {spec.pool} (rollout.inferencePool.pool) not found")
+        return False
+    traffic = t.status.traffic
+    if traffic is not None and traffic.canary_pool != t.canary.deployment and not release(t):
+        return False  # an earlier rollout's edit (a restart that could not observe the route): put it back first
+    traffic = t.status.traffic
+    if traffic is None or traffic.original is None:
+        try:
+            records = original_rules(t.obs.route, spec, t.ref.namespace)
+        except RouteShapeError as error:
+            _unusable(t, str(error))
+            return False
+        # Recorded (and persisted with this step's status) before the route is touched by the next step.
+        name = t.canary.deployment
+        t.status.traffic = TrafficStatus(route=spec.http_route, pool=spec.pool, canary_pool=name, original=records)
+        t.requeue = 0
+        return False
+    weight = sorted(spec.steps)[traffic.step]
+    traffic.weight = weight
+    if traffic.canary_pool not in t.obs.pools:
+        t.add(Create(Kind.INFERENCE_POOL, canary_pool(t.ref, traffic.canary_pool, baseline)))
+    if t.obs.route is None:
+        _unusable(t, f"HTTPRoute {spec.http_route} not found")
+        return False
+    ops = route_patch(t.obs.route, traffic.original, traffic.canary_pool, weight)
+    where = (
+        f"HTTPRoute {traffic.route}: {weight}% to InferencePool {traffic.canary_pool}, {100 - weight}% to {spec.pool}"
+    )
+    if ops and t.advisory:
+        advice = json.dumps(ops, separators=(",", ":"))
+        if traffic.advice != advice:
+            traffic.advice = advice
+            t.event(
+                "Normal",
+                Reason.ROUTE_CHANGE_ADVISED,
+                f"applyMode Advisory: apply to {where} (also in status.traffic.advice): "
+                f"kubectl patch httproute {traffic.route} --type json -p '{advice}'",
+            )
+        t.condition(TRAFFIC, ConditionStatus.UNKNOWN, Reason.ROUTE_CHANGE_ADVISED, f"waiting for {where}")
+        t.requeue = t.config.poll_seconds
+        return False
+    if ops or traffic.canary_pool not in t.obs.pools:
+        if ops and traffic.canary_pool in t.obs.pools:  # the pool first: a route naming a missing pool fails requests
+            t.add(Patch(Kind.HTTP_ROUTE, traffic.route, ops, patch_type="json"))
+        t.condition(TRAFFIC, ConditionStatus.UNKNOWN, Reason.SHIFTING_TRAFFIC, f"shifting to {where}")
+        t.status.message = f"shifting to {where}"
+        t.requeue = 0  # observe the write at once
+        return False
+    traffic.advice = None
+    traffic.shifted_at = timestamp(t.now)
+    step = f"step {traffic.step + 1} of {len(spec.steps)}"
+    t.condition(TRAFFIC, ConditionStatus.TRUE, Reason.TRAFFIC_SHIFTED, f"{where} ({step})")
+    t.event("Normal", Reason.TRAFFIC_SHIFTED, f"{where} ({step})")
+    return True
+
+
+def next_step(t: Tick) -> bool:
+    """After a step's analysis passed: go on to the next step's weight (True), or False after the last one."""
+    spec = t.spec.rollout.inference_pool
+    traffic = t.status.traffic
+    if spec is None or traffic is None or traffic.step + 1 >= len(spec.steps):
+        return False
+    traffic.step += 1
+    traffic.shifted_at = None
+    t.status.latency = LatencyAnalysis()
+    t.requeue = 0
+    return True
+
+
+def release(t: Tick) -> bool:
+    """Restore the route and remove the canary's pool (promotion, rollback); True when both are done."""
+    actions, done = restore_actions(t.status, t.obs)
+    for action in actions:
+        t.add(action)
+    if done and t.status.traffic is not None:
+        traffic = t.status.traffic
+        restored = f"HTTPRoute {traffic.route} is as written again; InferencePool {traffic.canary_pool} removed"
+        t.condition(TRAFFIC, ConditionStatus.FALSE, Reason.TRAFFIC_RESTORED, restored)
+        t.event("Normal", Reason.TRAFFIC_RESTORED, restored)
+        t.status.traffic = None
+    return done

@@ -1,0 +1,119 @@
+"""traffic InferencePool, as data: the canary's own InferencePool, and the weights of the user's HTTPRoute.
+
+The route is the user's. Unlike a router that owns its route (Flagger's Gateway API router writes the whole spec), the
+rollout touches only the backendRefs of the rules that send traffic to the baseline pool: an RFC 6902 patch whose
+`test` op holds each such list as it was observed (an edit made since fails the patch; the step observes again),
+after recording the lists as they were before the first edit, so that the end of the rollout (promotion, rollback,
+a restart) puts them back exactly as written. Weights are percentages of the rule: the baseline's ref gets 100 - w,
+the canary pool's ref w. The phase logic that uses these is traffic_router.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvpolicy.api.v1alpha1 import InferencePoolTraffic, KVPolicyStatus, RouteRuleRecord
+from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.step_types import Action, Delete, Kind, Obj, Observations, Patch
+
+INFERENCE_GROUP = "inference.networking.k8s.io"
+POOL_KIND = "InferencePool"
+
+
+class RouteShapeError(ValueError):
+    """The route cannot carry the rollout: it does not exist, sends nothing to the pool, or splits a rule that does
+    between the pool and other backends (a share of the pool's share is not a weight the route can say)."""
+
+
+def _names_pool(ref: Mapping[str, Any], pool: str, namespace: str) -> bool:
+    return (
+        ref.get("group") == INFERENCE_GROUP
+        and ref.get("kind") == POOL_KIND
+        and ref.get("name") == pool
+        and ref.get("namespace", namespace) == namespace
+    )
+
+
+def _rules(route: Mapping[str, Any]) -> list[Obj]:
+    rules: list[Obj] = (route.get("spec") or {}).get("rules") or []
+    return rules
+
+
+def original_rules(route: Obj | None, spec: InferencePoolTraffic, namespace: str) -> list[RouteRuleRecord]:
+    """The rules of the route that send traffic to the baseline pool, as they are (before any edit)."""
+    if route is None:
+        raise RouteShapeError(f"HTTPRoute {spec.http_route} not found")
+    records = []
+    for index, rule in enumerate(_rules(route)):
+        refs = list(rule.get("backendRefs") or [])
+        if not any(_names_pool(ref, spec.pool, namespace) for ref in refs):
+            continue
+        if len(refs) != 1:
+            raise RouteShapeError(
+                f"HTTPRoute {spec.http_route} rule {index} sends traffic to InferencePool {spec.pool} and to "
+                f"{len(refs) - 1} other backend(s): the rollout needs rules whose only backend is the pool"
+            )
+        records.append(RouteRuleRecord(rule=index, backend_refs=refs))
+    if not records:
+        raise RouteShapeError(f"HTTPRoute {spec.http_route} has no rule sending traffic to InferencePool {spec.pool}")
+    return records
+
+
+def weighted_refs(original: Sequence[Mapping[str, Any]], canary_pool: str, weight: int) -> list[Obj]:
+    """A rule's backendRefs with the canary pool at `weight` percent; at 0, the refs exactly as they were."""
+    if weight == 0:
+        return [dict(ref) for ref in original]
+    baseline = {**original[0], "weight": 100 - weight}
+    return [baseline, {"group": INFERENCE_GROUP, "kind": POOL_KIND, "name": canary_pool, "weight": weight}]
+
+
+def route_patch(route: Obj, records: Sequence[RouteRuleRecord], canary_pool: str, weight: int) -> list[Obj]:
+    """The JSON patch taking each recorded rule to `weight` (0: as it was); empty when the route is there already.
+    Each replaced list is tested first as observed."""
+    rules = _rules(route)
+    ops: list[Obj] = []
+    for record in records:
+        if record.rule >= len(rules):
+            continue  # the rule is gone: nothing of ours is left in it
+        current = rules[record.rule].get("backendRefs") or []
+        desired = weighted_refs(record.backend_refs, canary_pool, weight)
+        if current != desired:
+            path = f"/spec/rules/{record.rule}/backendRefs"
+            ops += [{"op": "test", "path": path, "value": current}, {"op": "replace", "path": path, "value": desired}]
+    return ops
+
+
+def canary_pool(policy: b.PolicyRef, name: str, baseline: Mapping[str, Any]) -> Obj:
+    """An InferencePool selecting only the canary's pods (their own labels: the canary carries none of the target's),
+    with the baseline pool's target ports and protocol. No endpoint picker: the gateway balances the pool's
+    endpoints itself (endpointPickerRef is optional from GIE v1.6.0)."""
+    spec = baseline.get("spec") or {}
+    pool_spec: Obj = {
+        "selector": {"matchLabels": {**b.policy_labels(policy.name), b.CANARY_LABEL: name}},
+        "targetPorts": spec.get("targetPorts") or [{"number": b.DEFAULT_SERVING_PORT}],
+    }
+    if "appProtocol" in spec:
+        pool_spec["appProtocol"] = spec["appProtocol"]
+    return {
+        "apiVersion": f"{INFERENCE_GROUP}/v1",
+        "kind": POOL_KIND,
+        "metadata": policy.metadata(name, b.ROLE_CANARY, {b.CANARY_LABEL: name}),
+        "spec": pool_spec,
+    }
+
+
+def restore_actions(status: KVPolicyStatus, obs: Observations) -> tuple[list[Action], bool]:
+    """What puts the route back as written and removes the canary's pool; True when nothing is left to do. The route
+    is restored before the pool goes (a route naming a missing pool fails the requests sent to it)."""
+    traffic = status.traffic
+    if traffic is None:
+        return [], True
+    actions: list[Action] = []
+    if obs.route is not None and traffic.original:
+        ops = route_patch(obs.route, traffic.original, traffic.canary_pool, 0)
+        if ops:
+            actions.append(Patch(Kind.HTTP_ROUTE, traffic.route, ops, patch_type="json"))
+    if traffic.canary_pool in obs.pools:
+        actions.append(Delete(Kind.INFERENCE_POOL, traffic.canary_pool))
+    return actions, not actions

@@ -1,0 +1,217 @@
+"""traffic InferencePool on the pure step: the canary's own pool, the user's HTTPRoute stepped through the weights with
+an analysis at each, put back exactly as written on promotion, rollback and restart, the Advisory route patch, and a
+step resumed from the status alone."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from datetime import datetime
+from typing import Any
+
+import jsonpatch
+import pytest
+from kvpolicy.analysis.model import VerdictKind
+from kvpolicy.rollout.step_types import Create, Delete, Kind, Observations, Patch, StepResult
+from kvpolicy.rollout.traffic_routes import RouteShapeError, original_rules, route_patch, weighted_refs
+from operator_helpers import Driver, World, make_policy, run_to_canary, verdict
+
+POOL_REF = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llama", "weight": 1}
+ROUTED = {
+    "gates.accuracy.enabled": False,
+    "gates.latency.enabled": True,
+    "rollout.traffic": "InferencePool",
+    "rollout.inferencePool": {"httpRoute": "llm", "pool": "llama", "steps": [50, 10]},
+    "rollout.bakeSeconds": 0,
+}
+
+
+def user_route() -> dict[str, Any]:
+    """A route as a user of the GIE guides writes it, with a second rule that sends elsewhere."""
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": "llm", "namespace": "default"},
+        "spec": {
+            "parentRefs": [{"name": "inference-gateway"}],
+            "rules": [
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/health"}}],
+                 "backendRefs": [{"group": "", "kind": "Service", "name": "status", "port": 80, "weight": 1}]},
+                {"backendRefs": [dict(POOL_REF)], "timeouts": {"request": "300s"}},
+            ],
+        },
+    }  # fmt: skip
+
+
+def baseline_pool() -> dict[str, Any]:
+    return {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": "llama", "namespace": "default"},
+        "spec": {"selector": {"matchLabels": {"app": "llama"}}, "targetPorts": [{"number": 8000}]},
+    }
+
+
+@dataclasses.dataclass
+class RoutedWorld(World):
+    route: dict[str, Any] | None = dataclasses.field(default_factory=user_route)
+    pools: dict[str, dict[str, Any]] = dataclasses.field(default_factory=lambda: {"llama": baseline_pool()})
+    route_writes: int = 0
+
+    def apply(self, result: StepResult) -> None:
+        rest = []
+        for action in result.actions:
+            if action.kind == Kind.HTTP_ROUTE:
+                assert isinstance(action, Patch) and action.patch_type == "json" and self.route is not None
+                self.route = jsonpatch.apply_patch(self.route, action.patch)  # a failed `test` raises
+                self.route_writes += 1
+            elif action.kind == Kind.INFERENCE_POOL and isinstance(action, Create):
+                self.pools.setdefault(action.name, copy.deepcopy(action.body))
+            elif action.kind == Kind.INFERENCE_POOL and isinstance(action, Delete):
+                self.pools.pop(action.name, None)
+            else:
+                rest.append(action)
+        super().apply(dataclasses.replace(result, actions=tuple(rest)))
+
+    def observe(self, now: datetime, phase: str | None = None, **extra: Any) -> Observations:
+        return super().observe(now, phase, route=copy.deepcopy(self.route), pools=copy.deepcopy(self.pools), **extra)
+
+
+def weights(world: RoutedWorld) -> list[tuple[str, int]]:
+    assert world.route is not None
+    refs = world.route["spec"]["rules"][1]["backendRefs"]
+    return [(ref["name"], ref["weight"]) for ref in refs]
+
+
+def routed(**spec: Any) -> tuple[Driver, RoutedWorld, str]:
+    """A routed rollout whose canary is up, at the first step's weight: the driver, its world, the canary's name."""
+    world = RoutedWorld()
+    driver = Driver(make_policy(**{**ROUTED, **spec}), world=world)
+    run_to_canary(driver)
+    driver.tick()
+    assert driver.phase == "LatencyAnalysis"
+    driver.tick()
+    assert driver.policy.status.canary is not None
+    return driver, world, driver.policy.status.canary.deployment
+
+
+def test_the_canary_gets_a_pool_of_its_own_and_the_route_the_first_steps_share() -> None:
+    driver, world, canary = routed()
+    pool = world.pools[canary]
+    # Only the canary's pods: its own labels, none of the target's (the baseline pool must not select them).
+    assert pool["spec"]["selector"]["matchLabels"] == {
+        "kvpolicy.dev/policy": "llama-fp8",
+        "kvpolicy.dev/canary": canary,
+    }
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}]
+    assert "endpointPickerRef" not in pool["spec"]
+    assert weights(world) == [("llama", 90), (canary, 10)], "steps are taken in ascending order"
+    assert world.route is not None
+    assert world.route["spec"]["rules"][0] == user_route()["spec"]["rules"][0], "other rules are not touched"
+    assert driver.condition("TrafficRouted") == ("True", "TrafficShifted")
+    assert driver.policy.status.latency is not None and driver.policy.status.latency.started_at is not None
+    traffic = driver.policy.status.traffic
+    assert traffic is not None and (traffic.step, traffic.weight) == (0, 10)
+    assert "TrafficShifted" in driver.reasons()
+
+
+def test_each_step_is_analysed_then_promotion_puts_the_route_back_exactly() -> None:
+    driver, world, canary = routed()
+    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    assert driver.phase == "LatencyAnalysis"
+    assert weights(world) == [("llama", 50), (canary, 50)]
+    assert driver.policy.status.traffic is not None and driver.policy.status.traffic.step == 1
+    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    for _ in range(3):
+        driver.tick()
+    assert driver.phase == "Promoted", driver.policy.status.message
+    assert world.route == user_route(), "the route is exactly as the user wrote it"
+    assert canary not in world.pools and "llama" in world.pools
+    assert driver.policy.status.traffic is None
+    assert driver.condition("TrafficRouted") == ("False", "TrafficRestored")
+
+
+def test_a_breach_rolls_back_and_the_route_is_as_written_before_the_canary_goes() -> None:
+    driver, world, _ = routed(**{"gates.latency.consecutiveFailureLimit": 1})
+    driver.tick(60, latency_verdict=verdict(VerdictKind.BREACH))
+    assert driver.phase in ("RollingBack", "RolledBack")
+    for _ in range(3):
+        driver.tick()
+    assert driver.phase == "RolledBack"
+    assert world.route == user_route()
+    assert set(world.pools) == {"llama"}
+    rollback = [result for result in driver.results if any(a.kind == Kind.HTTP_ROUTE for a in result.actions)][-1]
+    kinds = [action.kind for action in rollback.actions]
+    assert kinds.index(Kind.HTTP_ROUTE) < kinds.index(Kind.DEPLOYMENT), "the route is restored before the canary goes"
+
+
+def test_a_spec_edit_mid_rollout_puts_the_route_back_first() -> None:
+    driver, world, _ = routed()
+    driver.edit({"rollout.bakeSeconds": 30})
+    result = driver.tick()
+    assert [a.kind for a in result.actions][:2] == [Kind.HTTP_ROUTE, Kind.INFERENCE_POOL]
+    assert world.route == user_route()
+
+
+def test_an_operator_restart_resumes_at_the_weight_it_had_reached() -> None:
+    driver, world, _ = routed()
+    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    writes = world.route_writes
+    # A new operator has only the status: the next passes write nothing to the route and keep analysing step 2.
+    resumed = Driver(make_policy(**ROUTED, status=driver.policy.status.to_k8s()), world=world, now=driver.now)
+    resumed.tick(1)
+    resumed.tick(1)
+    assert world.route_writes == writes
+    traffic = resumed.policy.status.traffic
+    assert traffic is not None and (traffic.step, traffic.weight) == (1, 50)
+
+
+def test_advisory_publishes_the_route_patch_and_waits_for_it() -> None:
+    driver, world, canary = routed(**{"rollout.applyMode": "Advisory"})
+    assert world.route == user_route(), "Advisory never writes the forward steps"
+    traffic = driver.policy.status.traffic
+    assert traffic is not None and traffic.advice is not None
+    assert driver.condition("TrafficRouted") == ("Unknown", "RouteChangeAdvised")
+    assert "kubectl patch httproute llm --type json" in driver.policy.status.message
+    assert canary in world.pools, "the canary's pool is the operator's own"
+    world.route = jsonpatch.apply_patch(world.route, json.loads(traffic.advice))  # what a GitOps sync applies
+    driver.tick()
+    assert driver.condition("TrafficRouted") == ("True", "TrafficShifted")
+
+
+def test_a_route_the_rollout_cannot_use_rolls_back_after_the_progress_deadline() -> None:
+    driver = Driver(make_policy(**ROUTED), world=RoutedWorld(route=None))
+    run_to_canary(driver)
+    driver.tick()
+    assert driver.phase == "LatencyAnalysis"
+    assert driver.condition("TrafficRouted") == ("False", "TrafficRouteUnusable")
+    driver.tick(2000)
+    for _ in range(3):
+        driver.tick()
+    assert driver.phase == "RolledBack"
+    assert driver.policy.status.decision is not None
+    assert driver.policy.status.decision.reason == "TrafficRouteUnusable"
+
+
+def test_rules_that_split_the_pool_with_other_backends_are_refused_by_name() -> None:
+    route = user_route()
+    route["spec"]["rules"][1]["backendRefs"].append({"name": "other", "port": 80, "weight": 1})
+    spec = make_policy(**ROUTED).spec.rollout.inference_pool
+    assert spec is not None
+    with pytest.raises(RouteShapeError, match="rule 1 sends traffic to InferencePool llama and to 1 other backend"):
+        original_rules(route, spec, "default")
+
+
+def test_the_route_patch_tests_what_it_replaces_and_is_empty_when_there() -> None:
+    route = user_route()
+    spec = make_policy(**ROUTED).spec.rollout.inference_pool
+    assert spec is not None
+    records = original_rules(route, spec, "default")
+    ops = route_patch(route, records, "llama-canary", 10)
+    assert ops[0] == {"op": "test", "path": "/spec/rules/1/backendRefs", "value": [POOL_REF]}
+    assert ops[1]["op"] == "replace"
+    shifted = jsonpatch.apply_patch(route, ops)
+    assert route_patch(shifted, records, "llama-canary", 10) == []
+    assert jsonpatch.apply_patch(shifted, route_patch(shifted, records, "llama-canary", 0)) == route
+    assert weighted_refs([POOL_REF], "c", 0) == [POOL_REF]
