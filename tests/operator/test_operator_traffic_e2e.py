@@ -138,3 +138,17 @@ def test_an_operator_stopped_mid_step_resumes_at_the_weight_it_had_reached(
     route_writes = [record for record in devcluster.writes()[stopped_at:] if record.resource == "httproutes"]
     assert len(route_writes) == 1, f"only the restore, no step written again: {route_writes}"
     assert route_spec(devcluster, ns) == written
+
+
+def test_deleting_the_policy_mid_rollout_puts_the_route_back(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory
+) -> None:
+    ns = devcluster_namespace
+    written = setup(devcluster, ns)
+    with route_users(devcluster, ns, "llm", MODEL), operator():
+        devcluster.create(routed_policy(ns, bake=60))
+        wait_until(lambda: canary_share(devcluster, ns) == 10, "the first step's weight", timeout=90)
+        devcluster.delete(*KVP, "llama-fp8", ns)
+        wait_until(lambda: devcluster.find(*KVP, "llama-fp8", ns) is None, "the policy's deletion", timeout=60)
+    assert route_spec(devcluster, ns) == written
+    assert {pool["metadata"]["name"] for pool in devcluster.list(*POOL_API, ns)} == {"llama"}

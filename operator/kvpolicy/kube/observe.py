@@ -237,6 +237,18 @@ class LatencyAnalyser:
             await provider.close()
 
 
+async def traffic_objects(api: KubeApi, namespace: str, route: str) -> tuple[Obj | None, dict[str, Obj]]:
+    """The HTTPRoute named `route` (None: not found) and the namespace's InferencePools by name."""
+    found = await api.get(HTTP_ROUTES, namespace, route) if route else None
+    try:
+        listed = await api.list_objects(INFERENCE_POOLS, namespace)
+    except ApiError as error:
+        if error.code != 404:  # 404: the InferencePool CRD is not installed: there are none
+            raise
+        listed = []
+    return found, {pool["metadata"]["name"]: pool for pool in live(listed)}
+
+
 @dataclass
 class Observer:
     api: KubeApi
@@ -305,16 +317,8 @@ class Observer:
         recorded = policy.status.traffic
         if not shifting and recorded is None:
             return None, {}
-        namespace = str(policy.metadata.get("namespace", ""))
-        name = recorded.route if recorded is not None else routing.http_route if routing is not None else None
-        route = await self.api.get(HTTP_ROUTES, namespace, name) if name else None
-        try:
-            listed = await self.api.list_objects(INFERENCE_POOLS, namespace)
-        except ApiError as error:
-            if error.code != 404:  # 404: the InferencePool CRD is not installed: there are none
-                raise
-            listed = []
-        return route, {pool["metadata"]["name"]: pool for pool in live(listed)}
+        name = recorded.route if recorded is not None else routing.http_route if routing is not None else ""
+        return await traffic_objects(self.api, str(policy.metadata.get("namespace", "")), name)
 
     async def _checks(
         self, policy: KVPolicy, target: Obj, canary_pods: Sequence[PodView], now: datetime

@@ -33,9 +33,17 @@ from kvpolicy.api.v1alpha1 import (
     PodTemplateRecord,
     TargetRef,
 )
-from kvpolicy.kube.api import DEPLOYMENTS, JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, label_selector
+from kvpolicy.kube.api import (
+    DEPLOYMENTS,
+    JOBS,
+    KVPOLICIES,
+    SERVICES,
+    ApiError,
+    KubeApi,
+    label_selector,
+)
 from kvpolicy.kube.executor import Rejected, apply_actions, post_events, write_status
-from kvpolicy.kube.observe import LatencyAnalyser, Observer
+from kvpolicy.kube.observe import LatencyAnalyser, Observer, traffic_objects
 from kvpolicy.notify import metrics
 from kvpolicy.notify.notifier import Notifier
 from kvpolicy.rollout import builders as b
@@ -44,6 +52,7 @@ from kvpolicy.rollout.job_gates import finished_gates
 from kvpolicy.rollout.rules import phase_deadline
 from kvpolicy.rollout.step import step
 from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult, parse_timestamp, timestamp
+from kvpolicy.rollout.traffic_routes import restore_actions
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -311,6 +320,11 @@ class Reconciler:
         meta = raw["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], str(meta.get("uid"))
         selector = label_selector(b.policy_labels(name))
+        status = _stored_status(raw)
+        if status.traffic is not None:  # the route first (no one may be sent to a canary being removed), its pool next
+            route, pools = await traffic_objects(self.api, namespace, status.traffic.route)
+            actions, _ = restore_actions(status, Observations(now=self.clock(), route=route, pools=pools))
+            await apply_actions(self.api, namespace, actions)
         for resource in (DEPLOYMENTS, SERVICES, JOBS):
             for child in await self.api.list_objects(resource, namespace, selector):
                 if any(ref.get("uid") == uid for ref in child["metadata"].get("ownerReferences") or []):
@@ -318,7 +332,7 @@ class Reconciler:
         self._phases.pop(uid, None)
         metrics.set_policies_by_phase(Counter(self._phases.values()))
         metrics.forget_policy(namespace, name)
-        target_ref, status = _stored_target_ref(raw), _stored_status(raw)
+        target_ref = _stored_target_ref(raw)
         if target_ref is None:
             return "its spec names no readable targetRef, so no target was touched"
         target = await self.api.get(DEPLOYMENTS, namespace, target_ref.name)
