@@ -152,3 +152,24 @@ def test_deleting_the_policy_mid_rollout_puts_the_route_back(
         wait_until(lambda: devcluster.find(*KVP, "llama-fp8", ns) is None, "the policy's deletion", timeout=60)
     assert route_spec(devcluster, ns) == written
     assert {pool["metadata"]["name"] for pool in devcluster.list(*POOL_API, ns)} == {"llama"}
+
+
+def test_replica_ratio_warns_when_an_inference_pool_selects_the_target(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory
+) -> None:
+    ns = devcluster_namespace
+    setup(devcluster, ns)
+    with operator():
+        devcluster.create(policy(ns, **{"gates.accuracy.enabled": False}))
+
+        def warned() -> dict[str, Any] | None:
+            found = devcluster.find(*KVP, "llama-fp8", ns) or {}
+            conditions = {c["type"]: c for c in found.get("status", {}).get("conditions", [])}
+            return conditions.get("ReplicaRatioHolds")
+
+        condition = wait_until(warned, "the ReplicaRatioHolds condition", timeout=60)
+        wait_decided(devcluster, ns)
+    assert (condition["status"], condition["reason"]) == ("False", "InferencePoolSelectsTarget")
+    events = [e for e in devcluster.list("v1", "Event", ns) if e["reason"] == "InferencePoolSelectsTarget"]
+    assert [e["type"] for e in events] == ["Warning"]
+    assert events[0]["message"].startswith("InferencePool llama selects the pods of llama")

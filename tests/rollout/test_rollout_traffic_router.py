@@ -215,3 +215,30 @@ def test_the_route_patch_tests_what_it_replaces_and_is_empty_when_there() -> Non
     assert route_patch(shifted, records, "llama-canary", 10) == []
     assert jsonpatch.apply_patch(shifted, route_patch(shifted, records, "llama-canary", 0)) == route
     assert weighted_refs([POOL_REF], "c", 0) == [POOL_REF]
+
+
+# ------------------------------------------------------------------------------------ ReplicaRatio behind a pool
+
+
+def test_replica_ratio_behind_a_pool_that_selects_the_target_is_warned_about_by_name() -> None:
+    world = RoutedWorld()
+    other = copy.deepcopy(baseline_pool())
+    other["metadata"]["name"] = "other"
+    other["spec"]["selector"]["matchLabels"] = {"app": "someone-else"}
+    world.pools["other"] = other
+    driver = Driver(make_policy(**{"gates.accuracy.enabled": False}), world=world)
+    driver.tick()
+    assert driver.condition("ReplicaRatioHolds") == ("False", "InferencePoolSelectsTarget")
+    [warning] = [e for r in driver.results for e in r.events if e.reason == "InferencePoolSelectsTarget"]
+    assert warning.type == "Warning"
+    assert warning.message.startswith("InferencePool llama selects the pods of llama:")
+    assert "other" not in warning.message.split(":")[0]
+    assert "rollout.traffic InferencePool" in warning.message
+
+
+def test_replica_ratio_without_a_selecting_pool_holds() -> None:
+    world = RoutedWorld(pools={})
+    driver = Driver(make_policy(**{"gates.accuracy.enabled": False}), world=world)
+    driver.tick()
+    assert driver.condition("ReplicaRatioHolds") == ("True", "NoInferencePool")
+    assert "InferencePoolSelectsTarget" not in driver.reasons()

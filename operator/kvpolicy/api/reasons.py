@@ -51,6 +51,8 @@ class Reason(StrEnum):
     SHIFTING_TRAFFIC = "ShiftingTraffic"  # the route's weights or the canary's pool are being written
     TRAFFIC_RESTORED = "TrafficRestored"  # the route's rules are as the user wrote them again, the canary pool gone
     ROUTE_CHANGE_ADVISED = "RouteChangeAdvised"  # applyMode Advisory: the route patch is published, not applied
+    INFERENCE_POOL_SELECTS_TARGET = "InferencePoolSelectsTarget"  # ReplicaRatio behind an EPP: the share is skewed
+    NO_INFERENCE_POOL = "NoInferencePool"  # ReplicaRatio: no InferencePool selects the target's pods
     LATENCY_ANALYSIS_STARTED = "LatencyAnalysisStarted"
     LATENCY_GATE_DISABLED = "LatencyGateDisabled"
     LATENCY_GATE_PASSED = "LatencyGatePassed"

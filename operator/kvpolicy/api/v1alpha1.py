@@ -281,6 +281,8 @@ class ConditionType(StrEnum):
     PAUSED = "Paused"
     DRIFTED = "Drifted"
     TRAFFIC_ROUTED = "TrafficRouted"  # traffic InferencePool: the route sends the canary the current step's share
+    # traffic ReplicaRatio: False when an InferencePool's endpoint picker, not the replica count, will set the share.
+    REPLICA_RATIO_HOLDS = "ReplicaRatioHolds"
 
 
 class ConditionStatus(StrEnum):

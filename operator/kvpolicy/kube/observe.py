@@ -311,11 +311,14 @@ class Observer:
 
     async def _traffic_objects(self, policy: KVPolicy, phase: Phase) -> tuple[Obj | None, dict[str, Obj]]:
         """traffic InferencePool: the route and the namespace's InferencePools, while the rollout shifts the route or
-        has an edit of it to put back (in any phase: a restart puts it back before anything else)."""
+        has an edit of it to put back (in any phase: a restart puts it back before anything else). ReplicaRatio: the
+        pools, while planning (one that selects the target's pods skews the canary's share)."""
         routing = policy.spec.rollout.inference_pool
-        shifting = policy.spec.rollout.traffic == Traffic.INFERENCE_POOL and phase == Phase.LATENCY_ANALYSIS
+        traffic = policy.spec.rollout.traffic
+        shifting = traffic == Traffic.INFERENCE_POOL and phase == Phase.LATENCY_ANALYSIS
+        skew_check = traffic == Traffic.REPLICA_RATIO and phase == Phase.PLANNING
         recorded = policy.status.traffic
-        if not shifting and recorded is None:
+        if not shifting and not skew_check and recorded is None:
             return None, {}
         name = recorded.route if recorded is not None else routing.http_route if routing is not None else ""
         return await traffic_objects(self.api, str(policy.metadata.get("namespace", "")), name)

@@ -96,6 +96,7 @@ def _planning(t: Tick) -> None:
         summary += f" with image {planned.image}"
     summary += f"; gates: {', '.join(planned.gates) or 'none'}"
     t.condition(ConditionType.PLANNED, ConditionStatus.TRUE, Reason.FP8_PLANNED, summary)
+    traffic_router.check_replica_ratio(t)
     run = t.status.rollout_run or 1
     name = b.canary_name(t.ref.name, t.generation, run)
     t.status.canary = CanaryRef(deployment=name, service=name, generation=t.generation, run=run)

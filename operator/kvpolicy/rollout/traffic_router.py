@@ -13,12 +13,21 @@ from __future__ import annotations
 import json
 
 from kvpolicy.api.reasons import DecisionReason, Reason
-from kvpolicy.api.v1alpha1 import ConditionStatus, ConditionType, LatencyAnalysis, TrafficStatus
+from kvpolicy.api.v1alpha1 import ConditionStatus, ConditionType, LatencyAnalysis, Traffic, TrafficStatus
+from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.step_types import Create, Kind, Patch, timestamp
 from kvpolicy.rollout.tick import Tick, rollback
-from kvpolicy.rollout.traffic_routes import RouteShapeError, canary_pool, original_rules, restore_actions, route_patch
+from kvpolicy.rollout.traffic_routes import (
+    RouteShapeError,
+    canary_pool,
+    original_rules,
+    pool_selects,
+    restore_actions,
+    route_patch,
+)
 
 TRAFFIC = ConditionType.TRAFFIC_ROUTED
+SKEW = ConditionType.REPLICA_RATIO_HOLDS
 
 
 def _unusable(t: Tick, message: str) -> None:
@@ -120,3 +129,24 @@ def release(t: Tick) -> bool:
         t.event("Normal", Reason.TRAFFIC_RESTORED, restored)
         t.status.traffic = None
     return done
+
+
+def check_replica_ratio(t: Tick) -> None:
+    """traffic ReplicaRatio: an InferencePool selecting the target's pods means an endpoint picker, not the replica
+    count, decides the canary's share once it joins; and an FP8-KV canary, with about twice the KV blocks, reports
+    about half the KV-cache usage and is sent more than its share. Say so by name, once per rollout."""
+    if t.spec.rollout.traffic != Traffic.REPLICA_RATIO or t.obs.target is None:
+        return
+    labels = b.template_labels(t.obs.target)
+    selecting = sorted(name for name, pool in t.obs.pools.items() if pool_selects(pool, labels))
+    if not selecting:
+        t.condition(SKEW, ConditionStatus.TRUE, Reason.NO_INFERENCE_POOL, "no InferencePool selects the target's pods")
+        return
+    message = (
+        f"InferencePool {', '.join(selecting)} selects the pods of {t.spec.target_ref.name}: once the canary joins, "
+        "its endpoint picker, not the replica ratio, sets the canary's share, and it scores pods by KV-cache usage, "
+        "which an FP8-KV canary (about twice the KV blocks) reports at about half: it will be sent more than its "
+        "share of the users. Use rollout.traffic InferencePool (a pool of its own and the HTTPRoute's weights)"
+    )
+    if t.condition(SKEW, ConditionStatus.FALSE, Reason.INFERENCE_POOL_SELECTS_TARGET, message):
+        t.event("Warning", Reason.INFERENCE_POOL_SELECTS_TARGET, message)

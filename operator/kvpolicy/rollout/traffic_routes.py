@@ -103,6 +103,12 @@ def canary_pool(policy: b.PolicyRef, name: str, baseline: Mapping[str, Any]) -> 
     }
 
 
+def pool_selects(pool: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether an InferencePool selects pods with these labels (its selector is matchLabels only)."""
+    selector = ((pool.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    return bool(selector) and all(labels.get(key) == value for key, value in selector.items())
+
+
 def restore_actions(status: KVPolicyStatus, obs: Observations) -> tuple[list[Action], bool]:
     """What puts the route back as written and removes the canary's pool; True when nothing is left to do. The route
     is restored before the pool goes (a route naming a missing pool fails the requests sent to it)."""
