@@ -145,3 +145,14 @@ def test_unresolved_quantiles_are_not_published_and_the_means_are() -> None:
     assert value(metrics, "kvpolicy_analysis_latency_ratio", **itl, quantile="0.5") is None
     assert value(metrics, "kvpolicy_analysis_latency_ratio", **itl, quantile="0.95") is None
     assert value(metrics, "kvpolicy_analysis_latency_ratio", **itl, quantile="mean") == pytest.approx(1.3)
+
+
+def test_the_canary_traffic_share_is_intended_and_measured_until_forgotten() -> None:
+    metrics = OperatorMetrics()
+    metrics.set_traffic_share("llm", "m", 0.1, 0.096)
+    assert value(metrics, "kvpolicy_canary_traffic_share_ratio", namespace="llm", policy="m", kind="intended") == 0.1
+    assert value(metrics, "kvpolicy_canary_traffic_share_ratio", namespace="llm", policy="m", kind="measured") == 0.096
+    metrics.set_traffic_share("llm", "m", 0.5, None)  # the next step, not measured yet
+    assert value(metrics, "kvpolicy_canary_traffic_share_ratio", namespace="llm", policy="m", kind="measured") is None
+    metrics.forget_policy("llm", "m")
+    assert value(metrics, "kvpolicy_canary_traffic_share_ratio", namespace="llm", policy="m", kind="intended") is None

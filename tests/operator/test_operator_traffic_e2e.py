@@ -16,6 +16,7 @@ from e2e_helpers import (
     event_reasons,
     policy,
     target,
+    users,
     wait_decided,
     wait_until,
 )
@@ -173,3 +174,26 @@ def test_replica_ratio_warns_when_an_inference_pool_selects_the_target(
     events = [e for e in devcluster.list("v1", "Event", ns) if e["reason"] == "InferencePoolSelectsTarget"]
     assert [e["type"] for e in events] == ["Warning"]
     assert events[0]["message"].startswith("InferencePool llama selects the pods of llama")
+
+
+def test_a_canary_the_gateway_never_sends_to_is_said_to_get_no_traffic_and_never_passes(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory
+) -> None:
+    ns = devcluster_namespace
+    setup(devcluster, ns)
+    # A data plane that ignores the route: every request goes to the target's pods (app=llama), none to the canary.
+    with users(devcluster, ns), operator():
+        devcluster.create(routed_policy(ns))
+
+        def share_condition() -> dict[str, Any] | None:
+            found = devcluster.find(*KVP, "llama-fp8", ns) or {}
+            conditions = {c["type"]: c for c in found.get("status", {}).get("conditions", [])}
+            condition = conditions.get("TrafficShareAsIntended")
+            return condition if condition and condition["status"] == "False" else None
+
+        condition = wait_until(share_condition, "the share condition", timeout=90)
+        status = devcluster.get(*KVP, "llama-fp8", ns)["status"]
+    assert condition["reason"] == "NoCanaryTraffic", condition
+    assert status["phase"] == "LatencyAnalysis" and status["latency"]["passes"] == 0
+    assert status["trafficShare"]["measuredPercent"] == 0 and status["trafficShare"]["intendedPercent"] == 10
+    assert "NoCanaryTraffic" in event_reasons(devcluster, ns)

@@ -53,6 +53,10 @@ class Reason(StrEnum):
     ROUTE_CHANGE_ADVISED = "RouteChangeAdvised"  # applyMode Advisory: the route patch is published, not applied
     INFERENCE_POOL_SELECTS_TARGET = "InferencePoolSelectsTarget"  # ReplicaRatio behind an EPP: the share is skewed
     NO_INFERENCE_POOL = "NoInferencePool"  # ReplicaRatio: no InferencePool selects the target's pods
+    SHARE_AS_INTENDED = "ShareAsIntended"  # the canary's measured share of the requests is near the intended one
+    TRAFFIC_SHARE_SKEWED = "TrafficShareSkewed"  # it is far from it (an endpoint picker, a stale route, ...)
+    NO_CANARY_TRAFFIC = "NoCanaryTraffic"  # the baseline served requests, the canary none
+    TOO_FEW_REQUESTS = "TooFewRequests"  # too few requests in the window to tell a share
     LATENCY_ANALYSIS_STARTED = "LatencyAnalysisStarted"
     LATENCY_GATE_DISABLED = "LatencyGateDisabled"
     LATENCY_GATE_PASSED = "LatencyGatePassed"

@@ -283,6 +283,8 @@ class ConditionType(StrEnum):
     TRAFFIC_ROUTED = "TrafficRouted"  # traffic InferencePool: the route sends the canary the current step's share
     # traffic ReplicaRatio: False when an InferencePool's endpoint picker, not the replica count, will set the share.
     REPLICA_RATIO_HOLDS = "ReplicaRatioHolds"
+    # ReplicaRatio and InferencePool: the canary's measured share of the requests is near the share it was meant to get.
+    TRAFFIC_SHARE_AS_INTENDED = "TrafficShareAsIntended"
 
 
 class ConditionStatus(StrEnum):
@@ -1271,6 +1273,20 @@ class TrafficStatus(_Model):
     )
 
 
+class TrafficShare(_Model):
+    """The canary's share of the requests, as intended and as its own and the baseline's counters measured it over
+    the latest analysis check's window (vllm:request_success_total)."""
+
+    intended_percent: float = Field(
+        description="The share the canary is meant to get (a step's weight, or its pods' share)."
+    )
+    measured_percent: float | None = Field(default=None, description="The share it got; unset with no requests at all.")
+    canary_requests: float = 0.0
+    baseline_requests: float = 0.0
+    window_seconds: float = 0.0
+    at: str
+
+
 class Decision(_Model):
     result: DecisionResult = Field(description="Promoted, RolledBack or HeldBF16.")
     reason: str
@@ -1335,6 +1351,9 @@ class KVPolicyStatus(_Model):
     advice: Advice | None = Field(default=None, description="Advisory mode: the change the target needs.")
     traffic: TrafficStatus | None = Field(
         default=None, description="traffic InferencePool: the route's weights the rollout set, and what it restores."
+    )
+    traffic_share: TrafficShare | None = Field(
+        default=None, description="The canary's share of the users' requests, intended and measured."
     )
 
 

@@ -92,6 +92,13 @@ class OperatorMetrics:
             ["metric", "quantile"],
             registry,
         )
+        self.traffic_share = _PolicyGauge(
+            "kvpolicy_canary_traffic_share_ratio",
+            "The canary's share of the users' requests (0-1): intended (a step's weight or its pods' share) and "
+            "measured from the servers' vllm:request_success_total over the latest analysis check's window.",
+            ["kind"],
+            registry,
+        )
         self.rollout_duration = Histogram(
             "kvpolicy_rollout_duration_seconds",
             "Time from a rollout's start to its final decision.",
@@ -190,6 +197,11 @@ class OperatorMetrics:
         for gauge in (self.latency_ratio, self.latency_max_ratio, self.latency_seconds):
             gauge.remove_policy(namespace, policy)
 
+    def set_traffic_share(self, namespace: str, policy: str, intended: float | None, measured: float | None) -> None:
+        """Publish the canary's intended and measured share (0-1); None removes a series (no canary serving)."""
+        self.traffic_share.set((namespace, policy, "intended"), intended)
+        self.traffic_share.set((namespace, policy, "measured"), measured)
+
     def observe_rollout_duration(self, seconds: float, result: str) -> None:
         self.rollout_duration.labels(result=result).observe(seconds)
 
@@ -203,7 +215,7 @@ class OperatorMetrics:
 
     def forget_policy(self, namespace: str, policy: str) -> None:
         """Drop every per-policy series of a deleted KVPolicy."""
-        for gauge in (self.gate_recovery, self.gate_score, self.phase_deadline):
+        for gauge in (self.gate_recovery, self.gate_score, self.phase_deadline, self.traffic_share):
             gauge.remove_policy(namespace, policy)
         self.clear_analysis(namespace, policy)
         for series in [series for series in self._verdict_series if series[:2] == (namespace, policy)]:
@@ -237,6 +249,7 @@ record_verdict = OPERATOR_METRICS.record_verdict
 record_analysis = OPERATOR_METRICS.record_analysis
 clear_analysis = OPERATOR_METRICS.clear_analysis
 observe_rollout_duration = OPERATOR_METRICS.observe_rollout_duration
+set_traffic_share = OPERATOR_METRICS.set_traffic_share
 record_reconcile_error = OPERATOR_METRICS.record_reconcile_error
 set_phase_deadline = OPERATOR_METRICS.set_phase_deadline
 forget_policy = OPERATOR_METRICS.forget_policy

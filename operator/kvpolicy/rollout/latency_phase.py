@@ -22,7 +22,7 @@ from kvpolicy.api.v1alpha1 import (
     VerdictKind,
 )
 from kvpolicy.rollout import builders as b
-from kvpolicy.rollout import traffic_router
+from kvpolicy.rollout import traffic_router, traffic_share
 from kvpolicy.rollout.job_gates import LATENCY_PROBE, Then
 from kvpolicy.rollout.rules import latency_gate_config
 from kvpolicy.rollout.step_types import Kind, Patch, parse_timestamp, timestamp
@@ -132,6 +132,7 @@ def _live(t: Tick) -> None:
             t.event("Warning", verdict.reason, verdict.message)
         state, outcome = next_analysis_state(config, analysis_state(latency), verdict, t.now)
         record_check(latency, state, verdict, t.now)
+        traffic_share.record(t, verdict)
         if verdict.kind == VerdictKind.BREACH and outcome.action != AnalysisAction.ROLLBACK:
             t.event("Warning", Reason.LATENCY_BREACH, outcome.message)
         if outcome.action == AnalysisAction.PROMOTE:

@@ -305,6 +305,13 @@ class Reconciler:
         updated = policy.model_copy(update={"status": after})
         deadline = phase_deadline(updated)
         metrics.set_phase_deadline(namespace, name, after.phase or "", deadline.timestamp() if deadline else None)
+        share = after.traffic_share if after.phase == Phase.LATENCY_ANALYSIS else None
+        metrics.set_traffic_share(
+            namespace,
+            name,
+            share.intended_percent / 100 if share else None,
+            share.measured_percent / 100 if share and share.measured_percent is not None else None,
+        )
         analysed = observations.analysis_verdict()
         if analysed is not None:
             metrics.record_analysis(namespace, name, analysed)
