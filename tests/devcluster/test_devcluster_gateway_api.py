@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import kubernetes
 import pytest
+import yaml
 from kubernetes.client.rest import ApiException
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 from kvpolicy_dev.devcluster.gateway_api import gateway_api_crds
@@ -132,3 +135,14 @@ def test_weights_move_by_a_json_patch_whose_test_guards_them(
             group, version, devcluster_namespace, plural, "llm", copy.deepcopy(guarded), _content_type=JSON_PATCH
         )
     assert raised.value.status == 422
+
+
+def test_the_readmes_pool_and_route_are_admitted_by_the_upstream_schemas(devcluster_namespace: str) -> None:
+    """What a GIE or llm-d user starts from in the README's InferencePool section is valid as written."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    blocks = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", readme, flags=re.DOTALL)]
+    kinds = {"InferencePool": INFERENCE, "HTTPRoute": ROUTES}
+    found = [block for block in blocks if isinstance(block, dict) and block.get("kind") in kinds]
+    assert sorted(block["kind"] for block in found) == ["HTTPRoute", "InferencePool"]
+    for block in found:
+        _create(kinds[block["kind"]], devcluster_namespace, block)

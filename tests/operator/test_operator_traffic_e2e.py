@@ -156,9 +156,13 @@ def test_deleting_the_policy_mid_rollout_puts_the_route_back(
 
 
 def test_replica_ratio_warns_when_an_inference_pool_selects_the_target(
-    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory
+    devcluster: ThreadedDevCluster,
+    devcluster_namespace: str,
+    operator: OperatorFactory,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ns = devcluster_namespace
+    monkeypatch.setenv("KVPOLICY_READ_INFERENCE_POOLS", "true")  # the chart sets it with gatewayAPI.enabled
     setup(devcluster, ns)
     with operator():
         devcluster.create(policy(ns, **{"gates.accuracy.enabled": False}))

@@ -253,6 +253,8 @@ async def traffic_objects(api: KubeApi, namespace: str, route: str) -> tuple[Obj
 class Observer:
     api: KubeApi
     analyser: LatencyAnalyser | None = None
+    # ReplicaRatio: look for an InferencePool selecting the target (an optional read the operator may not be granted).
+    read_inference_pools: bool = False
 
     async def observe(self, policy: KVPolicy, now: datetime) -> Observations:
         status = policy.status
@@ -316,7 +318,7 @@ class Observer:
         routing = policy.spec.rollout.inference_pool
         traffic = policy.spec.rollout.traffic
         shifting = traffic == Traffic.INFERENCE_POOL and phase == Phase.LATENCY_ANALYSIS
-        skew_check = traffic == Traffic.REPLICA_RATIO and phase == Phase.PLANNING
+        skew_check = self.read_inference_pools and traffic == Traffic.REPLICA_RATIO and phase == Phase.PLANNING
         recorded = policy.status.traffic
         if not shifting and not skew_check and recorded is None:
             return None, {}

@@ -100,6 +100,7 @@ class Reconciler:
     clock: Callable[[], datetime] = _utcnow
     notifier: Notifier | None = None
     max_backoff_seconds: float = 60.0
+    read_inference_pools: bool = False  # the ReplicaRatio skew check (observe.py); needs list on inferencepools
     _wake: dict[str, asyncio.Event] = field(default_factory=dict, init=False)
     _generations: dict[str, int] = field(default_factory=dict, init=False)
     _phases: dict[str, str] = field(default_factory=dict, init=False)
@@ -113,7 +114,7 @@ class Reconciler:
 
     @property
     def observer(self) -> Observer:
-        return Observer(self.api, self.analyser)
+        return Observer(self.api, self.analyser, self.read_inference_pools)
 
     # ----------------------------------------------------------------------------------------------------- waking
 
