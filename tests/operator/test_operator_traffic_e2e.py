@@ -13,6 +13,7 @@ from e2e_helpers import (
     PATCHED_IMAGE,
     OperatorFactory,
     container,
+    deployment,
     event_reasons,
     policy,
     target,
@@ -201,3 +202,44 @@ def test_a_canary_the_gateway_never_sends_to_is_said_to_get_no_traffic_and_never
     assert status["phase"] == "LatencyAnalysis" and status["latency"]["passes"] == 0
     assert status["trafficShare"]["measuredPercent"] == 0 and status["trafficShare"]["intendedPercent"] == 10
     assert "NoCanaryTraffic" in event_reasons(devcluster, ns)
+
+
+def test_copy_baseline_runs_a_copy_of_the_baselines_endpoint_picker_for_the_canarys_pool(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory
+) -> None:
+    ns = devcluster_namespace
+    setup(devcluster, ns)
+    picker = {"endpointPickerRef": {"name": "llama-epp", "port": {"number": 9002}}}
+    devcluster.apply({"apiVersion": POOL_API[0], "kind": POOL_API[1], "metadata": {"name": "llama", "namespace": ns},
+                      "spec": picker})  # fmt: skip
+    epp_args = ["--pool-name", "llama", "--pool-namespace", ns]
+    devcluster.create(deployment(ns, "llama-epp", "cpu", {"image": "epp:v1.6.0", "args": epp_args}))
+    epp_service = {"selector": {"app": "llama-epp"}, "ports": [{"port": 9002, "targetPort": 9002}]}
+    devcluster.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "llama-epp", "namespace": ns},
+                       "spec": epp_service})  # fmt: skip
+    spec = routed_policy(ns, bake=3)
+    spec["spec"]["rollout"]["inferencePool"]["endpointPicker"] = "CopyBaseline"
+    copied: dict[str, Any] = {}
+    with route_users(devcluster, ns, "llm", MODEL), operator():
+        devcluster.create(spec)
+
+        def picker_in_use() -> bool:
+            found = devcluster.find("apps/v1", "Deployment", "llama-fp8-epp-g1", ns)
+            pools = {p["metadata"]["name"]: p for p in devcluster.list(*POOL_API, ns)}
+            canary_pool = pools.get("llama-fp8-canary-g1")
+            if found is None or canary_pool is None or canary_share(devcluster, ns) == 0:
+                return False
+            copied.update(
+                deployment=found, pool=canary_pool, service=devcluster.get("v1", "Service", "llama-fp8-epp-g1", ns)
+            )
+            return True
+
+        wait_until(picker_in_use, "the canary's pool, its copied endpoint picker and a share of the route", timeout=90)
+        status = wait_decided(devcluster, ns)["status"]
+    assert status["phase"] == "Promoted", status
+    assert copied["pool"]["spec"]["endpointPickerRef"]["name"] == "llama-fp8-epp-g1"
+    assert container(copied["deployment"])["args"] == ["--pool-name", "llama-fp8-canary-g1", "--pool-namespace", ns]
+    assert copied["service"]["spec"]["ports"][0]["port"] == 9002
+    assert devcluster.find("apps/v1", "Deployment", "llama-fp8-epp-g1", ns) is None, "removed with the canary's pool"
+    assert devcluster.find("v1", "Service", "llama-fp8-epp-g1", ns) is None
+    assert devcluster.find("apps/v1", "Deployment", "llama-epp", ns) is not None, "the baseline's EPP stays"

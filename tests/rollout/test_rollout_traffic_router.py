@@ -25,6 +25,7 @@ ROUTED = {
     "rollout.inferencePool": {"httpRoute": "llm", "pool": "llama", "steps": [50, 10]},
     "rollout.bakeSeconds": 0,
 }
+COPYING = {"rollout.inferencePool": {**ROUTED["rollout.inferencePool"], "endpointPicker": "CopyBaseline"}}
 
 
 def user_route() -> dict[str, Any]:
@@ -49,20 +50,64 @@ def baseline_pool() -> dict[str, Any]:
         "apiVersion": "inference.networking.k8s.io/v1",
         "kind": "InferencePool",
         "metadata": {"name": "llama", "namespace": "default"},
-        "spec": {"selector": {"matchLabels": {"app": "llama"}}, "targetPorts": [{"number": 8000}]},
+        "spec": {
+            "selector": {"matchLabels": {"app": "llama"}},
+            "targetPorts": [{"number": 8000}],
+            "endpointPickerRef": {"name": "llama-epp", "port": {"number": 9002}, "failureMode": "FailOpen"},
+        },
     }
+
+
+def picker_objects() -> dict[str, dict[str, Any]]:
+    """The baseline pool's EPP as the GIE guides deploy it: a Service and the Deployment it selects."""
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "llama-epp"},
+        "spec": {"selector": {"app": "llama-epp"}, "ports": [{"port": 9002, "targetPort": 9002}]},
+    }
+    container = {
+        "name": "epp",
+        "image": "registry.k8s.io/gateway-api-inference-extension/epp:v1.6.0",
+        "args": ["--pool-name", "llama", "--pool-namespace", "default", "--config-file", "/config/epp.yaml"],
+        "volumeMounts": [{"name": "config", "mountPath": "/config"}],
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "llama-epp"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "llama-epp"}},
+            "template": {
+                "metadata": {"labels": {"app": "llama-epp"}},
+                "spec": {
+                    "serviceAccountName": "llama-epp",
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": "llama-epp-config"}}],
+                },
+            },
+        },
+    }
+    return {"Service/llama-epp": service, "Deployment/llama-epp": deployment}  # fmt: skip
 
 
 @dataclasses.dataclass
 class RoutedWorld(World):
     route: dict[str, Any] | None = dataclasses.field(default_factory=user_route)
     pools: dict[str, dict[str, Any]] = dataclasses.field(default_factory=lambda: {"llama": baseline_pool()})
+    pickers: dict[str, dict[str, Any]] = dataclasses.field(default_factory=picker_objects)
     route_writes: int = 0
 
     def apply(self, result: StepResult) -> None:
         rest = []
         for action in result.actions:
-            if action.kind == Kind.HTTP_ROUTE:
+            key = f"{action.kind}/{action.name}"
+            if "-epp-" in action.name and isinstance(action, Create):  # the copied EPP: ready at once
+                self.pickers[key] = {**copy.deepcopy(action.body), "status": {"readyReplicas": 1}}
+            elif "-epp-" in action.name and isinstance(action, Delete):
+                self.pickers.pop(key, None)
+            elif action.kind == Kind.HTTP_ROUTE:
                 assert isinstance(action, Patch) and action.patch_type == "json" and self.route is not None
                 self.route = jsonpatch.apply_patch(self.route, action.patch)  # a failed `test` raises
                 self.route_writes += 1
@@ -75,7 +120,8 @@ class RoutedWorld(World):
         super().apply(dataclasses.replace(result, actions=tuple(rest)))
 
     def observe(self, now: datetime, phase: str | None = None, **extra: Any) -> Observations:
-        return super().observe(now, phase, route=copy.deepcopy(self.route), pools=copy.deepcopy(self.pools), **extra)
+        found = {"route": self.route, "pools": self.pools, "pickers": self.pickers}
+        return super().observe(now, phase, **copy.deepcopy(found), **extra)
 
 
 def weights(world: RoutedWorld) -> list[tuple[str, int]]:
@@ -215,6 +261,43 @@ def test_the_route_patch_tests_what_it_replaces_and_is_empty_when_there() -> Non
     assert route_patch(shifted, records, "llama-canary", 10) == []
     assert jsonpatch.apply_patch(shifted, route_patch(shifted, records, "llama-canary", 0)) == route
     assert weighted_refs([POOL_REF], "c", 0) == [POOL_REF]
+
+
+def test_copy_baseline_gives_the_canarys_pool_a_copy_of_the_baselines_endpoint_picker() -> None:
+    driver, world, canary = routed(**COPYING)
+    assert weights(world) == [("llama", 90), (canary, 10)]
+    traffic = driver.policy.status.traffic
+    assert traffic is not None and traffic.endpoint_picker == "llama-fp8-epp-g1"
+    deployment, service = world.pickers["Deployment/llama-fp8-epp-g1"], world.pickers["Service/llama-fp8-epp-g1"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:2] == ["--pool-name", canary], "it picks for the canary's pool"
+    assert container["args"][2:] == ["--pool-namespace", "default", "--config-file", "/config/epp.yaml"]
+    assert deployment["spec"]["template"]["spec"]["volumes"] == picker_objects()["Deployment/llama-epp"]["spec"][
+        "template"]["spec"]["volumes"], "the baseline's configuration"  # fmt: skip
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert "app" not in labels and "kvpolicy.dev/canary" not in labels, "neither EPP Service nor canary pool selects it"
+    assert service["spec"]["selector"] == labels and service["spec"]["ports"] == [{"port": 9002, "targetPort": 9002}]
+    assert world.pools[canary]["spec"]["endpointPickerRef"] == {
+        "name": "llama-fp8-epp-g1",
+        "port": {"number": 9002},
+        "failureMode": "FailOpen",
+    }
+    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    for _ in range(3):
+        driver.tick()
+    assert driver.phase == "Promoted"
+    assert set(world.pickers) == set(picker_objects()), "the copy is removed with the canary's pool"
+
+
+def test_copy_baseline_without_an_endpoint_picker_to_copy_is_unusable() -> None:
+    world = RoutedWorld(pickers={})
+    driver = Driver(make_policy(**{**ROUTED, **COPYING}), world=world)
+    run_to_canary(driver)
+    driver.tick()
+    assert driver.condition("TrafficRouted") == ("False", "TrafficRouteUnusable")
+    assert "Service llama-epp (the endpoint picker of InferencePool llama) not found" in driver.policy.status.message
+    assert world.route == user_route()
 
 
 # ------------------------------------------------------------------------------------ ReplicaRatio behind a pool

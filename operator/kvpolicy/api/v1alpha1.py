@@ -723,6 +723,13 @@ ROLLOUT_ID_PATTERN = r"^[0-9]+-[0-9a-f]{6}$"
 MAX_TRAFFIC_STEPS = 10
 
 
+class EndpointPicker(StrEnum):
+    """What picks the endpoints of the canary's InferencePool."""
+
+    NONE = "None"  # no endpoint picker: the gateway balances the canary's pods itself (GIE v1.6.0 and later)
+    COPY_BASELINE = "CopyBaseline"  # a copy of the baseline pool's EPP Deployment and Service, for the canary's pool
+
+
 class InferencePoolTraffic(_Model):
     """Where the users' traffic reaches the target through the Gateway API Inference Extension: the HTTPRoute whose
     weights the rollout steps, and the InferencePool of the target's pods that the route sends it to."""
@@ -754,6 +761,13 @@ class InferencePoolTraffic(_Model):
         max_length=MAX_TRAFFIC_STEPS,
         description="The canary's share of the route's traffic in percent at each step, taken in ascending order. "
         "Each step runs the latency analysis for bakeSeconds before the next; after the last the target is promoted.",
+    )
+    endpoint_picker: EndpointPicker = Field(
+        default=EndpointPicker.NONE,
+        description="None: the canary's pool has no endpoint picker (endpointPickerRef is optional from GIE v1.6.0; "
+        "the gateway balances the canary's pods). CopyBaseline: the operator copies the Deployment behind the "
+        "baseline pool's endpointPickerRef Service, with its configuration, under the canary's name (--pool-name "
+        "set to the canary's pool), and a Service for it; the route shifts once the copy is ready.",
     )
 
 
@@ -1260,6 +1274,10 @@ class TrafficStatus(_Model):
     route: str = Field(description="The HTTPRoute the rollout steps.")
     pool: str = Field(description="The baseline InferencePool.")
     canary_pool: str = Field(description="The canary's InferencePool (the operator's).")
+    endpoint_picker: str | None = Field(
+        default=None,
+        description="endpointPicker CopyBaseline: the copied EPP's Deployment and Service (the operator's).",
+    )
     step: int = Field(default=0, description="Index of the current step in spec.rollout.inferencePool.steps.")
     weight: int = Field(default=0, description="The canary's intended share of the route's traffic now, percent.")
     shifted_at: str | None = Field(default=None, description="When the route was seen at this step's weight.")

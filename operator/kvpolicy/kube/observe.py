@@ -13,7 +13,15 @@ from kvpolicy.analysis.prometheus import DEFAULT_SELECTOR_TEMPLATE, PrometheusPr
 from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.api.reasons import AnalysisReason
-from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, GpuFacts, KVPolicy, LatencyProvider, Phase, Traffic
+from kvpolicy.api.v1alpha1 import (
+    TERMINAL_PHASES,
+    EndpointPicker,
+    GpuFacts,
+    KVPolicy,
+    LatencyProvider,
+    Phase,
+    Traffic,
+)
 from kvpolicy.credentials import Credentials
 from kvpolicy.kube.api import (
     DEPLOYMENTS,
@@ -275,9 +283,9 @@ class Observer:
         if target is not None and (phase == Phase.PLANNING or phase in REPLAN_PHASES):
             listed = await self.api.list_objects(NODES, None, label_selector(gpu_node_selector(policy, target)))
             gpu = pool_gpu_facts(policy, target, listed)
-        route, pools = await self._traffic_objects(policy, phase)
+        route, pools, pickers = await self._traffic_objects(policy, phase)
         if phase == Phase.PLANNING or phase in TERMINAL_PHASES:  # decided: the target's drift; HeldBF16: the GPUs too
-            return Observations(now=now, target=target, gpu=gpu, route=route, pools=pools)
+            return Observations(now=now, target=target, gpu=gpu, route=route, pools=pools, pickers=pickers)
 
         needs = PHASE_NEEDS.get(phase, frozenset())
         by_policy = label_selector(b.policy_labels(name))
@@ -309,21 +317,33 @@ class Observer:
             jobs=jobs,
             route=route,
             pools=pools,
+            pickers=pickers,
         )
 
-    async def _traffic_objects(self, policy: KVPolicy, phase: Phase) -> tuple[Obj | None, dict[str, Obj]]:
+    async def _traffic_objects(
+        self, policy: KVPolicy, phase: Phase
+    ) -> tuple[Obj | None, dict[str, Obj], dict[str, Obj]]:
         """traffic InferencePool: the route and the namespace's InferencePools, while the rollout shifts the route or
-        has an edit of it to put back (in any phase: a restart puts it back before anything else). ReplicaRatio: the
-        pools, while planning (one that selects the target's pods skews the canary's share)."""
+        has an edit of it to put back (in any phase: a restart puts it back before anything else), and with
+        endpointPicker CopyBaseline the namespace's Services and Deployments (the baseline's EPP and its copy).
+        ReplicaRatio: the pools, while planning (one that selects the target's pods skews the canary's share)."""
         routing = policy.spec.rollout.inference_pool
         traffic = policy.spec.rollout.traffic
         shifting = traffic == Traffic.INFERENCE_POOL and phase == Phase.LATENCY_ANALYSIS
         skew_check = self.read_inference_pools and traffic == Traffic.REPLICA_RATIO and phase == Phase.PLANNING
         recorded = policy.status.traffic
         if not shifting and not skew_check and recorded is None:
-            return None, {}
+            return None, {}, {}
+        namespace = str(policy.metadata.get("namespace", ""))
         name = recorded.route if recorded is not None else routing.http_route if routing is not None else ""
-        return await traffic_objects(self.api, str(policy.metadata.get("namespace", "")), name)
+        route, pools = await traffic_objects(self.api, namespace, name)
+        copying = shifting and routing is not None and routing.endpoint_picker == EndpointPicker.COPY_BASELINE
+        pickers: dict[str, Obj] = {}
+        if copying or (recorded is not None and recorded.endpoint_picker is not None):
+            for resource, kind in ((SERVICES, "Service"), (DEPLOYMENTS, "Deployment")):
+                for obj in live(await self.api.list_objects(resource, namespace)):
+                    pickers[f"{kind}/{obj['metadata']['name']}"] = obj
+        return route, pools, pickers
 
     async def _checks(
         self, policy: KVPolicy, target: Obj, canary_pods: Sequence[PodView], now: datetime

@@ -70,6 +70,8 @@ class Observations:
     checks: tuple[CheckVerdict, ...] = ()  # the metrics checks evaluated this pass (metric_checks.py)
     route: Obj | None = None  # traffic InferencePool: the HTTPRoute rollout.inferencePool names
     pools: Mapping[str, Obj] = field(default_factory=dict)  # InferencePools by name (the baseline's, the canary's)
+    # endpointPicker CopyBaseline: "Service/<name>" and "Deployment/<name>": the baseline's EPP and the copy.
+    pickers: Mapping[str, Obj] = field(default_factory=dict)
 
     def verdicts(self, stage: Stage) -> tuple[CheckVerdict, ...]:
         return tuple(result for result in self.checks if result.check.stage is stage)

@@ -13,14 +13,24 @@ from __future__ import annotations
 import json
 
 from kvpolicy.api.reasons import DecisionReason, Reason
-from kvpolicy.api.v1alpha1 import ConditionStatus, ConditionType, LatencyAnalysis, Traffic, TrafficStatus
+from kvpolicy.api.v1alpha1 import (
+    ConditionStatus,
+    ConditionType,
+    EndpointPicker,
+    LatencyAnalysis,
+    Traffic,
+    TrafficStatus,
+)
 from kvpolicy.rollout import builders as b
-from kvpolicy.rollout.step_types import Create, Kind, Patch, timestamp
+from kvpolicy.rollout.step_types import Create, Kind, Obj, Patch, timestamp
 from kvpolicy.rollout.tick import Tick, rollback
 from kvpolicy.rollout.traffic_routes import (
     RouteShapeError,
+    baseline_picker,
     canary_pool,
     original_rules,
+    picker_copies,
+    picker_name,
     pool_selects,
     restore_actions,
     route_patch,
@@ -39,6 +49,30 @@ def _unusable(t: Tick, message: str) -> None:
         rollback(t, DecisionReason.TRAFFIC_ROUTE_UNUSABLE, message)
     else:
         t.status.message = message
+
+
+def _picker_ready(t: Tick, traffic: TrafficStatus, baseline: Obj) -> bool:
+    """endpointPicker CopyBaseline: copy the baseline pool's EPP for the canary's pool; True once the copy is ready
+    (a pool whose picker is down fails its requests, FailClose being the default)."""
+    name = traffic.endpoint_picker
+    assert name is not None
+    try:
+        service, deployment = baseline_picker(baseline, t.obs.pickers)
+    except RouteShapeError as error:
+        _unusable(t, str(error))
+        return False
+    copied_deployment, copied_service = picker_copies(t.ref, name, traffic.canary_pool, service, deployment)
+    observed = t.obs.pickers.get(f"Deployment/{name}")
+    if observed is None:
+        t.add(Create(Kind.DEPLOYMENT, copied_deployment))
+    if f"Service/{name}" not in t.obs.pickers:
+        t.add(Create(Kind.SERVICE, copied_service))
+    if observed is not None and int((observed.get("status") or {}).get("readyReplicas") or 0) >= 1:
+        return True
+    waiting = f"waiting for endpoint picker {name} (a copy of {deployment['metadata']['name']}) to be ready"
+    t.condition(TRAFFIC, ConditionStatus.UNKNOWN, Reason.SHIFTING_TRAFFIC, waiting)
+    t.status.message = waiting
+    return False
 
 
 def shifted(t: Tick) -> bool:
@@ -61,14 +95,23 @@ def shifted(t: Tick) -> bool:
             _unusable(t, str(error))
             return False
         # Recorded (and persisted with this step's status) before the route is touched by the next step.
-        name = t.canary.deployment
-        t.status.traffic = TrafficStatus(route=spec.http_route, pool=spec.pool, canary_pool=name, original=records)
+        copying = spec.endpoint_picker == EndpointPicker.COPY_BASELINE
+        picker = picker_name(t.ref.name, t.canary.generation, t.canary.run) if copying else None
+        t.status.traffic = TrafficStatus(
+            route=spec.http_route,
+            pool=spec.pool,
+            canary_pool=t.canary.deployment,
+            endpoint_picker=picker,
+            original=records,
+        )
         t.requeue = 0
         return False
     weight = sorted(spec.steps)[traffic.step]
     traffic.weight = weight
+    if traffic.endpoint_picker is not None and not _picker_ready(t, traffic, baseline):
+        return False
     if traffic.canary_pool not in t.obs.pools:
-        t.add(Create(Kind.INFERENCE_POOL, canary_pool(t.ref, traffic.canary_pool, baseline)))
+        t.add(Create(Kind.INFERENCE_POOL, canary_pool(t.ref, traffic.canary_pool, baseline, traffic.endpoint_picker)))
     if t.obs.route is None:
         _unusable(t, f"HTTPRoute {spec.http_route} not found")
         return False

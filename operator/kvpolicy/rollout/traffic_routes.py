@@ -10,15 +10,18 @@ the canary pool's ref w. The phase logic that uses these is traffic_router.py.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpolicy.api.v1alpha1 import InferencePoolTraffic, KVPolicyStatus, RouteRuleRecord
 from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.child_names import child_name
 from kvpolicy.rollout.step_types import Action, Delete, Kind, Obj, Observations, Patch
 
 INFERENCE_GROUP = "inference.networking.k8s.io"
 POOL_KIND = "InferencePool"
+EPP_LABEL = "kvpolicy.dev/endpoint-picker"
 
 
 class RouteShapeError(ValueError):
@@ -84,10 +87,11 @@ def route_patch(route: Obj, records: Sequence[RouteRuleRecord], canary_pool: str
     return ops
 
 
-def canary_pool(policy: b.PolicyRef, name: str, baseline: Mapping[str, Any]) -> Obj:
+def canary_pool(policy: b.PolicyRef, name: str, baseline: Mapping[str, Any], picker: str | None = None) -> Obj:
     """An InferencePool selecting only the canary's pods (their own labels: the canary carries none of the target's),
-    with the baseline pool's target ports and protocol. No endpoint picker: the gateway balances the pool's
-    endpoints itself (endpointPickerRef is optional from GIE v1.6.0)."""
+    with the baseline pool's target ports and protocol. Its endpoint picker: `picker` (the copy of the baseline's,
+    with the baseline's port and failure mode), or none, where the gateway balances the pool's endpoints itself
+    (endpointPickerRef is optional from GIE v1.6.0)."""
     spec = baseline.get("spec") or {}
     pool_spec: Obj = {
         "selector": {"matchLabels": {**b.policy_labels(policy.name), b.CANARY_LABEL: name}},
@@ -95,12 +99,79 @@ def canary_pool(policy: b.PolicyRef, name: str, baseline: Mapping[str, Any]) -> 
     }
     if "appProtocol" in spec:
         pool_spec["appProtocol"] = spec["appProtocol"]
+    if picker is not None:
+        pool_spec["endpointPickerRef"] = {**spec["endpointPickerRef"], "name": picker}
     return {
         "apiVersion": f"{INFERENCE_GROUP}/v1",
         "kind": POOL_KIND,
         "metadata": policy.metadata(name, b.ROLE_CANARY, {b.CANARY_LABEL: name}),
         "spec": pool_spec,
     }
+
+
+ROLE_ENDPOINT_PICKER = "endpoint-picker"
+POOL_NAME_FLAG = "--pool-name"
+
+
+def picker_name(policy: str, generation: int, run: int) -> str:
+    """The copied endpoint picker's Deployment and Service (a DNS-1035 label, like every child's)."""
+    return child_name(policy, f"epp-{b.rollout_suffix(generation, run)}")
+
+
+def baseline_picker(baseline_pool: Mapping[str, Any], objects: Mapping[str, Obj]) -> tuple[Obj, Obj]:
+    """The baseline pool's EPP: the Service its endpointPickerRef names and the Deployment whose pods that Service
+    selects, among `objects` ("Service/<name>", "Deployment/<name>")."""
+    ref = (baseline_pool.get("spec") or {}).get("endpointPickerRef")
+    pool = baseline_pool["metadata"]["name"]
+    if not ref or ref.get("kind", "Service") != "Service" or ref.get("group", ""):
+        raise RouteShapeError(f"InferencePool {pool} has no endpointPickerRef to a Service: no endpoint picker to copy")
+    service = objects.get(f"Service/{ref['name']}")
+    if service is None:
+        raise RouteShapeError(f"Service {ref['name']} (the endpoint picker of InferencePool {pool}) not found")
+    selector = (service.get("spec") or {}).get("selector") or {}
+    deployments = [
+        obj for key, obj in sorted(objects.items()) if key.startswith("Deployment/") and selector
+        and all(b.template_labels(obj).get(k) == v for k, v in selector.items())
+    ]  # fmt: skip
+    if len(deployments) != 1:
+        raise RouteShapeError(
+            f"Service {ref['name']} (the endpoint picker of InferencePool {pool}) selects the pods of "
+            f"{len(deployments)} Deployments, not one: no endpoint picker to copy"
+        )
+    return service, deployments[0]
+
+
+def _for_pool(args: list[str], pool: str) -> list[str]:
+    """EPP arguments with `--pool-name` naming `pool` (either `--pool-name X` or `--pool-name=X`)."""
+    result = list(args)
+    for index, arg in enumerate(result):
+        if arg == POOL_NAME_FLAG and index + 1 < len(result):
+            result[index + 1] = pool
+        elif arg.startswith(f"{POOL_NAME_FLAG}="):
+            result[index] = f"{POOL_NAME_FLAG}={pool}"
+    return result
+
+
+def picker_copies(
+    policy: b.PolicyRef, name: str, canary_pool_name: str, service: Mapping[str, Any], deployment: Mapping[str, Any]
+) -> tuple[Obj, Obj]:
+    """The baseline EPP's Deployment (its image, configuration volumes, service account) and Service, under `name`,
+    picking for the canary's pool. Its pods carry only the operator's labels: neither the baseline EPP's Service nor
+    the canary's pool (which selects the canary's label) selects them."""
+    own = {**b.policy_labels(policy.name), b.ROLE_LABEL: ROLE_ENDPOINT_PICKER, EPP_LABEL: name}
+    template = copy.deepcopy(deployment["spec"]["template"])
+    template.setdefault("metadata", {})["labels"] = own
+    for container in template.get("spec", {}).get("containers", []):
+        if container.get("args"):
+            container["args"] = _for_pool(container["args"], canary_pool_name)
+    spec = {**copy.deepcopy(deployment["spec"]), "replicas": 1, "selector": {"matchLabels": own}, "template": template}
+    ports = [{k: v for k, v in port.items() if k != "nodePort"} for port in service["spec"].get("ports", [])]
+    metadata = policy.metadata(name, ROLE_ENDPOINT_PICKER, {EPP_LABEL: name})
+    copied_service = {"apiVersion": "v1", "kind": "Service", "metadata": metadata,
+                      "spec": {"selector": own, "ports": ports}}  # fmt: skip
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": copy.deepcopy(metadata), "spec": spec}, (
+        copied_service
+    )
 
 
 def pool_selects(pool: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
@@ -122,4 +193,9 @@ def restore_actions(status: KVPolicyStatus, obs: Observations) -> tuple[list[Act
             actions.append(Patch(Kind.HTTP_ROUTE, traffic.route, ops, patch_type="json"))
     if traffic.canary_pool in obs.pools:
         actions.append(Delete(Kind.INFERENCE_POOL, traffic.canary_pool))
+    picker = traffic.endpoint_picker
+    if picker is not None and f"Deployment/{picker}" in obs.pickers:
+        actions.append(Delete(Kind.DEPLOYMENT, picker))
+    if picker is not None and f"Service/{picker}" in obs.pickers:
+        actions.append(Delete(Kind.SERVICE, picker))
     return actions, not actions
