@@ -45,7 +45,7 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy
 
-# The real-model decisions that need tens of prompts (an A/A at 8k tokens needs ~60 on SmolLM2) stay out of CI's run.
+# The real-model decisions that need tens of prompts (an A/A at 8k tokens needs ~24 samples on SmolLM2) stay out of CI's run.
 pytest: $(VENV)/.installed
 	$(BIN)/pytest -m "not longgate" $(PYTEST_ARGS)
 

@@ -67,16 +67,16 @@ def simulate(case: Case, seed: int, canary_p: tuple[float, float], baseline_p: t
     for index in range(FIXED_RUN):
         sample = niah.draw_sample(seed, index, options.needles, options.asked)
         needles = {needle.key: needle.value for needle in sample.needles}
-        asked = tuple(needle.key for needle in sample.asked)
-        # Canary and baseline are separate servers with their own seeds; the model's own failures are shared.
-        canary = answer_needles(needles, asked, case.length, *canary_p, seed=2 * seed)
-        baseline = answer_needles(needles, asked, case.length, *baseline_p, seed=2 * seed + 1)
-        for canary_right, baseline_right in zip(
-            niah.matches_per_needle(canary, sample.expected),
-            niah.matches_per_needle(baseline, sample.expected),
-            strict=True,
-        ):
-            evidence = evidence.add(canary_right, baseline_right)
+        for question in sample.questions(options.task):
+            asked = tuple(needle.key for needle in question)
+            expected = tuple(needle.value for needle in question)
+            # Canary and baseline are separate servers with their own seeds; the model's own failures are shared.
+            canary = answer_needles(needles, asked, case.length, *canary_p, seed=2 * seed)
+            baseline = answer_needles(needles, asked, case.length, *baseline_p, seed=2 * seed + 1)
+            for canary_right, baseline_right in zip(
+                niah.matches_per_needle(canary, expected), niah.matches_per_needle(baseline, expected), strict=True
+            ):
+                evidence = evidence.add(canary_right, baseline_right)
         if sequential is None:
             reason = sequential_decision(evidence, index + 1, options)
             if reason is not None:

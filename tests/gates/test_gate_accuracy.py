@@ -19,7 +19,7 @@ from gate_fakes import (
     truncated,
 )
 from kvpolicy.gate_programs import niah
-from kvpolicy.gate_programs.accuracy import AccuracyOptions, run_accuracy_gate, shared_pieces, sized_prompt
+from kvpolicy.gate_programs.accuracy import AccuracyOptions, run_accuracy_gate, shared_pieces, sized_prompts
 from kvpolicy.gate_programs.client import VllmClient
 from kvpolicy_dev.sim import free_port
 
@@ -147,19 +147,24 @@ async def test_a_model_the_server_does_not_serve_is_reported() -> None:
     assert "does not serve model 'other/model'" in result["message"]
 
 
+@pytest.mark.parametrize("task", list(niah.NiahTask))
 @pytest.mark.parametrize("length", [699, 5001, 65536])
-async def test_prompts_are_exactly_the_requested_tokens_with_every_needle_whole(length: int) -> None:
-    sample = niah.draw_sample(seed=2, index=1)
+async def test_prompts_are_exactly_the_requested_tokens_with_every_needle_whole(
+    length: int, task: niah.NiahTask
+) -> None:
+    sample = niah.draw_sample(seed=2, index=1, num_needles=8, num_asked=4)
     async with in_process_simulator() as url, aiohttp.ClientSession() as session:
         client = VllmClient(session, url, MODEL, timeout_s=30)
-        prompt = await sized_prompt(client, await shared_pieces(client), sample, length)
-        completion = await client.complete(prompt, 8)
-        async with session.post(f"{url}/detokenize", json={"tokens": prompt}) as response:
-            text = (await response.json())["prompt"]
-    assert len(prompt) == length and completion.prompt_tokens == length
-    needles, asked = niah.parse_prompt(text)
-    assert needles == {needle.key: needle.value for needle in sample.needles}
-    assert asked == tuple(needle.key for needle in sample.asked)
+        prompts = await sized_prompts(client, await shared_pieces(client), sample, task, length)
+        for prompt, question in zip(prompts, sample.questions(task), strict=True):
+            completion = await client.complete(prompt, 8)
+            async with session.post(f"{url}/detokenize", json={"tokens": prompt}) as response:
+                text = (await response.json())["prompt"]
+            assert len(prompt) == length and completion.prompt_tokens == length
+            needles, asked = niah.parse_prompt(text)
+            assert needles == {needle.key: needle.value for needle in sample.needles}
+            assert asked == tuple(needle.key for needle in question)
+    assert len(prompts) == (4 if task == niah.NiahTask.MULTIKEY else 1)
 
 
 async def test_a_length_too_short_for_the_needles_is_inconclusive() -> None:

@@ -132,7 +132,7 @@ def test_a_v1_url_passes_with_progress_on_stderr_and_one_json_result_on_stdout(
     assert (result["verdict"], result["lengthTokens"]) == ("Pass", 8191)
     progress = completed.stderr.splitlines()
     assert len(progress) == result["samples"]
-    assert progress[0].startswith("accuracy: 1/100 prompts, 4 needles: canary ")
+    assert progress[0].startswith("accuracy: 1/100 prompts, 8 needles: canary ")
     assert "(interval " in progress[-1] and "passes above 0.95)" in progress[-1]
 
 

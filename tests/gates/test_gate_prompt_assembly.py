@@ -1,4 +1,5 @@
-"""Prompt sizing in token space: exact length for any pieces and any tokenizer, needles whole, always terminating."""
+"""Prompt sizing in token space: exact length for any pieces and any tokenizer, needles whole, always terminating; a
+sample's prompts share everything up to the end of its needles."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvpolicy.gate_programs import niah
-from kvpolicy.gate_programs.accuracy import sample_pieces, shared_pieces, sized_prompt, split_special_tokens
+from kvpolicy.gate_programs.accuracy import sample_pieces, shared_pieces, sized_prompts, split_special_tokens
 from kvpolicy.gate_programs.client import GateError
 from kvpolicy_dev.sim.tokenizer_zoo import Family
 from tokenizer_families import FAMILIES, LocalTokenizer
@@ -29,7 +30,7 @@ def pieces_and_depths(draw: st.DrawFn) -> tuple[niah.PromptPieces, tuple[float, 
         header=tuple(draw(token_lists)),
         sentences=tuple(draw(st.lists(non_empty.map(tuple), min_size=1, max_size=6))),
         needles=tuple(needles),
-        question=tuple(draw(token_lists)),
+        questions=tuple(draw(st.lists(token_lists.map(tuple), min_size=1, max_size=4))),
     )
     return pieces, tuple(sorted(depths))
 
@@ -49,43 +50,58 @@ def test_assembly_gives_exactly_the_length_with_every_needle_whole_at_a_sentence
 ) -> None:
     pieces, depths = drawn
     length = pieces.fixed_tokens + extra
-    tokens = niah.assemble(pieces, depths, length)
-    assert len(tokens) == length
+    prompts = niah.assemble(pieces, depths, length)
+    assert len(prompts) == len(pieces.questions)
     head = [*pieces.prefix, *pieces.header]
-    tail = [*pieces.question, *pieces.suffix]
-    assert tokens[: len(head)] == head
-    assert tokens[len(tokens) - len(tail) :] == tail
-    # Walk the middle: the haystack is the filler sentences repeated and cut to fit, with the needles, in order and
-    # whole, at the sentence end nearest their depth (or at the very end).
-    middle = tokens[len(head) : len(tokens) - len(tail)]
-    filler = cyclic_filler(pieces.sentences, extra)
-    boundaries = {0, extra}
-    offset = 0
-    while offset < extra:
-        for sentence in pieces.sentences:
-            offset += len(sentence)
-            if offset <= extra:
-                boundaries.add(offset)
-    position, used = 0, 0
-    for needle, depth in zip(pieces.needles, depths, strict=True):
-        while middle[position] != needle[0]:
-            assert middle[position] == filler[used], "a haystack token out of order, or a needle not found whole"
-            position, used = position + 1, used + 1
-        assert used in boundaries, "a needle inside a sentence"
-        target = depth * extra
-        assert abs(used - target) == min(abs(boundary - target) for boundary in boundaries), "a needle off its depth"
-        assert middle[position : position + len(needle)] == list(needle), "a needle cut"
-        position += len(needle)
-    assert middle[position:] == filler[used:]
+    # Every needle lies in the part all the prompts share: the server prefills it once.
+    shared = len(head) + extra + sum(len(needle) for needle in pieces.needles)
+    longest = max(len(question) for question in pieces.questions)
+    for tokens, question in zip(prompts, pieces.questions, strict=True):
+        assert len(tokens) == length
+        assert tokens[:shared] == prompts[0][:shared]
+        tail = [*question, *pieces.suffix]
+        assert tokens[: len(head)] == head
+        assert tokens[len(tokens) - len(tail) :] == tail
+        # Walk the middle: the haystack is the filler sentences repeated and cut to fit (a shorter question's the
+        # longer by the difference), with the needles, in order and whole, at the sentence end nearest their depth
+        # within the first `extra` haystack tokens (or at its very end).
+        middle = tokens[len(head) : len(tokens) - len(tail)]
+        haystack = extra + longest - len(question)
+        filler = cyclic_filler(pieces.sentences, haystack)
+        boundaries = {0, extra}
+        offset = 0
+        while offset < extra:
+            for sentence in pieces.sentences:
+                offset += len(sentence)
+                if offset <= extra:
+                    boundaries.add(offset)
+        position, used = 0, 0
+        for needle, depth in zip(pieces.needles, depths, strict=True):
+            while middle[position] != needle[0]:
+                assert middle[position] == filler[used], "a haystack token out of order, or a needle not found whole"
+                position, used = position + 1, used + 1
+            assert used in boundaries, "a needle inside a sentence"
+            target = depth * extra
+            assert abs(used - target) == min(abs(b - target) for b in boundaries), "a needle off its depth"
+            assert middle[position : position + len(needle)] == list(needle), "a needle cut"
+            position += len(needle)
+        assert middle[position:] == filler[used:]
 
 
 def test_a_length_below_the_fixed_pieces_is_refused() -> None:
-    pieces = niah.PromptPieces((1,), (), (2, 3), ((4,),), ((5, 6),), (7,))
-    assert len(niah.assemble(pieces, (0.5,), pieces.fixed_tokens)) == pieces.fixed_tokens
+    pieces = niah.PromptPieces((1,), (), (2, 3), ((4,),), ((5, 6),), ((7,), (8, 9)))
+    assert pieces.fixed_tokens == 7
+    assert [len(prompt) for prompt in niah.assemble(pieces, (0.5,), 7)] == [7, 7]
+    with pytest.raises(ValueError, match="alone take 7 tokens"):
+        niah.assemble(pieces, (0.5,), 6)
+    pieces = niah.PromptPieces((1,), (), (2, 3), ((4,),), ((5, 6),), ((7,),))
+    assert len(niah.assemble(pieces, (0.5,), pieces.fixed_tokens)[0]) == pieces.fixed_tokens
     with pytest.raises(ValueError, match="alone take 6 tokens"):
         niah.assemble(pieces, (0.5,), 5)
     with pytest.raises(ValueError, match="every filler sentence must tokenize to at least one token"):
-        niah.PromptPieces((), (), (), ((),), ((1,),), ())
+        niah.PromptPieces((), (), (), ((),), ((1,),), ((),))
+    with pytest.raises(ValueError, match="at least one question"):
+        niah.PromptPieces((), (), (), ((1,),), ((1,),), ())
 
 
 @pytest.mark.parametrize(
@@ -101,31 +117,36 @@ def test_special_tokens_are_what_the_server_adds_around_the_text(
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=str)
+@pytest.mark.parametrize("task", list(niah.NiahTask))
 @settings(max_examples=15, deadline=None)
 @given(index=st.integers(0, 10_000), extra=st.integers(0, 40_000))
 def test_every_tokenizer_family_gives_the_exact_length_and_readable_needles(
-    family: Family, index: int, extra: int
+    family: Family, task: niah.NiahTask, index: int, extra: int
 ) -> None:
     tokenizer = LocalTokenizer(family)
-    sample = niah.draw_sample(seed=3, index=index)
+    sample = niah.draw_sample(seed=3, index=index, num_needles=6, num_asked=3)
 
-    async def build() -> tuple[int, list[int]]:
+    async def build() -> tuple[int, list[list[int]]]:
         shared = await shared_pieces(tokenizer)
-        shortest = (await sample_pieces(tokenizer, shared, sample)).fixed_tokens
-        return shortest + extra, await sized_prompt(tokenizer, shared, sample, shortest + extra)
+        shortest = (await sample_pieces(tokenizer, shared, sample, task)).fixed_tokens
+        return shortest + extra, await sized_prompts(tokenizer, shared, sample, task, shortest + extra)
 
-    length, prompt = asyncio.run(build())
-    assert len(prompt) == length
-    needles, asked = niah.parse_prompt(tokenizer.decode(prompt))
-    assert needles == {needle.key: needle.value for needle in sample.needles}
-    assert asked == tuple(needle.key for needle in sample.asked)
+    length, prompts = asyncio.run(build())
+    questions = sample.questions(task)
+    assert len(prompts) == len(questions) == (3 if task == niah.NiahTask.MULTIKEY else 1)
+    for prompt, question in zip(prompts, questions, strict=True):
+        assert len(prompt) == length
+        needles, asked = niah.parse_prompt(tokenizer.decode(prompt))
+        assert needles == {needle.key: needle.value for needle in sample.needles}
+        assert asked == tuple(needle.key for needle in question)
 
 
 def test_a_length_too_short_for_the_needles_says_how_many_tokens_they_take() -> None:
     tokenizer = LocalTokenizer(FAMILIES[0])
 
     async def build() -> None:
-        await sized_prompt(tokenizer, await shared_pieces(tokenizer), niah.draw_sample(0, 0), 50)
+        sample = niah.draw_sample(0, 0)
+        await sized_prompts(tokenizer, await shared_pieces(tokenizer), sample, niah.NiahTask.MULTIKEY, 50)
 
     with pytest.raises(GateError, match="alone take") as raised:
         asyncio.run(build())

@@ -28,6 +28,7 @@ from kvpolicy.analysis.model import SideSelector
 from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.credentials import CredentialsSource, SecretValue
 from kvpolicy.gate_programs import niah
+from kvpolicy.gate_programs.accuracy import AccuracyOptions
 from kvpolicy_dev.sim import free_port
 from kvpolicy_dev.sim.tokenizer_zoo import Family
 from prometheus_client.parser import text_string_to_metric_families
@@ -124,7 +125,8 @@ def accuracy(real_vllm: RealVllm, length: int, *flags: str) -> list[str]:
 
 
 def test_the_accuracy_gate_sizes_exactly_and_reaches_its_verdict_with_the_key(real_vllm: RealVllm) -> None:
-    length, prompts = 3001, 3
+    # The gate's minimum: 2 prompts of 8 needles, each asked in its own request.
+    length, prompts, asked = 3001, 2, AccuracyOptions.asked
     before = prompt_tokens_served(real_vllm.url)
     code, result, stderr = gate(
         *accuracy(real_vllm, length, "--max-samples", str(prompts), "--api-key-file", str(real_vllm.key_file))
@@ -132,8 +134,8 @@ def test_the_accuracy_gate_sizes_exactly_and_reaches_its_verdict_with_the_key(re
     # Random weights find no needle: a baseline too weak to judge by, after the prompts ran (not PromptSizing).
     assert (code, result["verdict"], result["reason"]) == (2, "Inconclusive", "BaselineTooWeak"), result["message"]
     assert result["samples"] == prompts and len(stderr.splitlines()) == prompts
-    # vLLM counted exactly `length` tokens for each prompt, on both sides (same server).
-    assert prompt_tokens_served(real_vllm.url) - before == 2 * prompts * length
+    # vLLM counted exactly `length` tokens for each request, on both sides (same server).
+    assert prompt_tokens_served(real_vllm.url) - before == 2 * prompts * asked * length
     assert API_KEY not in stderr
 
 
@@ -176,7 +178,7 @@ async def test_vllm_tokenizes_the_prompt_pieces_as_the_simulator_does(real_vllm:
     """`kvpolicy sim --tokenizer` with this model directory tokenizes like real vLLM: the same ids for every piece."""
     local = LocalTokenizer(FAMILY)
     sample = niah.draw_sample(seed=0, index=0)
-    pieces = [niah.HEADER, *niah.filler_sentences(), niah.question_text(sample)]
+    pieces = [niah.HEADER, *niah.filler_sentences(), niah.question_text(sample.asked)]
     pieces += [niah.needle_text(needle) for needle in sample.needles]
     async with aiohttp.ClientSession() as session:
         for text in pieces:

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 from gate_fakes import MODEL, in_process_simulator
 from kvpolicy.gate_programs import niah
-from kvpolicy.gate_programs.accuracy import AccuracyOptions, run_accuracy_gate, shared_pieces, sized_prompt
+from kvpolicy.gate_programs.accuracy import AccuracyOptions, run_accuracy_gate, shared_pieces, sized_prompts
 from kvpolicy.gate_programs.client import VllmClient
 from kvpolicy_dev.sim.tokenizer_zoo import Family
 from tokenizer_families import FAMILIES, LocalTokenizer
@@ -19,10 +19,11 @@ from tokenizer_families import FAMILIES, LocalTokenizer
 async def test_every_family_gets_prompts_of_exactly_the_length_the_server_counts(
     family: Family, length: int, model_dirs: dict[Family, Path]
 ) -> None:
-    sample = niah.draw_sample(seed=4, index=length)
+    sample = niah.draw_sample(seed=4, index=length, num_asked=4)
     async with in_process_simulator(tokenizer=model_dirs[family]) as url, aiohttp.ClientSession() as session:
         client = VllmClient(session, url, MODEL, timeout_s=60)
-        prompt = await sized_prompt(client, await shared_pieces(client), sample, length)
+        shared = await shared_pieces(client)
+        [prompt] = await sized_prompts(client, shared, sample, niah.NiahTask.MULTIQUERY, length)
         completion = await client.complete(prompt, 4)
     assert len(prompt) == length and completion.prompt_tokens == length
     needles, asked = niah.parse_prompt(LocalTokenizer(family).decode(prompt))

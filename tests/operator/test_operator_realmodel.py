@@ -34,12 +34,12 @@ MODEL = "smollm2"
 NUM_LAYERS = SMOLLM2_135M_INSTRUCT.num_layers
 MODEL_LEN = SMOLLM2_135M_INSTRUCT.max_model_len
 WORKLOAD_LENGTH = 8000
-# The gate's own cap (the CRD's default): this model finds about a quarter of the needles at 8k tokens, so an A/A
-# takes tens of prompts (BENCHMARKS.md, "Real model").
+# The gate's own cap (the CRD's default): this model finds about 2.8 of a haystack's 8 needles at 8k tokens, so an A/A
+# takes about 24 samples (BENCHMARKS.md, "Real model").
 SAMPLE_CAP = AccuracyGate().max_samples
 TARGET_IMAGE = "vllm/vllm-openai:v0.32.0"
 CANARY_IMAGE = "vllm-fp8-windowed:test"
-# Two pods start together (30-120 s each on two cores, more under load); the gate takes 10-40 s a prompt at 8k.
+# Two pods start together (30-120 s each on two cores, more under load); the gate takes 10-60 s a sample at 8k.
 SERVER_START_SECONDS = 600.0
 DECISION_SECONDS = SERVER_START_SECONDS + SAMPLE_CAP * 60.0
 TERMINAL = ("Promoted", "RolledBack", "HeldBF16")
@@ -113,7 +113,7 @@ def config_verified(status: dict[str, Any]) -> dict[str, Any]:
     return verified
 
 
-@pytest.mark.longgate  # ~60 prompts at 8k on SmolLM2 under the stopping rule: `make test-realmodel`
+@pytest.mark.longgate  # ~24 samples of 8 requests at 8k on SmolLM2: `make test-realmodel`
 def test_an_aa_canary_on_the_real_model_is_promoted(
     devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory, real_model: Path
 ) -> None:

@@ -40,7 +40,7 @@ async def test_health_models_tokenize_detokenize() -> None:
 
 
 async def test_completion_answers_a_short_needle_question_correctly() -> None:
-    sample = niah.draw_sample(seed=1, index=0)
+    sample = niah.draw_sample(seed=1, index=0, num_asked=4)
     prompt = niah.render(sample, 300)
     async with serve(config()) as url, aiohttp.ClientSession() as session:
         status, body = await post(
@@ -163,7 +163,7 @@ async def test_metrics_use_vllm_names_labels_buckets_and_simulated_seconds() -> 
 async def test_same_seed_gives_the_same_answers_and_the_numerics_draw_depends_on_it() -> None:
     # At 64k unfixed FP8 on Hopper survives ~75% of needles, so answers vary with the numerics draw.
     cfg = config(max_model_len=70000, kv_cache_dtype="fp8", time_scale=0.0)
-    prompts = [niah.render(niah.draw_sample(seed=5, index=i), 65000) for i in range(4)]
+    prompts = [niah.render(niah.draw_sample(seed=5, index=i, num_asked=4), 65000) for i in range(4)]
 
     async def answers(seed: int) -> list[str]:
         async with serve(SimConfig(**{**cfg.__dict__, "seed": seed})) as url, aiohttp.ClientSession() as session:

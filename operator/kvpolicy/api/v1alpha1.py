@@ -484,9 +484,9 @@ class AccuracyGate(_Model):
     baseline_floor: str = decimal_string(
         "Lowest baseline score (share of needles the BF16 baseline retrieves at the gate's length) the gate judges "
         "by: a baseline shown to score below it, or still below it at maxSamples, makes the gate Inconclusive "
-        "(BaselineTooWeak: pick an easier task or a shorter length), never a pass or a fail. 0.2 is the lowest "
-        "score at which an A/A run with identical answers still passes within 100 prompts (4 needles asked) in 98% "
-        "of simulated runs (26% at 0.15; bench/accuracy_gate_efficiency.py --floor-scan).",
+        "(BaselineTooWeak: pick an easier task or a shorter length), never a pass or a fail. At 0.2 an A/A "
+        "run with identical answers passes within 100 prompts (8 needles asked) in 500 of 500 simulated runs, after "
+        "41 on average; at 0.1 it takes 81 and misses the cap in 4% (bench/accuracy_gate_efficiency.py --floor-scan).",
         "0.2",
     )
     timeout_seconds: Int = Field(

@@ -1,9 +1,11 @@
 """The long-context accuracy gate: does the canary keep the baseline's needle-retrieval score at N tokens?
 
-Canary and baseline answer the same seeded RULER-style prompts of exactly N tokens. Each prompt is built in token
-space (niah.assemble) from pieces the baseline's /tokenize gave once, and sent as token ids, so its
-length is exact for any tokenizer by construction, never by trial; the canary must tokenize the shared pieces the same
-way, and each server's usage.prompt_tokens must confirm N. After every prompt the sequential tests of
+Canary and baseline answer the same seeded RULER-style prompts of exactly N tokens: one haystack per sample, asked
+about its needles in one request per needle by default (niah.NiahTask). Each prompt is built in token space
+(niah.assemble) from pieces the baseline's /tokenize gave once, and sent as token ids, so its length is exact for any
+tokenizer by construction, never by trial; the canary must tokenize the shared pieces the same way, and each server's
+usage.prompt_tokens must confirm N. A sample's first request goes alone and the rest follow together, so a server
+with prefix caching (vLLM's default) prefills the haystack once per sample. After every prompt the sequential tests of
 stats are read: the gate passes once recovery is shown above min_recovery, fails once it is shown below,
 each wrong with probability at most 1 - confidence however early it stops. A baseline shown to score below
 baseline_floor at this length cannot judge a canary: that is inconclusive (BaselineTooWeak), never a pass or a fail,
@@ -44,8 +46,9 @@ class AccuracyOptions:
     min_samples: int = 2
     seed: int = 0
     request_timeout_seconds: float = 600.0
+    task: niah.NiahTask = niah.NiahTask.MULTIKEY
     needles: int = 8
-    asked: int = 4
+    asked: int = 8
     retry_delays_s: tuple[float, ...] = (0.2, 0.5, 1.0)
 
 
@@ -105,12 +108,16 @@ async def shared_pieces(client: Tokenizing) -> SharedPieces:
     return SharedPieces(prefix, suffix, tuple(header), tuple(tuple(ids) for ids in filler))
 
 
-async def sample_pieces(client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample) -> niah.PromptPieces:
-    """`sample`'s prompt pieces: the shared ones, and its needles and question as `client` tokenizes them."""
-    *needles, question = await asyncio.gather(
+async def sample_pieces(
+    client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample, task: niah.NiahTask
+) -> niah.PromptPieces:
+    """`sample`'s prompt pieces: the shared ones, and its needles and questions as `client` tokenizes them."""
+    questions = sample.questions(task)
+    tokenized = await asyncio.gather(
         *(client.tokenize(niah.needle_text(needle), add_special_tokens=False) for needle in sample.needles),
-        client.tokenize(niah.question_text(sample), add_special_tokens=False),
+        *(client.tokenize(niah.question_text(asked), add_special_tokens=False) for asked in questions),
     )
+    needles = tokenized[: len(sample.needles)]
     if not all(needles):
         raise GateError(GateReason.MALFORMED_RESPONSE, f"{client.base_url} tokenized a needle to no tokens")
     return niah.PromptPieces(
@@ -119,13 +126,16 @@ async def sample_pieces(client: Tokenizing, shared: SharedPieces, sample: niah.N
         header=shared.header,
         sentences=shared.sentences,
         needles=tuple(tuple(ids) for ids in needles),
-        question=tuple(question),
+        questions=tuple(tuple(ids) for ids in tokenized[len(sample.needles) :]),
     )
 
 
-async def sized_prompt(client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample, length: int) -> list[int]:
-    """`sample` as exactly `length` token ids for `client`'s tokenizer, needles whole (see niah.assemble)."""
-    pieces = await sample_pieces(client, shared, sample)
+async def sized_prompts(
+    client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample, task: niah.NiahTask, length: int
+) -> list[list[int]]:
+    """`sample`'s prompts (one per question of `task`), each exactly `length` token ids for `client`'s tokenizer,
+    needles whole (see niah.assemble)."""
+    pieces = await sample_pieces(client, shared, sample, task)
     if pieces.fixed_tokens > length:
         raise GateError(
             GateReason.LENGTH_TOO_SHORT,
@@ -199,7 +209,7 @@ def decision_message(reason: GateReason, evidence: Evidence, samples: int, optio
     if reason == GateReason.BASELINE_TOO_WEAK:
         return (
             f"the baseline answers too few needles at {options.length} tokens to judge the canary {after}, below "
-            f"the floor {options.baseline_floor}: pick an easier task (fewer needles asked per prompt) or a shorter "
+            f"the floor {options.baseline_floor}: pick an easier task (fewer needles hidden per prompt) or a shorter "
             f"length (gates.accuracy.lengthTokens)"
         )
     if reason == GateReason.SAMPLE_CAP_REACHED:
@@ -230,6 +240,12 @@ async def _check_endpoints(canary: VllmClient, baseline: VllmClient, length: int
     return baseline_pieces
 
 
+async def _answers(client: VllmClient, prompts: list[list[int]]) -> list[str]:
+    """One sample's answers: the first prompt alone, so the server caches the haystack they share, then the rest."""
+    first = await _answer(client, prompts[0])
+    return [first, *await asyncio.gather(*(_answer(client, prompt) for prompt in prompts[1:]))]
+
+
 async def _answer(client: VllmClient, prompt: list[int]) -> str:
     """The completion's text, once the server confirms it saw exactly the prompt's tokens."""
     completion = await client.complete(prompt, ANSWER_TOKENS)
@@ -249,9 +265,9 @@ async def _evaluate(
 ) -> dict[str, Any]:
     shared = await _check_endpoints(canary, baseline, options.length)
 
-    async def prepare(index: int) -> tuple[niah.NiahSample, list[int]]:
+    async def prepare(index: int) -> tuple[niah.NiahSample, list[list[int]]]:
         sample = niah.draw_sample(options.seed, index, options.needles, options.asked)
-        return sample, await sized_prompt(baseline, shared, sample, options.length)
+        return sample, await sized_prompts(baseline, shared, sample, options.task, options.length)
 
     evidence = Evidence.start(options.min_recovery, options.baseline_floor)
     # The next prompt is sized while both servers answer the current one.
@@ -259,17 +275,21 @@ async def _evaluate(
     samples = 0
     try:
         while True:  # sequential_decision ends it at max_samples at the latest
-            sample, prompt = await upcoming
+            sample, prompts = await upcoming
             samples += 1
             if samples < options.max_samples:
                 upcoming = asyncio.create_task(prepare(samples))
-            canary_text, baseline_text = await asyncio.gather(_answer(canary, prompt), _answer(baseline, prompt))
-            for canary_right, baseline_right in zip(
-                niah.matches_per_needle(canary_text, sample.expected),
-                niah.matches_per_needle(baseline_text, sample.expected),
-                strict=True,
+            canary_texts, baseline_texts = await asyncio.gather(_answers(canary, prompts), _answers(baseline, prompts))
+            for asked, canary_text, baseline_text in zip(
+                sample.questions(options.task), canary_texts, baseline_texts, strict=True
             ):
-                evidence = evidence.add(canary_right, baseline_right)
+                expected = tuple(needle.value for needle in asked)
+                for canary_right, baseline_right in zip(
+                    niah.matches_per_needle(canary_text, expected),
+                    niah.matches_per_needle(baseline_text, expected),
+                    strict=True,
+                ):
+                    evidence = evidence.add(canary_right, baseline_right)
             bounds = evidence.bounds(1 - options.confidence)
             on_progress(AccuracyProgress(samples, evidence.counts, bounds, options))
             reason = sequential_decision(evidence, samples, options)

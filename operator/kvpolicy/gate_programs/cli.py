@@ -24,6 +24,7 @@ from kvpolicy.gate_programs.accuracy import validate as validate_accuracy
 from kvpolicy.gate_programs.client import base_url
 from kvpolicy.gate_programs.latency import LatencyOptions, LatencyProgress, run_latency_probe
 from kvpolicy.gate_programs.latency import validate as validate_latency
+from kvpolicy.gate_programs.niah import NiahTask
 
 EXIT_USAGE = 64  # EX_USAGE (sysexits.h)
 
@@ -59,8 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     option("--max-samples", int, "hard cap on prompts")
     option("--min-samples", int, "prompts before the gate may stop early")
     option("--baseline-floor", float, "baseline score below which the gate cannot judge (inconclusive)")
+    accuracy.add_argument(
+        "--task",
+        type=NiahTask,
+        choices=list(NiahTask),
+        default=AccuracyOptions.task,
+        help="multikey: each asked needle in its own request over the shared haystack; multiquery: all in one "
+        "question (default: %(default)s)",
+    )
     option("--needles", int, "needles hidden in each prompt")
-    option("--asked", int, "needles each prompt's question asks for")
+    option("--asked", int, "needles asked about in each prompt")
     option("--seed", int, "selects the prompts")
     _common(accuracy, _with_defaults(accuracy, AccuracyOptions))
 
@@ -163,6 +172,7 @@ def main(argv: list[str]) -> int:
                 max_samples=args.max_samples,
                 min_samples=args.min_samples,
                 baseline_floor=args.baseline_floor,
+                task=args.task,
                 needles=args.needles,
                 asked=args.asked,
                 seed=args.seed,

@@ -1,12 +1,18 @@
 """RULER-style needle-in-a-haystack prompts: construction (gate side), parsing (simulator side) and scoring.
 
 The haystack is RULER's "noise" filler; needles follow RULER's niah template ("One of the special magic numbers for
-KEY is: VALUE."). Several distinct keys are hidden (niah_multikey) and the question asks for a few of them at once
-(as niah_multiquery does), so one long prompt yields several scored needles; scoring is RULER's string_match_all.
+KEY is: VALUE."). Several distinct keys are hidden in one haystack (niah_multikey: the others are distractors), and
+the task says how the asked ones are asked:
+- `multikey` (the default): each asked needle in a request of its own with RULER's single-key question, all of them
+  over the same haystack, so the server's prefix cache prefills the haystack once and every further question costs a
+  few tokens. One long prefill scores several needles, and a small model answers one key at a time far more often
+  than several at once (BENCHMARKS.md, "Real model").
+- `multiquery`: all asked needles in one question (RULER's niah_multiquery wording), one request.
+Scoring is RULER's string_match_all, needle by needle.
 
 The gate builds prompts in token space (`PromptPieces`, `assemble`): each piece is tokenized once by the server, the
-haystack is made of whole filler sentences and cut to fit, and the token ids are sent as the prompt. The length is
-exact by construction, for any tokenizer, and no needle is ever cut. `render` gives the same prompt as text.
+haystack is made of whole filler sentences and cut to fit, and the token ids are sent as the prompt. Every prompt's
+length is exact by construction, for any tokenizer, and no needle is ever cut. `render` gives one prompt as text.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import random
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import lru_cache
 from typing import TypeVar
 
@@ -31,14 +38,29 @@ QUESTION = (
     "\nWhat are all the special magic numbers for {keys} mentioned in the provided text? "
     "The special magic numbers for {keys} mentioned in the provided text are"
 )
+# RULER's question when one key is asked.
+SINGLE_QUESTION = (
+    "\nWhat is the special magic number for {key} mentioned in the provided text? "
+    "The special magic number for {key} mentioned in the provided text is"
+)
 # Decoded token ids may differ from the text in case and in spaces around punctuation (WordPiece gives "rustic -
 # glacier is : 42"): the patterns allow both.
 NEEDLE_PATTERN = re.compile(r"one of the special magic numbers for ([a-z]+)\s*-\s*([a-z]+)\s+is\s*:\s*(\d+)", re.I)
 QUESTION_PATTERN = re.compile(
-    r"what are all the special magic numbers for (.+?) mentioned in the provided text\s*\?", re.I | re.S
+    r"what (?:are all the special magic numbers|is the special magic number) for (.+?) mentioned in the provided "
+    r"text\s*\?",
+    re.I | re.S,
 )
 
 T = TypeVar("T")
+
+
+class NiahTask(StrEnum):
+    """How a prompt's asked needles are asked (see the module's docstring)."""
+
+    MULTIKEY = "multikey"
+    MULTIQUERY = "multiquery"
+
 
 _ADJECTIVES = (
     "amber", "brave", "calm", "dusty", "eager", "faint", "gentle", "hollow", "icy", "jolly", "keen", "lively",
@@ -70,8 +92,14 @@ class NiahSample:
     def expected(self) -> tuple[str, ...]:
         return tuple(needle.value for needle in self.asked)
 
+    def questions(self, task: NiahTask) -> tuple[tuple[Needle, ...], ...]:
+        """The needles each request asks for: one request per asked needle, or one asking them all."""
+        if task == NiahTask.MULTIKEY:
+            return tuple((needle,) for needle in self.asked)
+        return (self.asked,)
 
-def draw_sample(seed: int, index: int, num_needles: int = 8, num_asked: int = 4) -> NiahSample:
+
+def draw_sample(seed: int, index: int, num_needles: int = 8, num_asked: int = 8) -> NiahSample:
     """The `index`-th sample of a seeded sequence: distinct word-pair keys, 7-digit values, spread depths."""
     if not 1 <= num_asked <= num_needles:
         raise ValueError(f"num_asked must be between 1 and num_needles ({num_needles}), got {num_asked}")
@@ -124,8 +152,9 @@ def _insert_nearest(haystack: Sequence[T], ends: Sequence[int], items: Iterable[
     return joined
 
 
-def render(sample: NiahSample, filler_pieces: int) -> str:
-    """The prompt text with `filler_pieces` pieces of haystack and the needles inserted at their depths.
+def render(sample: NiahSample, filler_pieces: int, asked: Sequence[Needle] | None = None) -> str:
+    """The prompt text with `filler_pieces` pieces of haystack, the needles inserted at their depths, and a question
+    for `asked` (default: all the sample's asked needles in one question).
 
     Needles go in at the sentence end nearest their depth, so the filler stays grammatical around them.
     """
@@ -134,7 +163,8 @@ def render(sample: NiahSample, filler_pieces: int) -> str:
         (depth * filler_pieces, [needle_text(needle)])
         for needle, depth in zip(sample.needles, sample.depths, strict=True)
     ]
-    return "".join([HEADER, *_insert_nearest(_haystack(filler_pieces), ends, needles), question_text(sample)])
+    question = question_text(sample.asked if asked is None else asked)
+    return "".join([HEADER, *_insert_nearest(_haystack(filler_pieces), ends, needles), question])
 
 
 def string_match_all(output: str, expected: tuple[str, ...]) -> float:
@@ -164,8 +194,13 @@ def needle_text(needle: Needle) -> str:
     return " " + NEEDLE.format(key=needle.key, value=needle.value)
 
 
-def question_text(sample: NiahSample) -> str:
-    return QUESTION.format(keys=", ".join(needle.key for needle in sample.asked))
+def question_text(asked: Sequence[Needle]) -> str:
+    """RULER's question for these needles: the single-key wording for one, the multiquery wording for several."""
+    if not asked:
+        raise ValueError("a question asks for at least one needle")
+    if len(asked) == 1:
+        return SINGLE_QUESTION.format(key=asked[0].key)
+    return QUESTION.format(keys=", ".join(needle.key for needle in asked))
 
 
 def filler_sentences() -> tuple[str, ...]:
@@ -181,7 +216,8 @@ class PromptPieces:
     """The token ids of one sample's prompt pieces, each tokenized on its own by the server's tokenizer.
 
     `prefix` and `suffix` are the special tokens the server puts around a text prompt (a BOS; BERT's [CLS] and [SEP];
-    T5's </s>), so a prompt sent as ids reads as the same prompt sent as text would.
+    T5's </s>), so a prompt sent as ids reads as the same prompt sent as text would. `questions` holds one question
+    per request made over the haystack.
     """
 
     prefix: TokenIds
@@ -189,19 +225,22 @@ class PromptPieces:
     header: TokenIds
     sentences: tuple[TokenIds, ...]
     needles: tuple[TokenIds, ...]
-    question: TokenIds
+    questions: tuple[TokenIds, ...]
 
     def __post_init__(self) -> None:
         if not self.sentences or not all(self.sentences):
             raise ValueError("every filler sentence must tokenize to at least one token")
         if not all(self.needles):
             raise ValueError("every needle must tokenize to at least one token")
+        if not self.questions:
+            raise ValueError("prompt pieces need at least one question")
 
     @property
     def fixed_tokens(self) -> int:
-        """Tokens of everything but the haystack: the shortest prompt these pieces can make."""
-        pieces = (self.prefix, self.suffix, self.header, self.question, *self.needles)
-        return sum(len(piece) for piece in pieces)
+        """Tokens of everything but the haystack, with the longest question: the shortest prompt these pieces can
+        make."""
+        pieces = (self.prefix, self.suffix, self.header, *self.needles)
+        return sum(len(piece) for piece in pieces) + max(len(question) for question in self.questions)
 
 
 def _token_haystack(sentences: tuple[TokenIds, ...], budget: int) -> tuple[list[int], list[int]]:
@@ -223,16 +262,22 @@ def _token_haystack(sentences: tuple[TokenIds, ...], budget: int) -> tuple[list[
     return haystack, ends
 
 
-def assemble(pieces: PromptPieces, depths: tuple[float, ...], length: int) -> list[int]:
-    """A prompt of exactly `length` tokens: prefix, header, haystack with each needle whole at the sentence end
-    nearest its depth, question, suffix. ValueError when the fixed pieces alone take `length` tokens or more."""
+def assemble(pieces: PromptPieces, depths: tuple[float, ...], length: int) -> list[list[int]]:
+    """One prompt of exactly `length` tokens per question: prefix, header, haystack with each needle whole at the
+    sentence end nearest its depth, the question, suffix. The prompts differ only after the needles: a shorter
+    question gets that much more filler before it, so they share the haystack and the server prefills it once.
+    ValueError when the fixed pieces alone take `length` tokens or more."""
     if len(depths) != len(pieces.needles):
         raise ValueError(f"{len(depths)} depths for {len(pieces.needles)} needles")
     budget = length - pieces.fixed_tokens
     if budget < 0:
         raise ValueError(f"the prompt's header, needles and question alone take {pieces.fixed_tokens} tokens")
-    haystack, ends = _token_haystack(pieces.sentences, budget)
+    longest = max(len(question) for question in pieces.questions)
+    shortest = min(len(question) for question in pieces.questions)
+    haystack, ends = _token_haystack(pieces.sentences, budget + longest - shortest)
+    # Needles sit in the first `budget` tokens, which every prompt has: the rest is the shorter questions' filler.
+    needle_ends = [end for end in ends if end < budget] + [budget]
     needles = [(depth * budget, needle) for needle, depth in zip(pieces.needles, depths, strict=True)]
-    tokens = [*pieces.prefix, *pieces.header, *_insert_nearest(haystack, ends, needles)]
-    tokens += [*pieces.question, *pieces.suffix]
-    return tokens
+    shared = [*pieces.prefix, *pieces.header, *_insert_nearest(haystack, needle_ends, needles)]
+    head = length - longest - len(pieces.suffix)
+    return [[*shared[: head + longest - len(question)], *question, *pieces.suffix] for question in pieces.questions]
