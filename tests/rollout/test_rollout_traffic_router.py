@@ -325,3 +325,11 @@ def test_replica_ratio_without_a_selecting_pool_holds() -> None:
     driver.tick()
     assert driver.condition("ReplicaRatioHolds") == ("True", "NoInferencePool")
     assert "InferencePoolSelectsTarget" not in driver.reasons()
+
+
+def test_a_policy_found_to_be_governed_elsewhere_mid_rollout_puts_the_route_back_first() -> None:
+    driver, world, _ = routed()
+    result = driver.tick(1, governed_by="older-policy")
+    assert [a.kind for a in result.actions][:2] == [Kind.HTTP_ROUTE, Kind.INFERENCE_POOL]
+    assert world.route == user_route()
+    assert set(world.pools) == {"llama"}

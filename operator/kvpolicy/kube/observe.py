@@ -274,8 +274,9 @@ class Observer:
         # miss a policy created at the same time for the same target. Later passes may read the cache.
         peers = await self.api.list_objects(KVPOLICIES, namespace, fresh=phase == Phase.PLANNING)
         governed_by = governing_policy(policy.metadata, policy.spec.target_ref.name, peers)
-        if governed_by is not None:  # nothing else matters until that policy is gone
-            return Observations(now=now, governed_by=governed_by)
+        if governed_by is not None:  # nothing else matters until that policy is gone, but a route of ours to restore
+            route, pools, pickers = await self._traffic_objects(policy, phase)
+            return Observations(now=now, governed_by=governed_by, route=route, pools=pools, pickers=pickers)
         if phase == Phase.ROLLED_BACK:
             return Observations(now=now)
         target = await self.api.get(DEPLOYMENTS, namespace, policy.spec.target_ref.name)
