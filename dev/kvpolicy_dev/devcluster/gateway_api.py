@@ -15,8 +15,6 @@ from typing import Any, Protocol
 import yaml
 
 UPSTREAM_CRDS = Path(__file__).with_name("upstream_crds")
-HTTPROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
-INFERENCE_POOL_API_VERSION = "inference.networking.k8s.io/v1"
 
 
 class _Applies(Protocol):

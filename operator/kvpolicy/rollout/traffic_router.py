@@ -119,7 +119,15 @@ def shifted(t: Tick) -> bool:
     where = (
         f"HTTPRoute {traffic.route}: {weight}% to InferencePool {traffic.canary_pool}, {100 - weight}% to {spec.pool}"
     )
-    if ops and t.advisory:
+    if traffic.canary_pool not in t.obs.pools or (ops and not t.advisory):
+        # The pool first, then the route (a route naming a missing pool fails the requests sent to it).
+        if traffic.canary_pool in t.obs.pools:
+            t.add(Patch(Kind.HTTP_ROUTE, traffic.route, ops, patch_type="json"))
+        t.condition(TRAFFIC, ConditionStatus.UNKNOWN, Reason.SHIFTING_TRAFFIC, f"shifting to {where}")
+        t.status.message = f"shifting to {where}"
+        t.requeue = 0  # observe the write at once
+        return False
+    if ops:  # Advisory: the forward step is the GitOps repository's to apply
         advice = json.dumps(ops, separators=(",", ":"))
         if traffic.advice != advice:
             traffic.advice = advice
@@ -131,13 +139,6 @@ def shifted(t: Tick) -> bool:
             )
         t.condition(TRAFFIC, ConditionStatus.UNKNOWN, Reason.ROUTE_CHANGE_ADVISED, f"waiting for {where}")
         t.requeue = t.config.poll_seconds
-        return False
-    if ops or traffic.canary_pool not in t.obs.pools:
-        if ops and traffic.canary_pool in t.obs.pools:  # the pool first: a route naming a missing pool fails requests
-            t.add(Patch(Kind.HTTP_ROUTE, traffic.route, ops, patch_type="json"))
-        t.condition(TRAFFIC, ConditionStatus.UNKNOWN, Reason.SHIFTING_TRAFFIC, f"shifting to {where}")
-        t.status.message = f"shifting to {where}"
-        t.requeue = 0  # observe the write at once
         return False
     traffic.advice = None
     traffic.shifted_at = timestamp(t.now)
