@@ -14,6 +14,7 @@ import kubernetes
 import pytest
 import yaml
 from kubernetes.client.rest import ApiException
+from kvpolicy.rollout.traffic_routes import mirror_filter
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 from kvpolicy_dev.devcluster.gateway_api import gateway_api_crds
 
@@ -146,3 +147,10 @@ def test_the_readmes_pool_and_route_are_admitted_by_the_upstream_schemas(devclus
     assert sorted(block["kind"] for block in found) == ["HTTPRoute", "InferencePool"]
     for block in found:
         _create(kinds[block["kind"]], devcluster_namespace, block)
+
+
+def test_the_operators_mirror_filter_is_admitted_by_the_upstream_schema(devcluster_namespace: str) -> None:
+    route = _route("mirrored", {"llama": 1})
+    route["spec"]["rules"][0]["filters"] = [mirror_filter("llama-fp8-canary-g1", 20)]
+    created = _create(ROUTES, devcluster_namespace, route)
+    assert created["spec"]["rules"][0]["filters"][0]["requestMirror"]["percent"] == 20

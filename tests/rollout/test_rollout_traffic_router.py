@@ -25,6 +25,7 @@ ROUTED = {
     "rollout.inferencePool": {"httpRoute": "llm", "pool": "llama", "steps": [50, 10]},
     "rollout.bakeSeconds": 0,
 }
+MIRRORING = {"rollout.inferencePool": {**ROUTED["rollout.inferencePool"], "mirrorPercent": 20}}
 COPYING = {"rollout.inferencePool": {**ROUTED["rollout.inferencePool"], "endpointPicker": "CopyBaseline"}}
 
 
@@ -298,6 +299,50 @@ def test_copy_baseline_without_an_endpoint_picker_to_copy_is_unusable() -> None:
     assert driver.condition("TrafficRouted") == ("False", "TrafficRouteUnusable")
     assert "Service llama-epp (the endpoint picker of InferencePool llama) not found" in driver.policy.status.message
     assert world.route == user_route()
+
+
+def test_a_mirror_phase_copies_requests_to_the_canary_before_any_user_is_answered_by_it() -> None:
+    driver, world, canary = routed(**MIRRORING)
+    assert world.route is not None
+    rule = world.route["spec"]["rules"][1]
+    assert rule["backendRefs"] == [POOL_REF], "no user is answered by the canary while mirroring"
+    assert rule["filters"] == [
+        {
+            "type": "RequestMirror",
+            "requestMirror": {
+                "backendRef": {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": canary},
+                "percent": 20,
+            },
+        }
+    ]
+    assert driver.condition("TrafficRouted") == ("True", "TrafficShifted")
+    assert "(mirror phase)" in driver.policy.status.message
+    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    assert weights(world) == [("llama", 90), (canary, 10)] and "filters" not in world.route["spec"]["rules"][1]
+    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    for _ in range(3):
+        driver.tick()
+    assert driver.phase == "Promoted"
+    assert world.route == user_route()
+
+
+def test_a_rollback_in_the_mirror_phase_removes_the_filter_and_keeps_the_users_own() -> None:
+    world = RoutedWorld()
+    assert world.route is not None
+    own = {"type": "RequestHeaderModifier", "requestHeaderModifier": {"set": [{"name": "x-team", "value": "a"}]}}
+    world.route["spec"]["rules"][1]["filters"] = [own]
+    written = copy.deepcopy(world.route)
+    driver = Driver(make_policy(**{**ROUTED, **MIRRORING, "gates.latency.consecutiveFailureLimit": 1}), world=world)
+    run_to_canary(driver)
+    driver.tick()
+    driver.tick()
+    assert [f["type"] for f in world.route["spec"]["rules"][1]["filters"]] == ["RequestHeaderModifier", "RequestMirror"]
+    driver.tick(60, latency_verdict=verdict(VerdictKind.BREACH))
+    for _ in range(3):
+        driver.tick()
+    assert driver.phase == "RolledBack"
+    assert world.route == written
 
 
 # ------------------------------------------------------------------------------------ ReplicaRatio behind a pool

@@ -11,8 +11,9 @@ from kvpolicy.analysis.model import Verdict, VerdictKind
 from kvpolicy.api.v1alpha1 import ConditionStatus
 from kvpolicy.plugin import view
 from kvpolicy.rollout.traffic_share import judge, tolerance_points
-from operator_helpers import live, side, verdict
+from operator_helpers import Driver, live, make_policy, run_to_canary, side, verdict
 from test_rollout_drift_and_view import ANALYSING, NOW, raw_policy
+from test_rollout_traffic_router import MIRRORING, ROUTED, RoutedWorld
 
 
 def counted(kind: VerdictKind, canary: float, baseline: float) -> Verdict:
@@ -85,3 +86,15 @@ def test_get_shows_the_route_step_and_the_canary_share() -> None:
         "Canary share:    measured 47.5% of requests (intended 50.0%): 95 canary / 105 baseline over 300s, 10s ago"
         in screen
     )
+
+
+def test_a_mirrored_canary_is_meant_to_serve_its_copies_share_of_all_requests() -> None:
+    world = RoutedWorld()
+    driver = Driver(make_policy(**{**ROUTED, **MIRRORING}), world=world)
+    run_to_canary(driver)
+    driver.tick()
+    driver.tick()
+    driver.tick(60, latency_verdict=counted(VerdictKind.NO_DATA, 20, 100))
+    share = driver.policy.status.traffic_share
+    assert share is not None and share.intended_percent == pytest.approx(16.67)
+    assert driver.condition("TrafficShareAsIntended") == ("True", "ShareAsIntended")

@@ -762,6 +762,14 @@ class InferencePoolTraffic(_Model):
         description="The canary's share of the route's traffic in percent at each step, taken in ascending order. "
         "Each step runs the latency analysis for bakeSeconds before the next; after the last the target is promoted.",
     )
+    mirror_percent: Int | None = Field(
+        default=None,
+        ge=1,
+        le=100,
+        description="Before the first step, mirror this percentage of the route's requests to the canary's pool "
+        "(an HTTPRoute RequestMirror filter; the users get the baseline's answers) for one analysis and bake. "
+        "Unset: no mirror phase. How a gateway mirrors to a pool is implementation-specific.",
+    )
     endpoint_picker: EndpointPicker = Field(
         default=EndpointPicker.NONE,
         description="None: the canary's pool has no endpoint picker (endpointPickerRef is optional from GIE v1.6.0; "
@@ -1266,6 +1274,9 @@ class RouteRuleRecord(_Model):
 
     rule: int = Field(description="Index in spec.rules.")
     backend_refs: list[dict[str, Any]] = Field(description="The rule's backendRefs exactly as they were.")
+    filters: list[dict[str, Any]] | None = Field(
+        default=None, description="The rule's filters exactly as they were; unset: it had none."
+    )
 
 
 class TrafficStatus(_Model):
@@ -1278,6 +1289,7 @@ class TrafficStatus(_Model):
         default=None,
         description="endpointPicker CopyBaseline: the copied EPP's Deployment and Service (the operator's).",
     )
+    mirroring: bool = Field(default=False, description="In the mirror phase, before the first step.")
     step: int = Field(default=0, description="Index of the current step in spec.rollout.inferencePool.steps.")
     weight: int = Field(default=0, description="The canary's intended share of the route's traffic now, percent.")
     shifted_at: str | None = Field(default=None, description="When the route was seen at this step's weight.")

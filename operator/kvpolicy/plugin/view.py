@@ -254,14 +254,14 @@ def _traffic_lines(parsed: Parsed, now: datetime) -> list[str]:
     status, lines = parsed.status, []
     routed = status.traffic
     if routed is not None and parsed.spec is not None and parsed.spec.rollout.inference_pool is not None:
-        steps = len(parsed.spec.rollout.inference_pool.steps)
-        lines.append(
-            _field(
-                "Route",
-                f"HTTPRoute {routed.route}: {routed.weight}% to InferencePool {routed.canary_pool}, "
-                f"{100 - routed.weight}% to {routed.pool} (step {routed.step + 1} of {steps})",
-            )
-        )
+        routing = parsed.spec.rollout.inference_pool
+        if routed.mirroring:
+            where = f"{routing.mirror_percent}% of the requests mirrored to InferencePool {routed.canary_pool}"
+            where += f", answered by {routed.pool} (mirror phase)"
+        else:
+            where = f"{routed.weight}% to InferencePool {routed.canary_pool}, {100 - routed.weight}% to {routed.pool}"
+            where += f" (step {routed.step + 1} of {len(routing.steps)})"
+        lines.append(_field("Route", f"HTTPRoute {routed.route}: {where}"))
     share = status.traffic_share
     if share is not None and status.phase == Phase.LATENCY_ANALYSIS:
         measured = f"{share.measured_percent:.1f}%" if share.measured_percent is not None else "-"

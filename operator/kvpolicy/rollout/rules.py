@@ -96,7 +96,8 @@ def phase_deadline(policy: KVPolicy) -> datetime | None:
     elif phase == Phase.LATENCY_ANALYSIS:
         latency = spec.gates.latency
         # traffic InferencePool bakes at each step's share in turn.
-        steps = len(spec.rollout.inference_pool.steps) if spec.rollout.inference_pool is not None else 1
+        routing = spec.rollout.inference_pool
+        steps = len(routing.steps) + (routing.mirror_percent is not None) if routing is not None else 1
         seconds = spec.rollout.progress_deadline_seconds + spec.rollout.bake_seconds * steps
         seconds += latency.inconclusive_deadline_seconds if latency.enabled else 0
     elif phase == Phase.PROMOTING and spec.rollout.apply_mode == ApplyMode.ADVISORY:

@@ -102,12 +102,14 @@ def shifted(t: Tick) -> bool:
             pool=spec.pool,
             canary_pool=t.canary.deployment,
             endpoint_picker=picker,
+            mirroring=spec.mirror_percent is not None,
             original=records,
         )
         t.requeue = 0
         return False
-    weight = sorted(spec.steps)[traffic.step]
+    weight = 0 if traffic.mirroring else sorted(spec.steps)[traffic.step]
     traffic.weight = weight
+    mirror = spec.mirror_percent if traffic.mirroring else None
     if traffic.endpoint_picker is not None and not _picker_ready(t, traffic, baseline):
         return False
     if traffic.canary_pool not in t.obs.pools:
@@ -115,9 +117,12 @@ def shifted(t: Tick) -> bool:
     if t.obs.route is None:
         _unusable(t, f"HTTPRoute {spec.http_route} not found")
         return False
-    ops = route_patch(t.obs.route, traffic.original, traffic.canary_pool, weight)
+    ops = route_patch(t.obs.route, traffic.original, traffic.canary_pool, weight, mirror)
     where = (
         f"HTTPRoute {traffic.route}: {weight}% to InferencePool {traffic.canary_pool}, {100 - weight}% to {spec.pool}"
+        if mirror is None
+        else f"HTTPRoute {traffic.route}: {mirror}% of the requests mirrored to InferencePool {traffic.canary_pool}, "
+        f"answered by {spec.pool}"
     )
     if traffic.canary_pool not in t.obs.pools or (ops and not t.advisory):
         # The pool first, then the route (a route naming a missing pool fails the requests sent to it).
@@ -142,7 +147,7 @@ def shifted(t: Tick) -> bool:
         return False
     traffic.advice = None
     traffic.shifted_at = timestamp(t.now)
-    step = f"step {traffic.step + 1} of {len(spec.steps)}"
+    step = "mirror phase" if traffic.mirroring else f"step {traffic.step + 1} of {len(spec.steps)}"
     t.condition(TRAFFIC, ConditionStatus.TRUE, Reason.TRAFFIC_SHIFTED, f"{where} ({step})")
     t.event("Normal", Reason.TRAFFIC_SHIFTED, f"{where} ({step})")
     return True
@@ -152,9 +157,12 @@ def next_step(t: Tick) -> bool:
     """After a step's analysis passed: go on to the next step's weight (True), or False after the last one."""
     spec = t.spec.rollout.inference_pool
     traffic = t.status.traffic
-    if spec is None or traffic is None or traffic.step + 1 >= len(spec.steps):
+    if spec is None or traffic is None or (not traffic.mirroring and traffic.step + 1 >= len(spec.steps)):
         return False
-    traffic.step += 1
+    if traffic.mirroring:  # the mirror phase passed: the first step's share next
+        traffic.mirroring = False
+    else:
+        traffic.step += 1
     traffic.shifted_at = None
     t.status.latency = LatencyAnalysis()
     t.requeue = 0

@@ -57,7 +57,7 @@ def original_rules(route: Obj | None, spec: InferencePoolTraffic, namespace: str
                 f"HTTPRoute {spec.http_route} rule {index} sends traffic to InferencePool {spec.pool} and to "
                 f"{len(refs) - 1} other backend(s): the rollout needs rules whose only backend is the pool"
             )
-        records.append(RouteRuleRecord(rule=index, backend_refs=refs))
+        records.append(RouteRuleRecord(rule=index, backend_refs=refs, filters=rule.get("filters")))
     if not records:
         raise RouteShapeError(f"HTTPRoute {spec.http_route} has no rule sending traffic to InferencePool {spec.pool}")
     return records
@@ -71,19 +71,42 @@ def weighted_refs(original: Sequence[Mapping[str, Any]], canary_pool: str, weigh
     return [baseline, {"group": INFERENCE_GROUP, "kind": POOL_KIND, "name": canary_pool, "weight": weight}]
 
 
-def route_patch(route: Obj, records: Sequence[RouteRuleRecord], canary_pool: str, weight: int) -> list[Obj]:
-    """The JSON patch taking each recorded rule to `weight` (0: as it was); empty when the route is there already.
-    Each replaced list is tested first as observed."""
+def mirror_filter(canary_pool: str, percent: int) -> Obj:
+    """A RequestMirror filter sending `percent` of a rule's requests to the canary's pool as well."""
+    backend = {"group": INFERENCE_GROUP, "kind": POOL_KIND, "name": canary_pool}
+    return {"type": "RequestMirror", "requestMirror": {"backendRef": backend, "percent": percent}}
+
+
+def _list_ops(path: str, current: list[Obj] | None, desired: list[Obj] | None) -> list[Obj]:
+    """Ops taking the list at `path` from `current` to `desired` (None: absent), testing a present list first."""
+    if current == desired:
+        return []
+    if current is None:
+        return [{"op": "add", "path": path, "value": desired}]
+    test = {"op": "test", "path": path, "value": current}
+    return [
+        test,
+        {"op": "remove", "path": path} if desired is None else {"op": "replace", "path": path, "value": desired},
+    ]
+
+
+def route_patch(
+    route: Obj, records: Sequence[RouteRuleRecord], canary_pool: str, weight: int, mirror_percent: int | None = None
+) -> list[Obj]:
+    """The JSON patch taking each recorded rule to `weight` (0: as it was), with the canary's mirror filter added
+    when `mirror_percent` is given; empty when the route is there already. Each replaced list is tested first as
+    observed."""
     rules = _rules(route)
     ops: list[Obj] = []
     for record in records:
         if record.rule >= len(rules):
             continue  # the rule is gone: nothing of ours is left in it
-        current = rules[record.rule].get("backendRefs") or []
-        desired = weighted_refs(record.backend_refs, canary_pool, weight)
-        if current != desired:
-            path = f"/spec/rules/{record.rule}/backendRefs"
-            ops += [{"op": "test", "path": path, "value": current}, {"op": "replace", "path": path, "value": desired}]
+        rule, path = rules[record.rule], f"/spec/rules/{record.rule}"
+        refs = weighted_refs(record.backend_refs, canary_pool, weight)
+        ops += _list_ops(f"{path}/backendRefs", rule.get("backendRefs") or [], refs)
+        mirror = [mirror_filter(canary_pool, mirror_percent)] if mirror_percent is not None else []
+        filters = [*(record.filters or []), *mirror] or None
+        ops += _list_ops(f"{path}/filters", rule.get("filters"), filters)
     return ops
 
 

@@ -32,8 +32,12 @@ EXPECTED_FOR_NO_TRAFFIC = 5.0
 def intended_percent(t: Tick) -> float | None:
     """The share the canary is meant to get now; None where it gets no users (Synthetic)."""
     traffic = t.spec.rollout.traffic
+    routed, spec = t.status.traffic, t.spec.rollout.inference_pool
+    if traffic == Traffic.INFERENCE_POOL and routed is not None and routed.mirroring and spec is not None:
+        mirrored = float(spec.mirror_percent or 0)  # copies of that share of the requests, beside all of them
+        return 100.0 * mirrored / (100.0 + mirrored)
     if traffic == Traffic.INFERENCE_POOL:
-        return float(t.status.traffic.weight) if t.status.traffic is not None else None
+        return float(routed.weight) if routed is not None else None
     if traffic == Traffic.REPLICA_RATIO and t.obs.target is not None:
         canary = t.spec.rollout.canary_replicas
         target = int(t.obs.target["spec"].get("replicas", 1))
