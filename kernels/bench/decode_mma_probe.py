@@ -21,7 +21,6 @@ import torch
 import triton
 from kvkernels import _decode_mma
 from kvkernels._cuda_runtime import compile_cubin, load_kernel
-from kvkernels._decode_mma import plan_launch
 from kvkernels.decode import MmaDecodeConfig, PagedKVCache, _mma_partials, paged_decode
 from kvkernels.modes import AccumulationMode
 from kvkernels.prefill import LOG2_E
@@ -41,6 +40,7 @@ def _cache(seqs: int, hk: int, length: int, gen: torch.Generator, shuffled: bool
 
 
 def expected_partials(q, kc, vc, table, lens, group, parts_per_seq, tokens_per_part, qk_scale):  # type: ignore[no-untyped-def]
+    """tokens_per_part: per sequence (splits are cut from each sequence's own length)."""
     seqs, heads, _ = q.shape
     hk = kc.shape[2]
     acc = torch.zeros(seqs, heads, parts_per_seq, D, dtype=torch.float64, device="cuda")
@@ -52,7 +52,7 @@ def expected_partials(q, kc, vc, table, lens, group, parts_per_seq, tokens_per_p
         k = kc[pages].reshape(-1, hk, D)[:n].double()
         v = vc[pages].reshape(-1, hk, D)[:n].double()
         for part in range(parts_per_seq):
-            lo, hi = part * tokens_per_part, min(n, (part + 1) * tokens_per_part)
+            lo, hi = part * tokens_per_part[seq], min(n, (part + 1) * tokens_per_part[seq])
             if hi <= lo:
                 continue
             for head in range(heads):
@@ -74,12 +74,16 @@ def check_partials(
     q = torch.randn(seqs, hk * group, D, device="cuda", generator=gen).to(FP8_DTYPE)
     qk_scale = LOG2_E / math.sqrt(D)
     cache = PagedKVCache(kc, vc, table, lens)
-    acc, m, l_sum = _mma_partials(q, cache, max(lengths), AccumulationMode.TWO_LEVEL, qk_scale, splits, cfg)
+    partials = _mma_partials(q, cache, max(lengths), AccumulationMode.TWO_LEVEL, qk_scale, splits, cfg)
     torch.cuda.synchronize()
-    plan = plan_launch(cfg, seqs, hk * group, hk, max(lengths), 1, splits)  # splits given: no SM count needed
-    e_acc, e_m, e_l = expected_partials(
-        q, kc, vc, table, lens, group, plan.num_parts, plan.tokens_per_split // cfg.warps_per_head, qk_scale
-    )
+    # Fixed splits: sequence s owns rows [s * parts, (s + 1) * parts) of the [heads, rows, ...] buffers.
+    parts = partials.max_parts
+    acc = partials.acc.view(hk * group, seqs, parts, D).transpose(0, 1)
+    m = partials.max.view(hk * group, seqs, parts).transpose(0, 1)
+    l_sum = partials.sum.view(hk * group, seqs, parts).transpose(0, 1)
+    step = cfg.tile * cfg.warps_per_head
+    per_part = [-(-n // (splits * step)) * step // cfg.warps_per_head for n in lengths]
+    e_acc, e_m, e_l = expected_partials(q, kc, vc, table, lens, group, parts, per_part, qk_scale)
     nan = int(torch.isnan(acc).sum() + torch.isnan(m).sum() + torch.isnan(l_sum).sum())
     dm = (m.double() - e_m).nan_to_num(0.0, 0.0, 0.0).abs().max().item()
     finite = torch.isfinite(e_m)
@@ -98,22 +102,23 @@ def check_partials(
 ECHO_SOURCE = r"""
 extern "C" __global__ void paged_decode_fp8_mma(
     const unsigned char* q, const unsigned char* k_cache, const unsigned char* v_cache, const int* block_table,
-    const int* seq_lens, float* part_acc, float* part_max, float* part_sum, float qk_scale, int group,
-    int tokens_per_split, long long s_qs, long long s_qh, long long s_kb, long long s_kt, long long s_kh,
-    long long s_vb, long long s_vt, long long s_vh, long long s_bt, long long s_as, long long s_ah, long long s_ap,
-    long long s_ms, long long s_mh) {
+    const int* seq_lens, float* part_acc, float* part_max, float* part_sum, int* part_index, float qk_scale,
+    int group, int tokens_per_split, int seqs, int wave, int most_waves, int min_split_steps, int fixed_splits,
+    long long s_qs, long long s_qh, long long s_kb, long long s_kt, long long s_kh, long long s_vb, long long s_vt,
+    long long s_vh, long long s_bt, long long s_as, long long s_ah, long long s_ap, long long s_ms, long long s_mh) {
     if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
-        const long long ints[16] = {group, tokens_per_split, s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt,
-                                    s_as, s_ah, s_ap, s_ms, s_mh};
-        for (int i = 0; i < 16; ++i) part_acc[i] = (float)ints[i];
-        part_acc[16] = qk_scale;
-        part_acc[17] = (float)seq_lens[0];
-        part_acc[18] = (float)block_table[0];
-        part_acc[19] = (float)q[0];
-        part_acc[20] = (float)k_cache[0];
-        part_acc[21] = (float)v_cache[0];
+        const long long ints[21] = {group, tokens_per_split, seqs, wave, most_waves, min_split_steps, fixed_splits,
+                                    s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt, s_as, s_ah, s_ap, s_ms, s_mh};
+        for (int i = 0; i < 21; ++i) part_acc[i] = (float)ints[i];
+        part_acc[21] = qk_scale;
+        part_acc[22] = (float)seq_lens[0];
+        part_acc[23] = (float)block_table[0];
+        part_acc[24] = (float)q[0];
+        part_acc[25] = (float)k_cache[0];
+        part_acc[26] = (float)v_cache[0];
         part_max[0] = 1.f;
         part_sum[0] = 2.f;
+        part_index[0] = 3;
     }
 }
 """
@@ -127,19 +132,22 @@ def check_arguments() -> None:
     q = torch.randn(2, 8, D, device="cuda", generator=gen).to(FP8_DTYPE)
     cubin = compile_cubin(ECHO_SOURCE, "echo.cu", 90, {})
     kernel = load_kernel(cubin, _decode_mma.FUNCTION_NAME, q.device, _decode_mma.SIGNATURE, 0)
-    acc = torch.zeros(2, 8, 4, D, device="cuda")
-    m = torch.zeros(2, 8, 4, device="cuda")
+    acc = torch.zeros(8, 8, D, device="cuda")
+    m = torch.zeros(8, 8, device="cuda")
     l_sum = torch.zeros_like(m)
-    args = [q, kc, vc, table, lens, acc, m, l_sum, 0.125, 4, 96, *q.stride()[:2], *kc.stride()[:3], *vc.stride()[:3],
-            table.stride(0), *acc.stride()[:3], *m.stride()[:2]]  # fmt: skip
+    index = torch.zeros(2, 2, dtype=torch.int32, device="cuda")
+    plan = [96, 2, 132, 4, 128, 0]
+    strides = [*q.stride()[:2], *kc.stride()[:3], *vc.stride()[:3], table.stride(0), 4 * D, *acc.stride()[:2], 4,
+               m.stride(0)]  # fmt: skip
+    args = [q, kc, vc, table, lens, acc, m, l_sum, index, 0.125, 4, *plan, *strides]
     kernel.launch((1, 1, 1), 32, torch.cuda.current_stream().cuda_stream, args)
     torch.cuda.synchronize()
-    got = acc.flatten()[:22].tolist()
-    want = [4, 96, *q.stride()[:2], *kc.stride()[:3], *vc.stride()[:3], table.stride(0), *acc.stride()[:3],
-            *m.stride()[:2], 0.125, 64, int(table[0, 0]), float(q.view(torch.uint8)[0, 0, 0]),
+    got = acc.flatten()[:27].tolist()
+    want = [4, *plan, *strides, 0.125, 64, int(table[0, 0]), float(q.view(torch.uint8)[0, 0, 0]),
             float(kc.view(torch.uint8).flatten()[0]), float(vc.view(torch.uint8).flatten()[0])]  # fmt: skip
     print(f"arguments echoed: {'ok' if got == [float(w) for w in want] else 'MISMATCH'}\n  got  {got}\n  want {want}")
-    print(f"  part_max[0] {m.flatten()[0].item()} part_sum[0] {l_sum.flatten()[0].item()}", flush=True)
+    print(f"  part_max[0] {m.flatten()[0].item()} part_sum[0] {l_sum.flatten()[0].item()} index {index[0, 0].item()}",
+          flush=True)  # fmt: skip
 
 
 def _variant(source: str, cut: str) -> str:

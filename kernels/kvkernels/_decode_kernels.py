@@ -99,6 +99,7 @@ def paged_decode_reduce_kernel(
     PartAcc,
     PartMax,
     PartSum,
+    PartIndex,
     Out,
     out_scale,
     num_splits,
@@ -111,27 +112,41 @@ def paged_decode_reduce_kernel(
     s_oh,
     BLOCK_D: tl.constexpr,
     SPLITS_BLOCK: tl.constexpr,
+    STATS_BLOCK: tl.constexpr,
+    INDEXED: tl.constexpr,
 ):
     """Combines the splits of one (sequence, query head) for BLOCK_D output columns. Grid: (sequences, query heads,
-    head_dim / BLOCK_D). Splits are read SPLITS_BLOCK at a time, so any number of them stays in registers: a first
-    pass finds the largest running max, a second weighs each split by exp2(its max - that)."""
+    head_dim / BLOCK_D). INDEXED: the sequence's partials are rows [first, first + count) of [heads, rows, ...]
+    buffers, (first, count) read from PartIndex[seq] (the CUDA kernel plans splits per sequence on the device);
+    else rows [0, num_splits) of the sequence's own [seqs, heads, splits, ...] slice. A first pass finds the largest
+    running max (STATS_BLOCK at a time: usually one load), a second weighs each split by exp2(its max - that),
+    SPLITS_BLOCK splits at a time so that any number of them stays in registers."""
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    offs_p = tl.arange(0, SPLITS_BLOCK)
+    if INDEXED:
+        first = tl.load(PartIndex + 2 * seq)
+        count = tl.load(PartIndex + 2 * seq + 1)
+        stats_base = head * s_mh + first
+        acc_base = head * s_ah + first.to(tl.int64) * s_ap
+    else:
+        count = num_splits
+        stats_base = seq * s_ms + head * s_mh
+        acc_base = seq * s_as + head * s_ah
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    stats = PartMax + seq * s_ms + head * s_mh
-    sums = PartSum + seq * s_ms + head * s_mh
-    parts = PartAcc + seq * s_as + head * s_ah + offs_d[None, :]
-    m_max = tl.full([SPLITS_BLOCK], float("-inf"), tl.float32)
-    for first in range(0, num_splits, SPLITS_BLOCK):
-        split = first + offs_p
-        m_max = tl.maximum(m_max, tl.load(stats + split, mask=split < num_splits, other=float("-inf")))
+    stats = PartMax + stats_base
+    sums = PartSum + stats_base
+    parts = PartAcc + acc_base + offs_d[None, :]
+    m_max = tl.full([STATS_BLOCK], float("-inf"), tl.float32)
+    for start in range(0, count, STATS_BLOCK):
+        split = start + tl.arange(0, STATS_BLOCK)
+        m_max = tl.maximum(m_max, tl.load(stats + split, mask=split < count, other=float("-inf")))
     overall = tl.max(m_max, 0)
+    offs_p = tl.arange(0, SPLITS_BLOCK)
     acc = tl.zeros([SPLITS_BLOCK, BLOCK_D], tl.float32)
     l_sum = tl.zeros([SPLITS_BLOCK], tl.float32)
-    for first in range(0, num_splits, SPLITS_BLOCK):
-        split = first + offs_p
-        ok = split < num_splits
+    for start in range(0, count, SPLITS_BLOCK):
+        split = start + offs_p
+        ok = split < count
         # A split past the end of a short sequence saw no token: max -inf, weight 0.
         m = tl.load(stats + split, mask=ok, other=float("-inf"))
         weight = tl.where(m > float("-inf"), tl.math.exp2(m - overall), 0.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 
@@ -19,9 +20,10 @@ MAX_GROUP = 16  # query heads per KV head: the 16 rows of one m16n8k16 product
 PAGE_MULTIPLE = 16  # a 16-token chunk must lie inside one page
 
 _P, _I32, _I64, _F32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
-# q, k_cache, v_cache, block_table, seq_lens, part_acc, part_max, part_sum, qk_scale, group, tokens_per_split, then
-# the strides s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt, s_as, s_ah, s_ap, s_ms, s_mh.
-SIGNATURE = (_P,) * 8 + (_F32, _I32, _I32) + (_I64,) * 14
+# q, k_cache, v_cache, block_table, seq_lens, part_acc, part_max, part_sum, part_index, qk_scale, group, then the plan
+# (tokens_per_split for a host plan; seqs, wave, most_waves, min_split_steps, fixed_splits for a device plan), then the
+# strides s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt, s_as, s_ah, s_ap, s_ms, s_mh.
+SIGNATURE = (_P,) * 9 + (_F32,) + (_I32,) * 7 + (_I64,) * 14
 
 
 @dataclass(frozen=True)
@@ -30,10 +32,14 @@ class MmaDecodeConfig:
     (the block's warps read the same tokens of that many heads, so a page's bytes are fetched together; the effective
     number is the largest divisor of the model's KV heads up to this), warps per KV head (token slices), and blocks to
     aim for per multiprocessor at most, and the fewest pipeline steps (tiles per warp) a split is cut down to for the
-    sake of more waves of blocks (splits follow from both, `choose_mma_splits`). Defaults: the fastest on an H200
+    sake of more waves of blocks (splits follow from both, `choose_budget`). Defaults: the fastest on an H200
     over 140 decode shapes beside FA3 (BENCHMARKS.md): 3 stages and splits of >= 128 steps gave the best geometric
     mean; with one sequence of 262,144 tokens the partial kernel took 139 us with 124 steps a split, 143 with 62 and
-    150 with 31, and every extra split adds a partial to write and merge."""
+    150 with 31, and every extra split adds a partial to write and merge.
+
+    `plan_on_device`: each sequence split by its own length, planned by the kernel from `seq_lens` (no host sync):
+    one or two long sequences among short ones then fill the GPU, but that build streams ~17% slower on an H200
+    (BENCHMARKS.md); by default every sequence is split as the longest (`max_seq_len`) is, planned on the host."""
 
     tile: int = 16
     stages: int = 3
@@ -41,6 +47,7 @@ class MmaDecodeConfig:
     warps_per_head: int = 1
     blocks_per_multiprocessor: int = 4
     min_split_steps: int = 128
+    plan_on_device: bool = False
 
     def heads_in_block(self, kv_heads: int) -> int:
         return math.gcd(kv_heads, self.heads_per_block)
@@ -71,39 +78,69 @@ def choose_num_splits(seqs: int, kv_heads: int, max_len: int, block_n: int, targ
     return max(1, min(wanted, -(-max_len // block_n)))
 
 
-def choose_mma_splits(
-    units: int, steps: int, multiprocessors: int, resident_blocks: int, most_blocks: int, min_split_steps: int
-) -> int:
-    """Splits per (sequence, KV-head block) for the CUDA kernel, from shapes the host knows (no device sync).
+def split_count(budget: int, seqs: int, total_steps: int, steps: int) -> int:
+    """Splits of one sequence of `steps` pipeline steps when a row of the grid has `budget` blocks for `seqs`
+    sequences of `total_steps` steps in all: one each, and the other `budget - seqs` shared in proportion to length
+    (floor), never more than its steps. For equal lengths this is `budget // seqs`; the counts never sum past
+    `budget` (or `seqs`, when that is more)."""
+    if budget <= seqs:
+        return 1
+    return max(1, min(steps, 1 + (budget - seqs) * steps // max(1, total_steps)))
 
-    `units`: sequences x KV-head blocks; `steps`: pipeline steps of the longest sequence; `resident_blocks`: blocks
-    of the kernel that fit on one multiprocessor at once, so a wave is `multiprocessors * resident_blocks` blocks;
-    `most_blocks`: blocks to launch at most. Splits fill whole waves, as many waves as fit in `most_blocks` (several
-    waves even out sequences of different lengths; the host knows only the longest) while every split keeps
-    `min_split_steps` steps; when no split count keeps that many, one wave (a few short sequences still fill the
-    GPU). Never more splits than steps, never fewer than one.
-    """
-    wave = max(1, multiprocessors * resident_blocks)
-    for waves in range(max(1, most_blocks // wave), 0, -1):
-        splits = waves * wave // units
-        if splits >= 1 and steps >= splits * min_split_steps:
-            return splits
-    return max(1, min(steps, wave // units))
+
+def choose_budget(steps: Sequence[int], wave: int, kv_blocks: int, most_waves: int, min_split_steps: int) -> int:
+    """Blocks of a grid row (one of `kv_blocks` KV-head blocks) to share among the sequences: as many whole waves
+    (`wave` blocks in all rows) as `most_waves` allows while the longest sequence's splits keep `min_split_steps`
+    steps; when none does, one wave (a few short sequences still fill the GPU)."""
+    longest, total = max(steps), sum(steps)
+    for waves in range(most_waves, 0, -1):
+        budget = waves * wave // kv_blocks
+        if longest >= split_count(budget, len(steps), total, longest) * min_split_steps:
+            return budget
+    return wave // kv_blocks
+
+
+def sequence_splits(lengths: Sequence[int], plan: LaunchPlan) -> list[int]:
+    """Splits of each sequence. A host plan: the grid's, for every sequence. A device plan, as the kernel makes it
+    from `seq_lens` (csrc: `plan_work`): the caller's fixed count, or `split_count` under `choose_budget`; block x of
+    a grid row runs split x - first of the sequence whose splits [first, first + count) hold x (sequences in order);
+    blocks past the last are idle."""
+    if not plan.on_device:
+        return [plan.grid[0]] * len(lengths)
+    if plan.fixed_splits:
+        return [plan.fixed_splits] * len(lengths)
+    steps = [-(-n // plan.tokens_per_step) for n in lengths]
+    budget = choose_budget(steps, plan.wave, plan.grid[1], plan.most_waves, plan.min_split_steps)
+    return [split_count(budget, len(steps), sum(steps), n) for n in steps]
 
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """How one call is cut up: grid (splits, KV-head blocks, sequences) of `threads` each, the warps of a block
-    being `heads_in_block` KV heads x `config.warps_per_head` token slices; every split covers
-    `tokens_per_split` tokens of a sequence, cut into `config.warps_per_head` slices, one per warp; the partials have
-    `num_parts` = splits x slices entries per (sequence, query head)."""
+    """How one call is cut up: `threads` a block, the warps of a block being `heads_in_block` KV heads x
+    `config.warps_per_head` token slices; a split is cut into slices, one per warp. Partials are rows of [heads,
+    `num_parts`, ...] buffers, at most `max_parts` of them a sequence's.
+
+    A host plan (`on_device` False): grid (splits, KV-head blocks, sequences), every sequence cut into splits of
+    `tokens_per_split` tokens; sequence s's rows are [s * max_parts, (s + 1) * max_parts).
+    A device plan: grid (blocks, KV-head blocks, 1); which sequence and split a block runs is planned by the kernel
+    from `seq_lens` (`sequence_splits`) with what the host gives: `wave` blocks fill the GPU once (multiprocessors x
+    resident blocks), at most `most_waves` waves, splits of at least `min_split_steps` steps of `tokens_per_step`
+    tokens, or `fixed_splits` per sequence (0: planned); a block's rows are `block x slices + slice`, and the kernel
+    writes each sequence's (first row, rows) for the reduce."""
 
     grid: tuple[int, int, int]
     threads: int
     heads_in_block: int
     group: int
+    on_device: bool
     tokens_per_split: int
+    wave: int
+    most_waves: int
+    min_split_steps: int
+    fixed_splits: int
+    tokens_per_step: int
     num_parts: int
+    max_parts: int
 
 
 def plan_launch(
@@ -116,27 +153,42 @@ def plan_launch(
     num_splits: int | None = None,
     resident_blocks: int = 1,
 ) -> LaunchPlan:
-    """The launch of `paged_decode_fp8_mma` for this call: without `num_splits`, `choose_mma_splits` with waves of
-    `resident_blocks` blocks per multiprocessor and at most `config.blocks_per_multiprocessor` blocks per one."""
+    """The launch of `paged_decode_fp8_mma` for this call, from host-known shapes only (no device sync): waves of
+    `resident_blocks` blocks per multiprocessor, at most `config.blocks_per_multiprocessor` blocks per one; or
+    `num_splits` per sequence. A host plan splits every sequence as one of `max_seq_len` tokens is split among
+    sequences of that length. A device plan's grid has as many blocks per row as the kernel's plan can use for any
+    lengths up to `max_seq_len`: its budget is never more than the one planned for all sequences at that length."""
     heads_in_block = config.heads_in_block(kv_heads)
+    kv_blocks = kv_heads // heads_in_block
     tokens_per_step = config.tile * config.warps_per_head
-    if num_splits is None:
-        num_splits = choose_mma_splits(
-            seqs * (kv_heads // heads_in_block),
-            -(-max_seq_len // tokens_per_step),
-            multiprocessors,
-            resident_blocks,
-            config.blocks_per_multiprocessor * multiprocessors,
-            config.min_split_steps,
-        )
-    tokens_per_split = -(-max_seq_len // (num_splits * tokens_per_step)) * tokens_per_step
+    most_steps = -(-max_seq_len // tokens_per_step)
+    wave = max(1, multiprocessors * resident_blocks)
+    most_waves = max(1, config.blocks_per_multiprocessor * multiprocessors // wave)
+    budget = choose_budget([most_steps] * seqs, wave, kv_blocks, most_waves, config.min_split_steps)
+    splits = num_splits if num_splits is not None else split_count(budget, seqs, seqs * most_steps, most_steps)
+    if not config.plan_on_device:
+        grid, per_sequence, rows = (splits, kv_blocks, seqs), splits, splits * seqs
+    elif num_splits is not None:
+        grid, per_sequence, rows = (num_splits * seqs, kv_blocks, 1), num_splits, num_splits * seqs
+    else:
+        blocks = max(budget, seqs)
+        grid, per_sequence, rows = (blocks, kv_blocks, 1), (min(most_steps, budget) if budget > seqs else 1), blocks
     return LaunchPlan(
-        grid=(num_splits, kv_heads // heads_in_block, seqs),
+        grid=grid,
         threads=32 * heads_in_block * config.warps_per_head,
         heads_in_block=heads_in_block,
         group=query_heads // kv_heads,
-        tokens_per_split=tokens_per_split,
-        num_parts=num_splits * config.warps_per_head,
+        on_device=config.plan_on_device,
+        tokens_per_split=0
+        if config.plan_on_device
+        else -(-max_seq_len // (splits * tokens_per_step)) * tokens_per_step,
+        wave=wave,
+        most_waves=most_waves,
+        min_split_steps=config.min_split_steps,
+        fixed_splits=num_splits or 0,
+        tokens_per_step=tokens_per_step,
+        num_parts=rows * config.warps_per_head,
+        max_parts=per_sequence * config.warps_per_head,
     )
 
 
@@ -153,6 +205,7 @@ def defines(config: MmaDecodeConfig, head_dim: int, page_size: int, kv_heads: in
         "HEADS_PER_BLOCK": config.heads_in_block(kv_heads),
         "SLICES": config.warps_per_head,
         "ROWS16": int(group > MAX_GROUP // 2),
+        "DEVICE_PLAN": int(config.plan_on_device),
     }
 
 

@@ -37,6 +37,9 @@ PROGRAMS_PER_MULTIPROCESSOR = 16
 # at a time (all of them in registers at once spilled, and took 69 us for 528 splits of one sequence on an H200).
 REDUCE_COLUMNS = 32
 REDUCE_SPLITS = 32
+# The reduce's first pass (running maxima only, one float a split) reads this many splits at once: one load for any
+# plan of up to 4 waves of an H200.
+REDUCE_STATS = 1024
 
 
 @dataclass(frozen=True)
@@ -130,9 +133,8 @@ def paged_decode(
     qk_scale = qk_log2_scale(q.shape[2], softmax_scale, q_scale, k_scale)
     cfg = config if config is not None else default_decode_config(q, cache, mode)
     if isinstance(cfg, MmaDecodeConfig):
-        part_acc, part_max, part_sum = _mma_partials(q, cache, max_seq_len, mode, qk_scale, num_splits, cfg)
-    else:
-        part_acc, part_max, part_sum = _triton_partials(q, cache, max_seq_len, mode, qk_scale, num_splits, cfg)
+        return _mma_partials(q, cache, max_seq_len, mode, qk_scale, num_splits, cfg).merge(v_scale, out_dtype)
+    part_acc, part_max, part_sum = _triton_partials(q, cache, max_seq_len, mode, qk_scale, num_splits, cfg)
     return combine_partials(part_acc, part_max, part_sum, v_scale, out_dtype)
 
 
@@ -144,19 +146,33 @@ def qk_log2_scale(head_dim: int, softmax_scale: float | None, q_scale: float, k_
 
 
 def combine_partials(
-    part_acc: torch.Tensor, part_max: torch.Tensor, part_sum: torch.Tensor, v_scale: float, out_dtype: torch.dtype
+    part_acc: torch.Tensor,
+    part_max: torch.Tensor,
+    part_sum: torch.Tensor,
+    v_scale: float,
+    out_dtype: torch.dtype,
+    part_index: torch.Tensor | None = None,
+    max_parts: int | None = None,
 ) -> torch.Tensor:
-    """Merges the split partials ([seqs, heads, parts, D] unnormalised outputs, [seqs, heads, parts] running max in
-    log2 units and running sum) into [seqs, heads, D], scaled by `v_scale` (the reduce kernel)."""
-    seqs, heads, num_parts, head_dim = part_acc.shape
+    """Merges the split partials (unnormalised outputs, running max in log2 units, running sum) into [seqs, heads,
+    D], scaled by `v_scale` (the reduce kernel). Without `part_index`: [seqs, heads, parts, D] and [seqs, heads,
+    parts]. With it (the CUDA kernel's layout): [heads, rows, D] and [heads, rows], sequence s owning rows
+    [part_index[s, 0], part_index[s, 0] + part_index[s, 1]), at most `max_parts` of them."""
+    if part_index is None:
+        seqs, heads, num_parts, head_dim = part_acc.shape
+        strides = (part_acc.stride(0), part_acc.stride(1), part_acc.stride(2), part_max.stride(0), part_max.stride(1))
+    else:
+        (heads, num_parts, head_dim), seqs = part_acc.shape, part_index.shape[0]
+        num_parts = max_parts if max_parts is not None else num_parts
+        strides = (0, part_acc.stride(0), part_acc.stride(1), 0, part_max.stride(0))
     out = torch.empty(seqs, heads, head_dim, device=part_acc.device, dtype=out_dtype)
     block_d = min(head_dim, REDUCE_COLUMNS)
+    splits = triton.next_power_of_2(num_parts)
     paged_decode_reduce_kernel[(seqs, heads, head_dim // block_d)](
-        part_acc, part_max, part_sum, out, v_scale, num_parts,
-        part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
-        part_max.stride(0), part_max.stride(1),
-        out.stride(0), out.stride(1),
-        BLOCK_D=block_d, SPLITS_BLOCK=min(triton.next_power_of_2(num_parts), REDUCE_SPLITS),
+        part_acc, part_max, part_sum, part_index if part_index is not None else part_max, out, v_scale, num_parts,
+        *strides, out.stride(0), out.stride(1),
+        BLOCK_D=block_d, SPLITS_BLOCK=min(splits, REDUCE_SPLITS), STATS_BLOCK=min(splits, REDUCE_STATS),
+        INDEXED=part_index is not None,
     )  # fmt: skip
     return out
 
@@ -192,6 +208,31 @@ def _part_buffers(q: torch.Tensor, num_parts: int) -> tuple[torch.Tensor, torch.
     return part_acc, part_max, torch.empty_like(part_max)
 
 
+@dataclass(frozen=True)
+class MmaPartials:
+    """What the CUDA kernel writes: [heads, rows, D] unnormalised outputs, [heads, rows] running max (log2 units)
+    and running sum; `max_parts` bounds a sequence's rows. A host plan: sequence s's rows are [s * max_parts,
+    (s + 1) * max_parts), `index` None. A device plan: rows [index[s, 0], index[s, 0] + index[s, 1]) (index [seqs, 2]
+    int32, written by the kernel; rows of idle blocks are left unwritten)."""
+
+    acc: torch.Tensor
+    max: torch.Tensor
+    sum: torch.Tensor
+    index: torch.Tensor | None
+    max_parts: int
+
+    def merge(self, v_scale: float, out_dtype: torch.dtype) -> torch.Tensor:
+        """The reduce kernel over these partials: [seqs, heads, D]."""
+        if self.index is not None:
+            return combine_partials(self.acc, self.max, self.sum, v_scale, out_dtype, self.index, self.max_parts)
+        heads, rows = self.acc.shape[:2]
+        seqs = rows // self.max_parts
+        per_seq = (
+            t.view(heads, seqs, self.max_parts, *t.shape[2:]).transpose(0, 1) for t in (self.acc, self.max, self.sum)
+        )
+        return combine_partials(*per_seq, v_scale, out_dtype)
+
+
 def _mma_partials(
     q: torch.Tensor,
     cache: PagedKVCache,
@@ -200,7 +241,10 @@ def _mma_partials(
     qk_scale: float,
     num_splits: int | None,
     cfg: MmaDecodeConfig,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    plan: LaunchPlan | None = None,
+) -> MmaPartials:
+    """The CUDA partial kernel's outputs for this call; `plan` replaces the one planned for this GPU (tests run
+    another GPU's plan with it)."""
     if not mode.two_level:
         raise ValueError(
             "the CUDA decode kernel (MmaDecodeConfig) is two-level only; use DecodeConfig for single-level"
@@ -209,24 +253,33 @@ def _mma_partials(
     reason = _decode_mma.unsupported_reason(q, kc, vc)
     if reason is not None:
         raise ValueError(f"MmaDecodeConfig cannot run this call: {reason}; use DecodeConfig (the Triton kernel)")
-    plan, kernel = mma_launch(q, cache, max_seq_len, cfg, num_splits)
-    part_acc, part_max, part_sum = _part_buffers(q, plan.num_parts)
+    planned, kernel = mma_launch(q, cache, max_seq_len, cfg, num_splits)
+    plan = plan if plan is not None else planned
+    seqs, heads, head_dim = q.shape
+    part_acc = torch.empty(heads, plan.num_parts, head_dim, device=q.device, dtype=torch.float32)
+    part_max = torch.empty(heads, plan.num_parts, device=q.device, dtype=torch.float32)
+    part_sum = torch.empty_like(part_max)
+    part_index = torch.empty(seqs, 2, device=q.device, dtype=torch.int32) if plan.on_device else part_max
+    # A host plan's sequence s owns rows [s * max_parts, ...): strides per sequence; a device plan's rows are the
+    # blocks' own (strides 0).
+    seq_stride = 0 if plan.on_device else plan.max_parts
     kernel.launch(
         plan.grid,
         plan.threads,
         torch.cuda.current_stream(q.device).cuda_stream,
         [
-            q, kc, vc, cache.block_table, cache.seq_lens, part_acc, part_max, part_sum,
+            q, kc, vc, cache.block_table, cache.seq_lens, part_acc, part_max, part_sum, part_index,
             qk_scale, plan.group, plan.tokens_per_split,
+            seqs, plan.wave, plan.most_waves, plan.min_split_steps, plan.fixed_splits,
             q.stride(0), q.stride(1),
             kc.stride(0), kc.stride(1), kc.stride(2),
             vc.stride(0), vc.stride(1), vc.stride(2),
             cache.block_table.stride(0),
-            part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),
-            part_max.stride(0), part_max.stride(1),
+            seq_stride * part_acc.stride(1), part_acc.stride(0), part_acc.stride(1),
+            seq_stride * part_max.stride(1), part_max.stride(0),
         ],
     )  # fmt: skip
-    return part_acc, part_max, part_sum
+    return MmaPartials(part_acc, part_max, part_sum, part_index if plan.on_device else None, plan.max_parts)
 
 
 def mma_launch(

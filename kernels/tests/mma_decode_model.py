@@ -1,12 +1,16 @@
 """A CPU model of the CUDA decode kernel (csrc/paged_decode_fp8.cu), the oracle of its logic in tests.
 
 No interpreter runs CUDA C++, so this follows the .cu source step by step in torch: the launch comes from the
-package's own planning (`plan_launch`); every warp of every block is one worker with the kernel's index arithmetic
-(split and slice boundaries, the page of each 16-token chunk clamped to the sequence's last page, zero-filled copies
-past the end, the GQA head of each mma row); per tile, S = Q·K^T as the kernel's mma k-steps (16 permuted head_dim
+package's own planning (`plan_launch`); each block's work is planned from seq_lens as the kernel's `plan_work` does
+(written again here, not taken from the package: the budget of whole waves, each sequence's split count, the running
+sum that places a block in a sequence, idle blocks past the last); every warp of every block is one worker with the
+kernel's index arithmetic (split and slice boundaries from the sequence's own length and split count, the page of
+each 16-token chunk clamped to the sequence's last page, zero-filled copies past the end, the GQA head of each mma
+row, the partials' row = block x slices + slice); per tile, S = Q·K^T as the kernel's mma k-steps (16 permuted head_dim
 elements each, rounded to fp32 after each step), the mask, the online softmax in log2 units, P rounded to f16, a
 fresh P·V partial per tile summed 16 tokens (one mma) at a time, then out = out * alpha + partial (two-level); each
-lane's running sum over its own tokens, added over the quad at the end; then the reduce kernel's merge of the splits.
+lane's running sum over its own tokens, added over the quad at the end; then the reduce kernel's merge of each
+sequence's rows.
 
 The workers run side by side (tensors over all of them) and each stops after its own number of tiles. What the model
 leaves out does not change a value: copy stages, shared-memory swizzle, strides, and which lane holds which bytes.
@@ -31,12 +35,60 @@ QUAD = 4  # lanes that share an mma row
 
 @dataclass(frozen=True)
 class Partials:
-    """What the partial kernel writes: [seqs, heads, parts, D] unnormalised outputs, [seqs, heads, parts] running
-    max (log2 units) and running sum."""
+    """What the partial kernel writes: [heads, rows, D] unnormalised outputs, [heads, rows] running max (log2 units)
+    and running sum, and [seqs, 2] (first row, rows) of each sequence; rows of idle blocks stay NaN."""
 
     acc: torch.Tensor
     max: torch.Tensor
     sum: torch.Tensor
+    index: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Work:
+    """Per block of a grid row (blockIdx.x): its sequence (-1: idle), split, the sequence's split count and first
+    block."""
+
+    seq: torch.Tensor
+    split: torch.Tensor
+    splits: torch.Tensor
+    first: torch.Tensor
+
+
+def _split_count(budget: int, seqs: int, total: int, steps: torch.Tensor) -> torch.Tensor:
+    if budget <= seqs:
+        return torch.ones_like(steps)
+    return (1 + (budget - seqs) * steps // total).clamp(max=steps).clamp(min=1)
+
+
+def plan_work(seq_lens: torch.Tensor, plan: LaunchPlan) -> Work:
+    """The work of every block of a grid row (blockIdx.x): a device plan as the kernel's `plan_work` makes it; a host
+    plan's blocks are sequence-major (x = sequence x splits + split: the (split, sequence) of blockIdx.x and .z)."""
+    seqs = seq_lens.shape[0]
+    if not plan.on_device:
+        block = torch.arange(plan.grid[0] * plan.grid[2])
+        splits = torch.full_like(block, plan.grid[0])
+        return Work(block // plan.grid[0], block % plan.grid[0], splits, block - block % plan.grid[0])
+    steps = (seq_lens + plan.tokens_per_step - 1) // plan.tokens_per_step
+    total, longest = max(1, int(steps.sum())), int(steps.max())
+    kv_blocks = plan.grid[1]
+    budget = plan.wave // kv_blocks
+    for waves in range(plan.most_waves, 0, -1):
+        candidate = waves * plan.wave // kv_blocks
+        if longest >= int(_split_count(candidate, seqs, total, torch.tensor([longest]))[0]) * plan.min_split_steps:
+            budget = candidate
+            break
+    if plan.fixed_splits:
+        counts = torch.full_like(steps, plan.fixed_splits)
+    else:
+        counts = _split_count(budget, seqs, total, steps)
+    ends = counts.cumsum(0)
+    block = torch.arange(plan.grid[0])
+    seq = torch.searchsorted(ends, block, right=True)  # the first sequence whose splits end past the block
+    idle = seq >= seqs
+    seq = torch.where(idle, 0, seq)
+    first = ends[seq] - counts[seq]
+    return Work(torch.where(idle, -1, seq), block - first, counts[seq], first)
 
 
 def qk_step_order(head_dim: int) -> torch.Tensor:
@@ -66,19 +118,27 @@ def model_partials(
     tile, slices, group = config.tile, config.warps_per_head, plan.group
     qk = torch.tensor(qk_scale, dtype=torch.float32)  # passed to the kernel as a C float
 
-    # One worker per warp of the grid: blockIdx = (split, KV-head block, sequence), warp = slice x heads_in_block.
+    # One worker per warp of the grid's busy blocks: blockIdx = (block, KV-head block[, sequence]), warp = slice x
+    # heads_in_block; the block's sequence and split from the plan.
+    work = plan_work(seq_lens, plan)
     warps = plan.threads // 32
-    blocks = [(bx, by, bz) for bz in range(plan.grid[2]) for by in range(plan.grid[1]) for bx in range(plan.grid[0])]
-    ids = torch.tensor([(bx, by, bz, w) for bx, by, bz in blocks for w in range(warps)])
-    split, seq, warp = ids[:, 0], ids[:, 2], ids[:, 3]
+    busy = [bx for bx in range(work.seq.shape[0]) if int(work.seq[bx]) >= 0]
+    ids = torch.tensor([(bx, by, w) for by in range(plan.grid[1]) for bx in busy for w in range(warps)])
+    block, warp = ids[:, 0], ids[:, 2]
+    seq, split, splits = work.seq[block], work.split[block], work.splits[block]
     slice_ = warp // plan.heads_in_block
     kv_head = ids[:, 1] * plan.heads_in_block + warp % plan.heads_in_block
     seq_len = seq_lens[seq]
-    per_warp = plan.tokens_per_split // slices
-    start = split * plan.tokens_per_split + slice_ * per_warp
+    if plan.on_device:  # cut from the sequence's own length
+        steps = (seq_len + plan.tokens_per_step - 1) // plan.tokens_per_step
+        tokens_per_split = (steps + splits - 1) // splits * plan.tokens_per_step
+    else:
+        tokens_per_split = torch.full_like(seq_len, plan.tokens_per_split)
+    per_warp = tokens_per_split // slices
+    start = split * tokens_per_split + slice_ * per_warp
     end = torch.minimum(seq_len, start + per_warp)
     num_tiles = torch.where(end > start, (end - start + tile - 1) // tile, 0)
-    part = split * slices + slice_
+    part = block * slices + slice_
     last_page = torch.where(seq_len > 0, (seq_len - 1) // page_size, 0)
     rows = torch.arange(group)
     head = kv_head[:, None] * group + rows  # [W, G]: mma row -> query head
@@ -129,20 +189,28 @@ def model_partials(
         m_run = torch.where(live, m_new, m_run)
 
     l_sum = (l_run[..., 0] + l_run[..., 1]) + (l_run[..., 2] + l_run[..., 3])  # shfl_xor 1, then 2
-    acc = torch.zeros(seqs, heads, plan.num_parts, head_dim)
-    run_max = torch.zeros(seqs, heads, plan.num_parts)
-    run_sum = torch.zeros(seqs, heads, plan.num_parts)
-    where = (seq[:, None], head, part[:, None])
+    acc = torch.full((heads, plan.num_parts, head_dim), float("nan"))
+    run_max = torch.full((heads, plan.num_parts), float("nan"))
+    run_sum = torch.full((heads, plan.num_parts), float("nan"))
+    where = (head, part[:, None])
     acc[where], run_max[where], run_sum[where] = out, m_run, l_sum
-    return Partials(acc, run_max, run_sum)
+    index = torch.zeros(seqs, 2, dtype=torch.int32)
+    starts = (work.seq >= 0) & (work.split == 0)  # the first block of each sequence writes its rows
+    index[work.seq[starts]] = torch.stack([work.first[starts] * slices, work.splits[starts] * slices], 1).int()
+    return Partials(acc, run_max, run_sum, index)
 
 
 def model_combine(partials: Partials, v_scale: float) -> torch.Tensor:
-    """The reduce kernel: splits weighted by exp2(max - overall max), splits that saw no token by 0."""
-    m = partials.max
-    weight = torch.where(m > float("-inf"), torch.exp2(m - m.amax(-1, keepdim=True)), 0.0)
-    scale = torch.tensor(v_scale, dtype=torch.float32) / (partials.sum * weight).sum(-1)
-    return (partials.acc * weight[..., None]).sum(-2) * scale[..., None]
+    """The reduce kernel: each sequence's rows, splits weighted by exp2(max - overall max), splits that saw no
+    token by 0."""
+    outs = []
+    for first, count in partials.index.tolist():
+        rows = slice(first, first + count)
+        m, acc, sums = partials.max[:, rows], partials.acc[:, rows], partials.sum[:, rows]
+        weight = torch.where(m > float("-inf"), torch.exp2(m - m.amax(-1, keepdim=True)), 0.0)
+        scale = torch.tensor(v_scale, dtype=torch.float32) / (sums * weight).sum(-1)
+        outs.append((acc * weight[..., None]).sum(-2) * scale[..., None])
+    return torch.stack(outs)
 
 
 def model_launch(

@@ -16,10 +16,10 @@ import triton
 from kvkernels._cuda_runtime import CudaBuildUnavailable, compile_cubin, nvrtc_library
 from kvkernels._decode_mma import (
     MmaDecodeConfig,
-    choose_mma_splits,
     defines,
     layout_unsupported_reason,
     plan_launch,
+    sequence_splits,
     source,
 )
 from kvkernels.decode import DecodeConfig, build_paged_cache, default_decode_config
@@ -85,30 +85,51 @@ def test_launch_shape_sizes_and_validation() -> None:
     assert defines(MmaDecodeConfig(heads_per_block=8), 128, 16, 2, 4)["HEADS_PER_BLOCK"] == 2
 
 
+DEVICE = MmaDecodeConfig(plan_on_device=True)
 H200_SMS, H200_RESIDENT = 132, 1  # the default launch shape keeps one block of 8 warps per multiprocessor
 
 
 @pytest.mark.parametrize(
-    ("seqs", "query_heads", "kv_heads", "length", "splits"),
+    ("seqs", "query_heads", "kv_heads", "length", "splits", "blocks"),
     [
-        (1, 32, 8, 262144, 132),  # one long sequence: one wave of 124-step splits (was 528 splits of 32 steps)
-        (1, 32, 8, 32768, 132),  # too short for 128 steps a split: still one wave that fills the GPU
-        (2, 64, 8, 131072, 66),
-        (8, 32, 8, 32768, 16),
-        (16, 32, 8, 131072, 33),  # many sequences: 4 waves as before
-        (64, 64, 8, 16384, 8),  # 4 waves exactly (was 9 splits: 576 blocks, a fifth wave of 48)
-        (128, 32, 8, 4096, 2),  # 2 waves: 4 would cut splits below 128 steps
-        (8, 8, 4, 65536, 16),
-        (200, 32, 8, 4096, 2),
-        (600, 32, 8, 4096, 1),
+        (1, 32, 8, 262144, 132, 132),  # one long sequence: one wave of 124-step splits (was 528 splits of 32 steps)
+        (1, 32, 8, 32768, 132, 132),  # too short for 128 steps a split: still one wave that fills the GPU
+        (2, 64, 8, 131072, 66, 132),
+        (8, 32, 8, 32768, 16, 132),  # 128 of the 132 blocks busy
+        (16, 32, 8, 131072, 33, 528),  # many sequences: 4 waves as before
+        (64, 64, 8, 16384, 8, 528),  # 4 waves: 512 blocks busy (was 9 splits: 576 blocks, a fifth wave of 48)
+        (128, 32, 8, 4096, 2, 264),  # 2 waves: 4 would cut splits below 128 steps
+        (8, 8, 4, 65536, 16, 132),
+        (200, 32, 8, 4096, 2, 528),
+        (600, 32, 8, 4096, 1, 600),
     ],
 )
 def test_plan_fills_whole_waves_of_an_h200(
-    seqs: int, query_heads: int, kv_heads: int, length: int, splits: int
+    seqs: int, query_heads: int, kv_heads: int, length: int, splits: int, blocks: int
 ) -> None:
+    """Equal lengths: the host plan's split count, and the same from the plan on the device in a grid of `blocks`."""
     plan = plan_launch(MmaDecodeConfig(), seqs, query_heads, kv_heads, length, H200_SMS, resident_blocks=H200_RESIDENT)
-    assert plan.grid == (splits, 1, seqs)
-    assert plan.num_parts == splits and plan.tokens_per_split * splits >= length
+    assert plan.grid == (splits, 1, seqs) and plan.num_parts == splits * seqs
+    assert plan.tokens_per_split * splits >= length
+    device = plan_launch(DEVICE, seqs, query_heads, kv_heads, length, H200_SMS, resident_blocks=H200_RESIDENT)
+    assert device.grid == (blocks, 1, 1)
+    assert sequence_splits([length] * seqs, device) == sequence_splits([length] * seqs, plan) == [splits] * seqs
+    assert device.max_parts >= splits and device.num_parts == blocks
+
+
+@pytest.mark.parametrize(
+    ("lengths", "splits"),
+    [
+        ((262144, 16384), [123, 8]),  # was 66 each: the long one's splits 2,144 tokens instead of 3,972
+        ((65536,) * 2 + (1024,) * 30, [41] * 2 + [1] * 30),  # was 16 each: 1,600 tokens a split instead of 4,096
+        ((262144, 4096, 4096, 4096), [123, 2, 2, 2]),  # was 99 each
+        ((131072,) * 16 + (0,), [32] * 16 + [1]),  # a sequence of no token still takes its (empty) split
+    ],
+)
+def test_long_sequences_among_short_ones_get_splits_by_length(lengths: tuple[int, ...], splits: list[int]) -> None:
+    plan = plan_launch(DEVICE, len(lengths), 32, 8, max(lengths), H200_SMS, resident_blocks=H200_RESIDENT)
+    assert sequence_splits(lengths, plan) == splits
+    assert sum(splits) <= plan.grid[0]
 
 
 @pytest.mark.parametrize("resident", [1, 2, 3])
@@ -117,15 +138,17 @@ def test_plan_fills_whole_waves_of_an_h200(
 def test_split_choice_bounds(resident: int, units: int, steps: int) -> None:
     sms, most = 132, 4 * 132
     wave = sms * resident
-    min_steps = MmaDecodeConfig().min_split_steps
-    splits = choose_mma_splits(units, steps, sms, resident, most, min_steps)
+    config = MmaDecodeConfig()
+    plan = plan_launch(config, units, 8, 8, steps * config.tile, sms, resident_blocks=resident)
+    (splits,) = set(sequence_splits([steps * config.tile] * units, plan))
     assert 1 <= splits <= max(1, steps)
     blocks = splits * units
+    assert plan.grid == (splits, 1, units)
     if splits > 1:
         waves = -(-blocks // wave)
         assert blocks <= max(most, wave)  # no more blocks than aimed for
         # splits keep enough steps, unless even one wave of splits cannot
-        assert steps >= splits * min_steps or waves == 1
+        assert steps >= splits * config.min_split_steps or waves == 1
         if splits < steps:  # not cut to one step a split: whole waves, short of full by less than one split's blocks
             assert waves * wave - blocks < units
     if units < wave and steps >= wave // units:
@@ -141,6 +164,8 @@ def test_split_choice_bounds(resident: int, units: int, steps: int) -> None:
         (256, 4, MmaDecodeConfig(tile=16)),
         (256, 16, MmaDecodeConfig(tile=16, stages=2)),
         (128, 4, MmaDecodeConfig(heads_per_block=8, stages=4, tile=16)),
+        (128, 4, DEVICE),
+        (256, 8, MmaDecodeConfig(warps_per_head=2, heads_per_block=4, plan_on_device=True)),
     ],
 )
 def test_nvrtc_builds_it_for_hopper(head_dim: int, group: int, config: MmaDecodeConfig) -> None:
@@ -149,7 +174,7 @@ def test_nvrtc_builds_it_for_hopper(head_dim: int, group: int, config: MmaDecode
     assert cubin[:4] == b"\x7fELF"
     cuobjdump = shutil.which("cuobjdump") or str(Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump")
     # The default shape with up to 8 query heads per KV head (GQA 32/8, the benchmarked one) keeps to registers.
-    if config == MmaDecodeConfig() and group <= 8 and Path(cuobjdump).exists():
+    if config in (MmaDecodeConfig(), DEVICE) and group <= 8 and Path(cuobjdump).exists():
         path = Path(__file__).parent / f".decode-{head_dim}-{group}.cubin"
         try:
             path.write_bytes(cubin)

@@ -16,11 +16,12 @@ from pathlib import Path
 import mma_decode_model
 import pytest
 import torch
-from kvkernels._decode_mma import MmaDecodeConfig
-from kvkernels.decode import PagedKVCache, build_paged_cache, combine_partials
+from kvkernels._decode_mma import LaunchPlan, MmaDecodeConfig, plan_launch, sequence_splits
+from kvkernels.decode import MmaPartials, PagedKVCache, build_paged_cache
 from kvkernels.quant import FP8_DTYPE, quantize_fp8
 from kvkernels.reference import paged_decode_reference, value_spread
 
+DEVICE = MmaDecodeConfig(plan_on_device=True)  # splits planned by the kernel from seq_lens
 POISON_PAGE = 2**30  # a page id no cache has: reading it fails (model: IndexError; GPU: illegal address)
 F16_UNIT = 2.0**-11  # largest relative rounding error of P's f32 -> f16 conversion
 F16_SUBNORMAL_STEP = 2.0**-25  # absolute error below f16's smallest normal (2^-14)
@@ -58,12 +59,25 @@ CASES = [
     Case("head-dim-256-gqa-16", (1, 15, 17, 250), group=16, head_dim=256, config=MmaDecodeConfig(tile=16)),
     Case("head-dim-256-page-32-tile-32", (2, 32, 97, 161), page=32, head_dim=256, num_splits=3,
          config=MmaDecodeConfig(tile=32)),
-    # The planner's own split counts on a small GPU: whole waves of splits of >= 64 steps (2 SMs x 2 resident
+    # The host planner's own split counts on a small GPU: whole waves of splits of >= 64 steps (2 SMs x 2 resident
     # blocks, 4 waves: 4 splits of 1,040 tokens of each sequence, the last one short), and one wave of short splits
     # for two sequences (4 x 384).
     Case("planned-waves", (1, 2100, 3000, 4097), multiprocessors=2, resident_blocks=2,
          config=MmaDecodeConfig(blocks_per_multiprocessor=8, min_split_steps=64)),
     Case("planned-one-wave", (1500, 7), group=8, multiprocessors=8),
+    # Planned on the device, by length. The same batch: the longest (257 steps) keeps 64 only with 3 waves, whose
+    # 12 blocks go 1, 2, 3, 4 to the sequences (6 of the 16 launched idle); then 6 + 1 of 8 blocks (one idle).
+    Case("device-planned-waves", (1, 2100, 3000, 4097), multiprocessors=2, resident_blocks=2,
+         config=MmaDecodeConfig(blocks_per_multiprocessor=8, min_split_steps=64, plan_on_device=True)),
+    Case("device-planned-one-wave", (1500, 7), group=8, multiprocessors=8, config=DEVICE),
+    # A long sequence among short ones, two KV-head blocks; page edges (one split a step, most of 132 blocks idle);
+    # fixed splits mostly empty; two slices a split.
+    Case("device-long-among-short", (1, 2000, 16, 33, 5), kv_heads=4, group=2, multiprocessors=4,
+         resident_blocks=2, config=MmaDecodeConfig(heads_per_block=2, min_split_steps=8, plan_on_device=True)),
+    Case("device-page-edges", (1, 15, 16, 17, 31, 33, 77), config=DEVICE),
+    Case("device-fixed-splits", (5, 400, 1023), num_splits=64, page=32, config=DEVICE),
+    Case("device-two-slices", (1, 63, 64, 65, 129, 200, 401), multiprocessors=8,
+         config=MmaDecodeConfig(tile=32, heads_per_block=1, warps_per_head=2, plan_on_device=True)),
 ]  # fmt: skip
 
 
@@ -134,7 +148,7 @@ def check_model(model: types.ModuleType, case: Case, seed: int = 0) -> None:
         q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
     )  # fmt: skip
     error = (out.double() - ref).norm(dim=-1)
-    bound = rounding_bound(inputs, partials.acc.shape[2])
+    bound = rounding_bound(inputs, int(partials.index[:, 1].max()))
     worst = int((error / bound).argmax())
     assert bool((error <= bound).all()), (
         f"{case.name}: row {divmod(worst, error.shape[1])} off by {error.flatten()[worst]:.3e}, "
@@ -149,34 +163,105 @@ def test_model_matches_float64_reference(case: Case) -> None:
 
 
 def test_model_uses_the_kernels_launch_plan() -> None:
+    """The blocks' work as the model plans it (mma_decode_model.plan_work, written after the .cu) against the
+    package's own planner (`sequence_splits`), for every case of the grid."""
     case = CASES[0]
     inputs = make_inputs(case)
     plan = mma_decode_model.model_launch(inputs.q, inputs.cache, max_seq_len=77, config=case.config)
-    # 7 sequences x one block of both KV heads, 5 tiles of 16 in the longest: too short for 64-step splits, so one
+    # 7 sequences x one block of both KV heads, 5 tiles of 16 in the longest: too short for 128-step splits, so one
     # wave (132 blocks, 18 splits of each sequence) capped at one split per tile.
-    assert (plan.grid, plan.tokens_per_split, plan.num_parts, plan.threads) == ((5, 1, 7), 16, 5, 64)
-    for case, grid, tokens in ((CASES[-2], (4, 1, 4), 1040), (CASES[-1], (4, 1, 2), 384)):
+    assert (plan.grid, plan.tokens_per_split, plan.num_parts, plan.threads) == ((5, 1, 7), 16, 35, 64)
+    device = mma_decode_model.model_launch(inputs.q, inputs.cache, max_seq_len=77, config=DEVICE)
+    # The same batch planned by length: one split a step (15 of the 132 blocks), the rest idle.
+    assert (device.grid, device.num_parts, device.max_parts) == ((132, 1, 1), 132, 5)
+    work = mma_decode_model.plan_work(inputs.cache.seq_lens, device)
+    assert work.seq[:16].tolist() == [0, 1, 2, 3, 3, 4, 4, 5, 5, 5, 6, 6, 6, 6, 6, -1]
+    assert work.split[:15].tolist() == [0, 0, 0, 0, 1, 0, 1, 0, 1, 2, 0, 1, 2, 3, 4]
+    expected = {
+        "planned-waves": ((4, 1, 4), [4] * 4), "planned-one-wave": ((4, 1, 2), [4, 4]),
+        "device-planned-waves": ((16, 1, 1), [1, 2, 3, 4]), "device-planned-one-wave": ((8, 1, 1), [6, 1]),
+        "device-long-among-short": ((8, 2, 1), [1, 3, 1, 1, 1]),
+    }  # fmt: skip
+    for case in CASES:
         inputs = make_inputs(case)
         plan = mma_decode_model.model_launch(
-            inputs.q, inputs.cache, max_seq_len=max(case.lengths), config=case.config,
+            inputs.q, inputs.cache, max_seq_len=max(case.lengths), config=case.config, num_splits=case.num_splits,
             multiprocessors=case.multiprocessors, resident_blocks=case.resident_blocks,
         )  # fmt: skip
-        assert (plan.grid, plan.tokens_per_split) == (grid, tokens), case.name
+        work = mma_decode_model.plan_work(inputs.cache.seq_lens, plan)
+        splits = sequence_splits(case.lengths, plan)
+        starts = work.split == 0
+        assert work.splits[starts].tolist() == splits, case.name
+        assert sum(splits) <= work.seq.shape[0] and bool((work.seq[sum(splits) :] == -1).all()), case.name
+        if case.name in expected:
+            assert (plan.grid, splits) == expected[case.name], case.name
+        if not plan.on_device:
+            assert plan.tokens_per_split * plan.grid[0] >= max(case.lengths), case.name
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_device_plan_of_random_batches_on_an_h200(seed: int) -> None:
+    """Random batches (1 to 300 sequences of 0 to 300k tokens, some equal): the model's plan equals the package's,
+    never needs more blocks than launched, gives every sequence at least one split and no split is past a step;
+    equal lengths keep the host-only planner's split count (`budget // sequences`)."""
+    gen = torch.Generator().manual_seed(seed)
+    seqs = int(torch.randint(1, 300, (1,), generator=gen))
+    longest = int(torch.randint(1, 300_000, (1,), generator=gen))
+    lengths = torch.randint(0, longest + 1, (seqs,), generator=gen)
+    lengths[0] = longest
+    if seed % 4 == 0:
+        lengths[:] = longest
+    for kv_heads, group in ((8, 4), (16, 8)):
+        plan = plan_launch(
+            DEVICE, seqs, kv_heads * group, kv_heads, longest, mma_decode_model.H200_MULTIPROCESSORS,
+            None, mma_decode_model.H200_RESIDENT_BLOCKS,
+        )  # fmt: skip
+        work = mma_decode_model.plan_work(lengths.int(), plan)
+        splits = sequence_splits(lengths.tolist(), plan)
+        assert work.splits[work.split == 0].tolist() == splits
+        steps = [-(-n // plan.tokens_per_step) for n in lengths.tolist()]
+        assert sum(splits) <= plan.grid[0] and max(splits) <= plan.max_parts  # one slice a split by default
+        assert all(1 <= c <= max(1, n) for c, n in zip(splits, steps, strict=True))
+        if seed % 4 == 0:  # equal lengths: the host plan's count, which is the planner's before issue 27
+            host = plan_launch(
+                MmaDecodeConfig(), seqs, kv_heads * group, kv_heads, longest, mma_decode_model.H200_MULTIPROCESSORS,
+                None, mma_decode_model.H200_RESIDENT_BLOCKS,
+            )  # fmt: skip
+            assert set(splits) == {host.grid[0]} == {host_only_splits(seqs * plan.grid[1], steps[0], plan)}
+
+
+def host_only_splits(units: int, steps: int, plan: LaunchPlan) -> int:
+    """The split count of every sequence under the planner before splits were planned on the device (one count for
+    all, from the longest): the most whole waves that keep splits of `min_split_steps`, else one wave."""
+    for waves in range(plan.most_waves, 0, -1):
+        splits = waves * plan.wave // units
+        if splits >= 1 and steps >= splits * plan.min_split_steps:
+            return splits
+    return max(1, min(steps, plan.wave // units))
 
 
 def test_model_merge_is_the_reduce_kernel(device: str) -> None:
     """The model's merge of the splits against the package's reduce kernel (Triton; the interpreter on a CPU) on the
-    same partials, with empty splits (running max -inf) among them."""
-    case = CASES[4]
-    inputs = make_inputs(case)
-    out, partials = mma_decode_model.model_paged_decode(
-        inputs.q, inputs.cache, max_seq_len=max(case.lengths), config=case.config, num_splits=case.num_splits,
-        q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
-    )  # fmt: skip
-    assert bool((partials.max == float("-inf")).any())
-    acc, run_max, run_sum = (t.to(device) for t in (partials.acc, partials.max, partials.sum))
-    reduced = combine_partials(acc, run_max, run_sum, inputs.v_scale, torch.float32)
-    torch.testing.assert_close(out, reduced.cpu(), rtol=1e-5, atol=1e-5)
+    same partials, laid out as the kernel writes them: a host plan's rows per sequence with empty splits (running
+    max -inf); a device plan's rows placed by the sequences' index, with idle blocks' rows (NaN) between and after
+    them, with two KV-head blocks."""
+    for case in (CASES[4], CASES[-3], CASES[-4], CASES[-2]):
+        inputs = make_inputs(case)
+        out, partials = mma_decode_model.model_paged_decode(
+            inputs.q, inputs.cache, max_seq_len=max(case.lengths), config=case.config, num_splits=case.num_splits,
+            multiprocessors=case.multiprocessors, resident_blocks=case.resident_blocks,
+            q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
+        )  # fmt: skip
+        idle = bool(partials.max.isnan().any())
+        assert idle == (case.config.plan_on_device and case.num_splits is None), case.name
+        assert bool((partials.max == float("-inf")).any()) or idle, case.name
+        moved = [t.to(device) for t in (partials.acc, partials.max, partials.sum, partials.index)]
+        max_parts = int(partials.index[:, 1].max())
+        if case.config.plan_on_device:
+            reduced = MmaPartials(*moved, max_parts).merge(inputs.v_scale, torch.float32)
+        else:  # the kernel writes no index for a host plan: rows [s * parts, (s + 1) * parts)
+            reduced = MmaPartials(*moved[:3], None, max_parts).merge(inputs.v_scale, torch.float32)
+        torch.testing.assert_close(out, reduced.cpu(), rtol=1e-5, atol=1e-5)
 
 
 def test_qk_step_order_covers_head_dim_once() -> None:
@@ -205,8 +290,26 @@ MUTANTS = {
     "partial last tile dropped": ("(end - start + tile - 1) // tile", "(end - start) // tile"),
     "one token past the end": ("tile_start[:, None] + tok < end[:, None]", "tile_start[:, None] + tok <= end[:, None]"),
     "slice start ignores the split": (
-        "start = split * plan.tokens_per_split + slice_ * per_warp",
-        "start = split * plan.tokens_per_split + slice_ * tile",
+        "start = split * tokens_per_split + slice_ * per_warp",
+        "start = split * tokens_per_split + slice_ * tile",
+    ),
+    "tokens per split rounded down": (
+        "tokens_per_split = (steps + splits - 1) // splits * plan.tokens_per_step",
+        "tokens_per_split = steps // splits * plan.tokens_per_step",
+    ),
+    "a sequence's first block off by one": ("first = ends[seq] - counts[seq]", "first = ends[seq] - counts[seq] + 1"),
+    "block placed in the sequence before": (
+        "torch.searchsorted(ends, block, right=True)",
+        "torch.searchsorted(ends, block, right=False)",
+    ),
+    "budget not shared among KV-head blocks": (
+        "candidate = waves * plan.wave // kv_blocks",
+        "candidate = waves * plan.wave",
+    ),
+    "index counts splits, not slices": ("work.first[starts] * slices", "work.first[starts]"),
+    "merge reads the next block's rows": (
+        "rows = slice(first, first + count)",
+        "rows = slice(first + 1, first + count + 1)",
     ),
     "GQA heads interleaved": (
         "head = kv_head[:, None] * group + rows",
@@ -218,8 +321,8 @@ MUTANTS = {
         "out_new = _fp32_add(out.double()",
     ),
     "running sum not rescaled": ("_fp32_add(l_run.double() * alpha.double()[..., None]", "_fp32_add(l_run.double()"),
-    "splits merged unweighted": ("(partials.acc * weight[..., None])", "partials.acc"),
-    "split sums merged unweighted": ("(partials.sum * weight).sum(-1)", "partials.sum.sum(-1)"),
+    "splits merged unweighted": ("(acc * weight[..., None])", "acc"),
+    "split sums merged unweighted": ("(sums * weight).sum(-1)", "sums.sum(-1)"),
     "last tile unmasked": ("last_tile & ~valid[:, None, :]", "last_tile & False"),
 }
 

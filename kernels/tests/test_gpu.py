@@ -1,6 +1,7 @@
 """GPU-only checks at sizes the interpreter cannot reach: the cliff itself, and accuracy at realistic shapes."""
 
 import os
+from functools import partial
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from kvkernels.modes import AccumulationMode
 from kvkernels.prefill import attention_prefill
 from kvkernels.quant import FP8_DTYPE, quantize_fp8
 from kvkernels.reference import attention_reference, paged_decode_reference, row_errors
-from mma_decode_model import H200_RESIDENT_BLOCKS, model_paged_decode
+from mma_decode_model import H200_RESIDENT_BLOCKS, model_launch, model_paged_decode
 from test_decode_mma_model import CASES, Case, make_inputs
 
 # Compiled kernels only: under TRITON_INTERPRET=1 even a visible GPU would run the interpreter.
@@ -111,6 +112,9 @@ def _ragged_fp8_cache(
         (128, 1, 16, MmaDecodeConfig(stages=4)),
         (256, 4, 16, MmaDecodeConfig(tile=16)),
         (256, 16, 16, MmaDecodeConfig(tile=16, stages=2)),
+        (128, 4, 16, MmaDecodeConfig(plan_on_device=True)),
+        (128, 4, 32, MmaDecodeConfig(tile=16, heads_per_block=2, warps_per_head=3, plan_on_device=True)),
+        (256, 16, 16, MmaDecodeConfig(tile=16, stages=2, plan_on_device=True)),
     ],
 )
 def test_cuda_fp8_decode_matches_float64_on_a_ragged_batch(
@@ -144,33 +148,67 @@ def test_fp8_decode_defaults_to_the_cuda_kernel_on_hopper() -> None:
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_cuda_fp8_decode_matches_its_cpu_model(case: Case) -> None:
     """The kernel and its CPU model (mma_decode_model.py, which the CPU tests hold to the float64 reference) on the
-    same inputs: the same launch, the same partials per split, the same output. They differ only where ex2.approx
-    and torch's exp2 round a probability to different f16 neighbours (one f16 ulp, 2^-10 of that probability)."""
+    same inputs: the same launch (the case's GPU's plan, run on this one), the same work planned on the device (the
+    rows each sequence's splits wrote), the same partials per split, the same output. They differ only where
+    ex2.approx and torch's exp2 round a probability to different f16 neighbours (one f16 ulp, 2^-10 of that
+    probability)."""
     inputs = make_inputs(case, seed=1, device="cuda")
     c, max_len = inputs.cache, max(case.lengths)
+    plan = model_launch(
+        inputs.q, c, max_seq_len=max_len, config=case.config, num_splits=case.num_splits,
+        multiprocessors=case.multiprocessors, resident_blocks=case.resident_blocks,
+    )  # fmt: skip
     expected, model = model_paged_decode(
         inputs.q, c, max_seq_len=max_len, config=case.config, num_splits=case.num_splits,
         multiprocessors=case.multiprocessors, resident_blocks=case.resident_blocks,
         q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
     )  # fmt: skip
-    splits = model.acc.shape[2] // case.config.warps_per_head  # the model's plan (the case's GPU), run on this one
     qk_scale = qk_log2_scale(case.head_dim, None, inputs.q_scale, inputs.k_scale)
-    acc, run_max, run_sum = (
-        t.cpu() for t in _mma_partials(inputs.q, c, max_len, AccumulationMode.TWO_LEVEL, qk_scale, splits,
-                                       case.config)
-    )  # fmt: skip
-    out = paged_decode(
-        inputs.q, c, max_seq_len=max_len, config=case.config, num_splits=splits, out_dtype=torch.float32,
-        q_scale=inputs.q_scale, k_scale=inputs.k_scale, v_scale=inputs.v_scale,
-    ).cpu()  # fmt: skip
+    partials = _mma_partials(inputs.q, c, max_len, AccumulationMode.TWO_LEVEL, qk_scale, None, case.config, plan)
+    out = partials.merge(inputs.v_scale, torch.float32).cpu()
+    acc, run_max, run_sum = (t.cpu() for t in (partials.acc, partials.max, partials.sum))
     assert acc.shape == model.acc.shape
+    if partials.index is not None:  # a device plan's rows of each sequence, as the kernel wrote them
+        assert torch.equal(partials.index.cpu(), model.index)
+    written = ~model.max.isnan()  # rows of busy blocks (idle blocks write nothing)
     empty = model.max == float("-inf")
-    assert torch.equal(run_max == float("-inf"), empty)  # the same splits saw no token
-    torch.testing.assert_close(run_max[~empty], model.max[~empty], rtol=0.0, atol=TIE_MAX_ATOL)
-    torch.testing.assert_close(run_sum, model.sum, rtol=TIE_SUM_RTOL, atol=0.0)
-    for got, want in ((acc[~empty], model.acc[~empty]), (out, expected)):  # rows of splits that saw tokens
+    assert torch.equal(run_max[written] == float("-inf"), empty[written])  # the same splits saw no token
+    seen = written & ~empty
+    torch.testing.assert_close(run_max[seen], model.max[seen], rtol=0.0, atol=TIE_MAX_ATOL)
+    torch.testing.assert_close(run_sum[written], model.sum[written], rtol=TIE_SUM_RTOL, atol=0.0)
+    for got, want in ((acc[seen], model.acc[seen]), (out, expected)):  # rows of splits that saw tokens
         rel = (got - want).double().norm(dim=-1) / want.double().norm(dim=-1)
         assert float(rel.median()) <= TIE_MEDIAN and float(rel.max()) <= TIE_WORST, (rel.median(), rel.max())
+
+
+def test_device_plan_follows_seq_lens_changed_under_a_cuda_graph() -> None:
+    """The plan on the device is made from seq_lens when the kernel runs: a CUDA graph captured for one batch and
+    replayed after seq_lens changed in place (a long sequence among short ones, then lengths the other way round)
+    gives what an eager call with the new lengths gives, bit for bit, and matches float64."""
+    lengths = [70000, 1, 3000, 16, 40000]
+    cache, ks, vs = _ragged_fp8_cache(lengths, 16, 8, 128, seed=11)
+    q8, qs = quantize_fp8(torch.randn(len(lengths), 32, 128, device="cuda"))
+    config = MmaDecodeConfig(plan_on_device=True)
+    step = partial(paged_decode, q8, cache, max_seq_len=max(lengths), q_scale=qs, k_scale=ks, v_scale=vs,
+                   out_dtype=torch.float32, config=config)  # fmt: skip
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = step()
+    for new in ([70000, 1, 3000, 16, 40000], [1000, 1, 2999, 16, 40000], [5, 1, 1, 1, 1]):
+        cache.seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        eager = step()
+        torch.testing.assert_close(replayed, eager, rtol=0.0, atol=0.0)
+        ref = paged_decode_reference(
+            q8, cache.key_cache, cache.value_cache, cache.block_table, cache.seq_lens, q_scale=qs, k_scale=ks,
+            v_scale=vs,
+        )  # fmt: skip
+        assert row_errors(replayed, ref)[0] < 1e-4
 
 
 @pytest.mark.parametrize("head_dim", [128, 256])

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
+from kvpolicy.api.exit_codes import EXIT_OK, EXIT_USAGE
+
 COMMAND_ENTRY_POINTS = "kvpolicy.commands"
 DEV_ONLY = frozenset({"sim", "demo"})
 
@@ -58,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = installed_subcommands()
     if not args or args[0] in ("-h", "--help"):
         print(_usage(commands))
-        return 0 if args else 2
+        return EXIT_OK if args else EXIT_USAGE
     if args[0] in ("-V", "--version"):
         from kvpolicy import __version__
 
@@ -68,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in commands:
         hint = " (it comes with the development distribution: pip install ./dev)" if name in DEV_ONLY else ""
         print(f"kvpolicy: unknown command {name!r}{hint}\n\n{_usage(commands)}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     module = importlib.import_module(commands[name].module)
     result: int = module.main(rest)
     return result

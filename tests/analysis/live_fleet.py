@@ -131,10 +131,16 @@ class PrometheusServer:
         with self.log_path.open("wb") as log:
             self.process = self._launch(config, log)
         ready = f"{self.url}/-/ready"
-        wait_until(lambda: _answers(ready), 30, f"Prometheus to be ready (log: {self.log_tail()})")
-        # Prometheus applies new targets a few seconds after start: wait until it scraped all of them.
-        scraped = len(targets)
-        wait_until(lambda: self.query_value("count(up == 1)") == scraped, 30, "Prometheus' first scrape of every pod")
+        try:
+            wait_until(lambda: _answers(ready), 30, f"Prometheus to be ready (log: {self.log_tail()})")
+            # Prometheus applies new targets a few seconds after start: wait until it scraped all of them.
+            scraped = len(targets)
+            wait_until(
+                lambda: self.query_value("count(up == 1)") == scraped, 30, "Prometheus' first scrape of every pod"
+            )
+        except BaseException:
+            self.stop()  # nobody else can: the caller never got this object
+            raise
 
     def _launch(self, config: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(

@@ -1,4 +1,5 @@
-"""`kvpolicy plan` on bad and unusual input: a message naming what to fix and exit code 2, never a traceback;
+"""`kvpolicy plan` on bad and unusual input: a message naming what to fix and exit code 64 (EXIT_USAGE, as every
+kvpolicy command), never a traceback;
 stdin, `kubectl get node -o yaml` output, every GPU the classifier knows, and the API server's validation."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kvpolicy.api.exit_codes import EXIT_USAGE
 from kvpolicy.planning import cli as plan_cli
 from kvpolicy.planning.gpu import PRODUCTS
 
@@ -50,13 +52,13 @@ def write(tmp_path: Path, name: str, content: Any) -> str:
 
 def test_node_labels_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = run(capsys, "-f", str(EXAMPLE), "--node-labels", str(tmp_path / "absent.yaml"))
-    assert code == 2
+    assert code == EXIT_USAGE
     assert f"cannot read node labels {tmp_path / 'absent.yaml'}: No such file or directory" in err
 
 
 def test_node_labels_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = run(capsys, "-f", str(EXAMPLE), "--node-labels", str(tmp_path))
-    assert code == 2 and f"cannot read node labels {tmp_path}: Is a directory" in err
+    assert code == EXIT_USAGE and f"cannot read node labels {tmp_path}: Is a directory" in err
 
 
 @pytest.mark.parametrize(
@@ -73,7 +75,7 @@ def test_node_labels_bad_content(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, message: str
 ) -> None:
     code, _, err = run(capsys, "-f", str(EXAMPLE), "--node-labels", write(tmp_path, "labels.yaml", content))
-    assert code == 2 and message in err
+    assert code == EXIT_USAGE and message in err
 
 
 def test_node_labels_from_stdin(capsys: pytest.CaptureFixture[str]) -> None:
@@ -91,7 +93,7 @@ def test_manifest_from_stdin(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_only_one_input_can_be_stdin(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "-f", "-", "--node-labels", "-", stdin="")
-    assert code == 2 and "cannot both read stdin" in err
+    assert code == EXIT_USAGE and "cannot both read stdin" in err
 
 
 def test_a_kubectl_node_is_read_by_its_labels(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -140,7 +142,7 @@ def test_gpu_spellings(capsys: pytest.CaptureFixture[str], spelling: str, genera
 
 def test_an_unknown_gpu_lists_the_known_ones(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "-f", str(EXAMPLE), "--gpu", "TPU-v5")
-    assert code == 2 and "unknown --gpu 'TPU-v5'" in err
+    assert code == EXIT_USAGE and "unknown --gpu 'TPU-v5'" in err
     assert all(product.name in err for product in PRODUCTS)
 
 
@@ -191,7 +193,7 @@ def test_what_the_api_server_refuses_plan_refuses(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, changes: dict[str, Any], message: str
 ) -> None:
     code, out, err = run(capsys, "-f", write(tmp_path, "policy.yaml", [manifest(**changes)]), "--gpu", "H100")
-    assert code == 2 and out == ""
+    assert code == EXIT_USAGE and out == ""
     assert "the API server would refuse it" in err and message in err
 
 
@@ -211,7 +213,7 @@ def test_a_key_given_twice_is_refused_not_silently_overwritten(
     text = EXAMPLE.read_text().replace("spec:\n", "spec:\n  rollout: {bakeSeconds: 60}\n", 1)
     text += "  rollout: {bakeSeconds: 0}\n"
     code, out, err = run(capsys, "-f", write(tmp_path, "twice.yaml", text), "--gpu", "H100")
-    assert (code, out) == (2, "")
+    assert (code, out) == (EXIT_USAGE, "")
     assert "found the key 'rollout' twice" in err and "line" in err and "Traceback" not in err
 
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kvpolicy.api.exit_codes import EXIT_USAGE
 from kvpolicy.api.v1alpha1 import GpuFacts, GpuGeneration, KVCacheDtype, KVPolicySpec
 from kvpolicy.planning import cli as plan_cli
 from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts
@@ -442,10 +443,10 @@ def test_plan_cli_bad_input(
 ) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(content if content is not None else EXAMPLES[0].read_text())
-    assert plan_cli.main(["-f", str(path), *args]) == 2
+    assert plan_cli.main(["-f", str(path), *args]) == EXIT_USAGE
     assert message in capsys.readouterr().err
 
 
 def test_plan_cli_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
-    assert plan_cli.main(["-f", "/nonexistent/policy.yaml", "--gpu", "H100"]) == 2
+    assert plan_cli.main(["-f", "/nonexistent/policy.yaml", "--gpu", "H100"]) == EXIT_USAGE
     assert "cannot read KVPolicy manifest /nonexistent/policy.yaml: No such file" in capsys.readouterr().err

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kvpolicy.api.exit_codes import EXIT_USAGE
 from kvpolicy.api.v1alpha1 import KVCacheDtype, Plan, Severity
 from kvpolicy.planning import cli as plan_cli
 from kvpolicy.planning.gpu import FAMILY_LABEL, KNOWN_PRODUCTS, gpu_facts
@@ -180,7 +181,7 @@ def test_plan_cli_takes_a_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert shown["attentionBackend"] == "TRITON_ATTN"
     assert any(r["code"] == "VLLMVersion" for r in shown["reasons"])
 
-    assert plan_cli.main(["-f", manifest, "--gpu", "B200", "--vllm-version", "latest"]) == 2
+    assert plan_cli.main(["-f", manifest, "--gpu", "B200", "--vllm-version", "latest"]) == EXIT_USAGE
     assert "error: --vllm-version 'latest': not a vLLM version such as 0.32.0" in capsys.readouterr().err
 
 

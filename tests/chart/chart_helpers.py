@@ -53,6 +53,22 @@ def run_tool(args: Sequence[str | Path], cwd: Path = REPO_ROOT) -> subprocess.Co
     return subprocess.run([str(arg) for arg in args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
 
 
+# No kvpolicy image is published, so the chart requires the registry they were pushed to.
+REGISTRY = "registry.example.com/kvpolicy"
+# The user-facing ClusterRoles (kvpolicy-view, kvpolicy-edit) are labelled for aggregation; the operator's are not.
+AGGREGATE_LABEL = "rbac.authorization.k8s.io/aggregate-to-admin"
+
+
+def operator_rbac(manifests: list[Manifest]) -> list[Manifest]:
+    """The manifests without the aggregated user-facing ClusterRoles: the operator's own RBAC and the rest."""
+    return [m for m in manifests if AGGREGATE_LABEL not in (m.get("metadata", {}).get("labels") or {})]
+
+
+def operator_cluster_role(manifests: list[Manifest]) -> Manifest:
+    """The ClusterRole the operator's ServiceAccount is bound to."""
+    return only(operator_rbac(manifests), "ClusterRole")
+
+
 def only(manifests: list[Manifest], kind: str) -> Manifest:
     """The single manifest of a kind (fails when there are none or several)."""
     matching = of_kind(manifests, kind)

@@ -11,6 +11,7 @@ from chart_helpers import (
     CHART_DIR,
     CUSTOM_VALUES,
     HA_VALUES,
+    REGISTRY,
     RELEASE,
     RELEASE_NAMESPACE,
     Manifest,
@@ -32,6 +33,7 @@ def render(helm: Path) -> Renderer:
 
     def _render(*extra_args: str | Path, chart: Path = CHART_DIR) -> list[Manifest]:
         template = [helm, "template", RELEASE, chart, "--namespace", RELEASE_NAMESPACE, "--include-crds"]
+        template += ["--set", f"imageRegistry={REGISTRY}"]
         result = run_tool([*template, *extra_args])
         if result.returncode != 0:
             raise RenderError(result.stderr)

@@ -7,8 +7,19 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import chart_helpers
 import pytest
-from chart_helpers import RELEASE_NAMESPACE, Manifest, Renderer, Triple, granted, of_kind, only, operator_container
+from chart_helpers import (
+    REGISTRY,
+    RELEASE_NAMESPACE,
+    Manifest,
+    Renderer,
+    Triple,
+    granted,
+    of_kind,
+    only,
+    operator_container,
+)
 from kopf.testing import KopfRunner
 from kvpolicy.runtime import handlers
 from kvpolicy.runtime.run import _parser as run_parser
@@ -37,10 +48,14 @@ def test_chart_flags_parse_with_kvpolicy_run(
 
 
 def test_chart_default_job_images_are_the_operators_defaults(default_manifests: list[Manifest]) -> None:
-    """Run with or without the chart, the operator starts the same gate and probe Jobs."""
+    """Run with or without the chart, the operator starts the same gate and probe Jobs (the same images and tags; the
+    chart takes them from the registry it requires)."""
     env = {entry["name"]: entry["value"] for entry in operator_container(default_manifests)["env"]}
-    assert env["KVPOLICY_GATE_IMAGE"] == handlers.DEFAULT_GATE_IMAGE
-    assert env["KVPOLICY_PROBE_IMAGE"] == handlers.DEFAULT_PROBE_IMAGE
+    for variable, default in (
+        ("KVPOLICY_GATE_IMAGE", handlers.DEFAULT_GATE_IMAGE),
+        ("KVPOLICY_PROBE_IMAGE", handlers.DEFAULT_PROBE_IMAGE),
+    ):
+        assert env[variable] == f"{REGISTRY}/{default.rsplit('/', 1)[1]}"
     defaults = handlers.OperatorOptions()
     assert json.loads(env["KVPOLICY_GATE_RESOURCES"]) == defaults.gate_resources
     assert json.loads(env["KVPOLICY_PREFLIGHT_RESOURCES"]) == defaults.preflight_resources
@@ -181,7 +196,7 @@ def test_rbac_allows_exactly_what_the_operator_requests_in_a_rollout(
             used.setdefault(parsed[0], set()).add(parsed[1])
 
     [role] = [role for role in of_kind(manifests, "Role") if role["metadata"]["namespace"] == ns]
-    cluster_wide, in_namespace = granted(only(manifests, "ClusterRole")), granted(role)
+    cluster_wide, in_namespace = granted(chart_helpers.operator_cluster_role(manifests)), granted(role)
     denied = {
         triple: namespaces
         for triple, namespaces in used.items()

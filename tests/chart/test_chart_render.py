@@ -8,10 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from chart_helpers import (
     CHART_DIR,
     CUSTOM_VALUES,
     HA_VALUES,
+    REGISTRY,
+    RELEASE,
     RELEASE_NAMESPACE,
     Manifest,
     Renderer,
@@ -20,7 +23,9 @@ from chart_helpers import (
     granted,
     of_kind,
     only,
+    operator_cluster_role,
     operator_container,
+    operator_rbac,
     run_tool,
 )
 
@@ -29,8 +34,22 @@ from chart_helpers import (
     "values", [[], ["--values", CUSTOM_VALUES], ["--values", HA_VALUES]], ids=["default", "custom", "ha"]
 )
 def test_helm_lint_strict_passes(helm: Path, values: list[str | Path]) -> None:
-    result = run_tool([helm, "lint", "--strict", CHART_DIR, *values])
+    result = run_tool([helm, "lint", "--strict", CHART_DIR, "--set", f"imageRegistry={REGISTRY}", *values])
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_registry_is_required_since_no_image_is_published(helm: Path) -> None:
+    """Issue 23 item 12: the defaults named images nobody publishes (ghcr.io/kvpolicy/...); an install without the
+    registry now fails at once, saying what to build and set, instead of pods in ImagePullBackOff."""
+    result = run_tool([helm, "template", RELEASE, CHART_DIR, "--namespace", RELEASE_NAMESPACE])
+    assert result.returncode != 0
+    assert "imageRegistry is required: no kvpolicy image is published" in result.stderr
+    full_names = ["--set", "image.repository=r.example/ops/kvpolicy-operator"]
+    full_names += ["--set", "probeImage.repository=r.example/ops/vllm-fp8-twolevel"]
+    rendered = run_tool([helm, "template", RELEASE, CHART_DIR, *full_names])
+    assert rendered.returncode == 0, rendered.stderr  # the README's install line: full names, no registry
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert "ghcr.io" not in yaml.safe_dump(values) and values["imageRegistry"] == ""
 
 
 @pytest.mark.parametrize(
@@ -76,7 +95,9 @@ def test_clusters_older_than_1_29_are_refused(render: Renderer) -> None:
 def test_defaults_render_only_the_core_objects(default_manifests: list[Manifest]) -> None:
     kinds = sorted(manifest["kind"] for manifest in default_manifests)
     assert kinds == [
-        "ClusterRole",
+        "ClusterRole",  # the operator's
+        "ClusterRole",  # kvpolicy-view
+        "ClusterRole",  # kvpolicy-edit
         "ClusterRoleBinding",
         "CustomResourceDefinition",
         "Deployment",
@@ -87,7 +108,7 @@ def test_defaults_render_only_the_core_objects(default_manifests: list[Manifest]
 
 def test_custom_values_render_every_optional_object(custom_manifests: list[Manifest]) -> None:
     kinds = {manifest["kind"] for manifest in custom_manifests}
-    assert {"ServiceMonitor", "PrometheusRule", "ConfigMap", "Role", "RoleBinding"} <= kinds
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap", "Role", "RoleBinding"} <= kinds
 
 
 def flag_value(args: list[str], flag: str) -> str:
@@ -164,7 +185,8 @@ def test_watch_namespaces_become_namespace_flags(
 def test_gate_image_defaults_to_the_operator_image(default_manifests: list[Manifest]) -> None:
     container = operator_container(default_manifests)
     assert env_value(container, "KVPOLICY_GATE_IMAGE") == container["image"]
-    assert env_value(container, "KVPOLICY_PROBE_IMAGE").startswith("ghcr.io/kvpolicy/vllm-fp8-twolevel:")
+    assert container["image"] == f"{REGISTRY}/kvpolicy-operator:0.1.0"
+    assert env_value(container, "KVPOLICY_PROBE_IMAGE").startswith(f"{REGISTRY}/vllm-fp8-twolevel:")
 
 
 def test_custom_images_reach_the_operator(custom_manifests: list[Manifest], custom_values: dict[str, Any]) -> None:
@@ -217,7 +239,7 @@ def test_leader_election_role_grants_exactly_the_documented_rules(ha_manifests: 
 
 def test_all_namespaces_cluster_role_grants_exactly_the_documented_rules(default_manifests: list[Manifest]) -> None:
     documented = documented_rbac()
-    assert granted(only(default_manifests, "ClusterRole")) == documented["namespaced"] | documented["cluster"]
+    assert granted(operator_cluster_role(default_manifests)) == documented["namespaced"] | documented["cluster"]
     assert not of_kind(default_manifests, "Role")
 
 
@@ -225,7 +247,7 @@ def test_watch_namespaces_get_a_role_each_and_a_cluster_role_for_cluster_reads(
     custom_manifests: list[Manifest], custom_values: dict[str, Any]
 ) -> None:
     documented = documented_rbac()
-    cluster_role = only(custom_manifests, "ClusterRole")
+    cluster_role = operator_cluster_role(custom_manifests)
     assert granted(cluster_role) == documented["cluster"] | documented["cluster, with watchNamespaces"]
     roles = of_kind(custom_manifests, "Role")
     assert sorted(role["metadata"]["namespace"] for role in roles) == sorted(custom_values["watchNamespaces"])
@@ -242,7 +264,7 @@ def test_gateway_api_rollouts_add_exactly_the_route_and_pool_rules_and_tell_the_
     manifests = render("--set", "gatewayAPI.enabled=true")
     gateway = documented["namespaced, with gatewayAPI.enabled"]
     assert ("gateway.networking.k8s.io", "httproutes", "patch") in gateway
-    assert granted(only(manifests, "ClusterRole")) == documented["namespaced"] | gateway | documented["cluster"]
+    assert granted(operator_cluster_role(manifests)) == documented["namespaced"] | gateway | documented["cluster"]
     env = {entry["name"]: entry.get("value") for entry in operator_container(manifests)["env"]}
     assert env["KVPOLICY_READ_INFERENCE_POOLS"] == "true"
     namespaced = render("--set", "gatewayAPI.enabled=true", "--set", "watchNamespaces={llm}")
@@ -317,28 +339,120 @@ def test_default_receivers_reach_the_operator_and_only_their_secret_is_readable(
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["kvpolicy-hooks"], "verbs": ["get"]}
     ]
-    assert ("", "secrets", "get") not in granted(only(manifests, "ClusterRole")), "no other Secret"
+    assert ("", "secrets", "get") not in granted(operator_cluster_role(manifests)), "no other Secret"
 
 
 def test_policy_secrets_grant_get_on_secrets_where_policies_are_reconciled(render: Renderer) -> None:
-    cluster_wide = granted(only(render("--set", "notifications.policySecrets=true"), "ClusterRole"))
+    cluster_wide = granted(operator_cluster_role(render("--set", "notifications.policySecrets=true")))
     assert {triple for triple in cluster_wide if triple[1] == "secrets"} == {("", "secrets", "get")}
     namespaced = render("--values", CUSTOM_VALUES, "--set", "notifications.policySecrets=true")
-    assert ("", "secrets", "get") not in granted(only(namespaced, "ClusterRole"))
+    assert ("", "secrets", "get") not in granted(operator_cluster_role(namespaced))
     assert all(("", "secrets", "get") in granted(role) for role in of_kind(namespaced, "Role"))
 
 
 def test_referenced_secrets_are_read_only_when_the_value_grants_it(render: Renderer) -> None:
     reads = {("", "secrets", "get"), ("", "configmaps", "get")}
-    assert not reads & granted(only(render(), "ClusterRole")), "off by default"
-    cluster_wide = granted(only(render("--set", "auth.readReferencedSecrets=true"), "ClusterRole"))
+    assert not reads & granted(operator_cluster_role(render())), "off by default"
+    cluster_wide = granted(operator_cluster_role(render("--set", "auth.readReferencedSecrets=true")))
     assert reads <= cluster_wide
     assert {t for t in cluster_wide if t[1] in ("secrets", "configmaps")} == reads, "get only: no list or watch"
     namespaced = render("--values", CUSTOM_VALUES, "--set", "auth.readReferencedSecrets=true")
-    assert not reads & granted(only(namespaced, "ClusterRole"))
+    assert not reads & granted(operator_cluster_role(namespaced))
     assert all(reads <= granted(role) for role in of_kind(namespaced, "Role") if "-notifications" not in str(role))
 
 
 def test_malformed_default_receivers_are_refused_at_install(render: Renderer) -> None:
     with pytest.raises(RenderError, match=re.escape("notifications.defaults.0: urlSecretRef is required")):
         render("--set-json", 'notifications.defaults=[{"name": "ops"}]')
+
+
+def test_runbook_urls_follow_the_configured_pattern(render: Renderer) -> None:
+    """monitoring-mixins' runbookURLPattern: the PrometheusRule's runbook links can point at a team's own runbooks;
+    by default they are the repository's, as in monitoring/alerts.yaml."""
+    alerts = yaml.safe_load((CHART_DIR / "files" / "alerts.yaml").read_text())
+    shipped = {r["alert"]: r["annotations"]["runbook_url"] for g in alerts["groups"] for r in g["rules"]}
+
+    def runbooks(*args: str) -> dict[str, str]:
+        rule = only(render("--set", "prometheusRule.enabled=true", *args), "PrometheusRule")
+        return {r["alert"]: r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]}
+
+    assert runbooks() == shipped
+    pattern = "https://wiki.example.com/runbooks/kvpolicy/%s"
+    assert runbooks("--set", f"prometheusRule.runbookURLPattern={pattern}") == {
+        name: f"https://wiki.example.com/runbooks/kvpolicy/{name.lower()}" for name in shipped
+    }
+    with pytest.raises(RenderError, match="runbookURLPattern: Does not match pattern"):
+        render("--set", "prometheusRule.runbookURLPattern=https://wiki.example.com/kvpolicy")
+
+
+def test_pod_monitor_scrapes_the_canaries_in_the_watched_namespaces(
+    custom_manifests: list[Manifest], custom_values: dict[str, Any], render: Renderer
+) -> None:
+    """Issue 23 item 3: the canary's pods carry only kvpolicy's labels before the accuracy gate; the PodMonitor selects
+    exactly those (not gate Jobs' pods) where the operator reconciles, on the port the target's template names."""
+    monitor = only(custom_manifests, "PodMonitor")
+    assert monitor["spec"]["selector"] == {
+        "matchLabels": {"app.kubernetes.io/managed-by": "kvpolicy", "kvpolicy.dev/role": "canary"}
+    }
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": custom_values["watchNamespaces"]}
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    every = only(render("--set", "podMonitor.enabled=true,podMonitor.port=vllm"), "PodMonitor")
+    assert every["spec"]["namespaceSelector"] == {"any": True}
+    with pytest.raises(RenderError, match=re.escape("podMonitor.port: name the vLLM container's port")):
+        render("--set", "podMonitor.enabled=true")
+
+
+def test_aggregated_roles_let_view_read_and_edit_write_kvpolicies(
+    default_manifests: list[Manifest], render: Renderer
+) -> None:
+    """Issue 23 item 12: who may view or edit a namespace may do the same with its KVPolicies (kubectl kvpolicy get,
+    status; approve, pause, ...), through Kubernetes' aggregated view/edit/admin roles; read-only stays read-only."""
+    roles = {
+        r["metadata"]["name"]: r
+        for r in of_kind(default_manifests, "ClusterRole")
+        if r not in operator_rbac(default_manifests)
+    }
+    assert set(roles) == {"kvpolicy-view", "kvpolicy-edit"}
+    aggregates = {
+        name: {k for k, v in role["metadata"]["labels"].items() if "aggregate-to" in k and v == "true"}
+        for name, role in roles.items()
+    }
+    prefix = "rbac.authorization.k8s.io/aggregate-to-"
+    assert aggregates == {
+        "kvpolicy-view": {prefix + "view", prefix + "edit", prefix + "admin"},
+        "kvpolicy-edit": {prefix + "edit", prefix + "admin"},
+    }
+    kvp = "kvpolicy.dev"
+    assert granted(roles["kvpolicy-view"]) == {
+        (kvp, resource, verb) for resource in ("kvpolicies", "kvpolicies/status") for verb in ("get", "list", "watch")
+    }
+    assert granted(roles["kvpolicy-edit"]) == {
+        (kvp, "kvpolicies", verb) for verb in ("create", "update", "patch", "delete", "deletecollection")
+    }
+    bindings = of_kind(default_manifests, "ClusterRoleBinding") + of_kind(default_manifests, "RoleBinding")
+    assert not any(b["roleRef"]["name"] in roles for b in bindings), "they grant nothing by themselves"
+    assert not [
+        r
+        for r in of_kind(render("--set", "aggregatedRoles.enabled=false"), "ClusterRole")
+        if r not in operator_rbac([r])
+    ]
+
+
+def test_the_install_notes_recommend_watch_namespaces(render: Renderer, tmp_path: Path) -> None:
+    """NOTES.txt, rendered through a copy of the chart that carries it as a ConfigMap (helm template skips NOTES)."""
+    chart = tmp_path / CHART_DIR.name
+    shutil.copytree(CHART_DIR, chart)
+    (chart / "templates" / "NOTES.txt").rename(chart / "files" / "NOTES.txt")
+    show = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: |\n"
+    show += '{{ tpl (.Files.Get "files/NOTES.txt") . | indent 4 }}\n'
+    (chart / "templates" / "notes.yaml").write_text(show)
+
+    def notes(*args: str) -> str:
+        [config_map] = [m for m in render(*args, chart=chart) if m["metadata"]["name"] == "notes"]
+        return " ".join(config_map["data"]["notes"].split())
+
+    assert "For production, set watchNamespaces to the namespaces that serve vLLM" in notes()
+    assert "For production" not in notes("--set", "watchNamespaces={llm}")
+    assert "kvpolicy-view and kvpolicy-edit" in notes()

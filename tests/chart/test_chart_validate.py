@@ -15,7 +15,7 @@ from chart_helpers import REPO_ROOT, Manifest, find_tool, only, run_tool
 # Chart.yaml's kubeVersion starts at 1.29 (CEL validation rules in the CRD are GA there).
 KUBERNETES_VERSIONS = ["1.29", "1.30", "1.31", "1.32", "1.33"]
 # Prometheus Operator kinds: kubernetes-validate has no schema for them; the tests below check them instead.
-PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
+PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
 def validate_strictly(manifests: list[Manifest], version: str) -> list[str]:

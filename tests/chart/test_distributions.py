@@ -102,5 +102,5 @@ def test_operator_commands_run_without_the_development_distribution(tmp_path: Pa
     listing = kvpolicy("--help")
     assert "sim" not in listing.stdout.split("commands:")[1] and "demo" not in listing.stdout.split("commands:")[1]
     demo = kvpolicy("demo")
-    assert demo.returncode == 2
+    assert demo.returncode == 64  # EXIT_USAGE
     assert "development distribution" in demo.stderr and "Traceback" not in demo.stderr

@@ -14,8 +14,9 @@ import pytest
 import pytest_asyncio
 from auth_proxy import BODY_MARKER, AuthProxy, Pki
 from gate_fakes import CHILD_ENV, MODEL, in_process_simulator
+from kvpolicy.api.exit_codes import EXIT_USAGE
 from kvpolicy.api.v1alpha1 import AccuracyGate, LatencyGate, parse_decimal
-from kvpolicy.gate_programs.cli import EXIT_USAGE, build_parser
+from kvpolicy.gate_programs.cli import build_parser
 from kvpolicy.gate_programs.client import base_url
 
 API_KEY = "sk-gate-test-0a1b2c3d-do-not-print"
@@ -65,6 +66,10 @@ def gate(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
+ACCURACY = ["accuracy", "--canary", "http://a", "--baseline", "http://b", "--model", "m", "--length", "9"]
+LATENCY = ["latency", "--canary", "http://a", "--baseline", "http://b", "--model", "m", "--lengths", "1", "2", "3"]
+
+
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [
@@ -88,6 +93,24 @@ def gate(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
                 *("--api-key-file", "k", "--api-key-env", "K"),
             ],
             "argument --api-key-env: not allowed with argument --api-key-file",
+        ),
+        # Values the KVPolicy CRD refuses (issue 23 item 11): the gate refuses them with the CRD's own words.
+        (
+            [*ACCURACY, "--min-recovery", "1.5"],
+            "--min-recovery 1.5: a KVPolicy refuses it (gates.accuracy.minRecovery must be a number in (0, 1], such as "
+            '"0.95" (got "1.5"))',
+        ),
+        (
+            [*ACCURACY, "--max-samples", "0"],
+            "--max-samples 0: a KVPolicy refuses it (Input should be greater than or equal to 1)",
+        ),
+        (
+            [*LATENCY, "--ttft-max-ratio", "0"],
+            "--ttft-max-ratio 0.0: a KVPolicy refuses it (gates.latency.ttftMaxRatio and itlMaxRatio must be numbers",
+        ),
+        (
+            [*LATENCY, "--itl-max-ratio", "nan"],
+            "--itl-max-ratio nan: a KVPolicy refuses it",
         ),
     ],
 )

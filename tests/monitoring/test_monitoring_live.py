@@ -12,7 +12,15 @@ from urllib.request import urlopen
 
 import pytest
 import yaml
-from analysis.live_fleet import PROMETHEUS, PrometheusServer, launch_process, wait_until
+from analysis.live_fleet import (
+    PROMETHEUS,
+    PrometheusServer,
+    ServerProcess,
+    launch_fake_vllm,
+    launch_process,
+    wait_until,
+)
+from operator_metrics_server import BASELINE_POD, CANARY_POD
 
 HERE = Path(__file__).parent
 MONITORING = HERE.parents[1] / "monitoring"
@@ -20,22 +28,40 @@ MONITORING = HERE.parents[1] / "monitoring"
 pytestmark = pytest.mark.prometheus
 
 
+def job(target: ServerProcess, namespace: str, honor_labels: bool = False) -> dict[str, Any]:
+    labels = {"namespace": namespace, "pod": target.pod}
+    address = f"127.0.0.1:{target.port}"
+    return {
+        "job_name": target.pod,
+        "honor_labels": honor_labels,
+        "static_configs": [{"targets": [address], "labels": labels}],
+    }
+
+
 @pytest.fixture(scope="module")
 def prometheus() -> Iterator[PrometheusServer]:
+    """The operator's metrics (honouring their labels, as the chart's ServiceMonitor does) and two vLLM stand-ins
+    for the canary's and the baseline's pods of policy "slow", as a pod scrape labels them."""
     if PROMETHEUS is None:
         pytest.skip("prometheus is not installed: `make prometheus` installs Debian's package")
     operator = launch_process("kvpolicy-operator", [sys.executable, str(HERE / "operator_metrics_server.py")])
+    pods = [launch_fake_vllm(CANARY_POD), launch_fake_vllm(BASELINE_POD)]
+    processes = [operator, *pods]
     try:
-        operator.wait_ready()
-        server = PrometheusServer([operator], namespace="kvpolicy-system", rule_files=[MONITORING / "alerts.yaml"])
+        for process in processes:
+            process.wait_ready()
+        jobs = [job(operator, "kvpolicy-system", honor_labels=True), *(job(pod, "llm") for pod in pods)]
+        server = PrometheusServer(processes, rule_files=[MONITORING / "alerts.yaml"], scrape_configs=jobs)
     except BaseException:
-        operator.stop()
+        for process in processes:
+            process.stop()
         raise
     try:
         yield server
     finally:
         server.stop()
-        operator.stop()
+        for process in processes:
+            process.stop()
 
 
 def get(server: PrometheusServer, path: str) -> Any:
@@ -60,7 +86,7 @@ def test_alerts_fire_on_the_operator_metrics(prometheus: PrometheusServer) -> No
 
     expected = {
         ("KVPolicyRolledBack", "lossy"): {"firing"},
-        ("KVPolicyAccuracyRecoveryLow", "lossy"): {"firing"},
+        ("KVPolicyAccuracyRecoveryLow", "unrolled"): {"firing"},  # not "lossy": it rolled back
         # These wait out their `for` clause (2 and 5 minutes; promtool's tests check the timing).
         ("KVPolicyCanaryTTFTRegression", "slow"): {"pending", "firing"},
         ("KVPolicyRolloutStuck", "stuck"): {"pending", "firing"},
@@ -77,12 +103,26 @@ def test_alerts_fire_on_the_operator_metrics(prometheus: PrometheusServer) -> No
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
+    """Every panel's query and every annotation's."""
     dashboard = json.loads((MONITORING / "dashboard.json").read_text())
-    return [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    panels = [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    return panels + [(annotation["name"], annotation["expr"]) for annotation in dashboard["annotations"]["list"]]
 
 
 def test_dashboard_queries_are_valid_and_have_data(prometheus: PrometheusServer) -> None:
     substitutions = {"$namespace": ".*", "$policy": ".*", "$__range": "1h", "$__rate_interval": "1m"}
+    # The canary-vs-baseline panels join vLLM's series to kvpolicy_rollout_pod_info: a side each, for "slow".
+    [requests] = [expr for title, expr in dashboard_queries() if title == "Requests finished per second"]
+    for variable, value in substitutions.items():
+        requests = requests.replace(variable, value)
+
+    def sides() -> set[tuple[str, str, str]]:
+        return {
+            (s["metric"]["namespace"], s["metric"]["policy"], s["metric"]["role"]) for s in prometheus.query(requests)
+        }
+
+    expected = {("llm", "slow", "canary"), ("llm", "slow", "baseline")}
+    wait_until(lambda: sides() == expected, 10, f"{expected}: {sides()}")
     for title, expr in dashboard_queries():
         for variable, value in substitutions.items():
             expr = expr.replace(variable, value)

@@ -7,7 +7,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from kvpolicy.analysis.model import LatencyGateConfig, SideMetrics
 from kvpolicy.analysis.verdicts import assess
 from kvpolicy.api.v1alpha1 import VerdictKind
-from kvpolicy.notify.metrics import OperatorMetrics, metrics_app
+from kvpolicy.notify.metrics import OperatorMetrics, PolicyInfo, metrics_app
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -156,3 +156,78 @@ def test_the_canary_traffic_share_is_intended_and_measured_until_forgotten() -> 
     assert value(metrics, "kvpolicy_canary_traffic_share_ratio", namespace="llm", policy="m", kind="measured") is None
     metrics.forget_policy("llm", "m")
     assert value(metrics, "kvpolicy_canary_traffic_share_ratio", namespace="llm", policy="m", kind="intended") is None
+
+
+def test_a_replica_that_loses_the_lease_exports_no_policy_gauges() -> None:
+    """A standby's stale phase deadline would fire KVPolicyRolloutStuck for a policy the new leader has moved on, and
+    its policy counts would double every sum: it drops them, ignores passes still finishing, and exports again once
+    it leads."""
+    metrics = OperatorMetrics()
+    metrics.set_leader(True)
+    metrics.set_policies_by_phase({"AccuracyGate": 1})
+    metrics.set_phase_deadline("llm", "m", "AccuracyGate", 1000.0)
+    metrics.record_gate_result("m", "llm", "accuracy", "Fail", 0.8, 0.4, 0.5, 0.95)
+    metrics.record_analysis("llm", "m", assess(CONFIG, side("canary", 0.3), side("baseline", 0.2)))
+    metrics.set_policy_info("llm", "m", PolicyInfo(phase="AccuracyGate"))
+    metrics.record_decision("RolledBack", "AccuracyRecoveryBelowMinimum", "llm", "m")
+
+    metrics.set_leader(False)
+    metrics.set_phase_deadline("llm", "m", "RollingBack", 2000.0)  # a pass that was still running
+    metrics.set_policy_info("llm", "m", PolicyInfo(phase="RollingBack"))
+    metrics.set_policies_by_phase({"RollingBack": 1})
+    metrics.record_gate_result("m", "llm", "accuracy", "Fail", 0.8, 0.4, 0.5, 0.95)
+    families = {family.name: family for family in text_string_to_metric_families(metrics.exposition().decode())}
+    # (The text parser reads the counters' `_created` samples as gauges of their own.)
+    gauges = [n for n, family in families.items() if family.type == "gauge" and family.samples and "_created" not in n]
+    assert sorted(gauges) == ["kvpolicy_api_reachable", "kvpolicy_build_info", "kvpolicy_leader"]
+    assert value(metrics, "kvpolicy_leader") == 0
+    # Counters only grow while a replica acts; the new leader's series add to them.
+    labels = {"namespace": "llm", "policy": "m", "result": "RolledBack", "reason": "AccuracyRecoveryBelowMinimum"}
+    assert value(metrics, "kvpolicy_decisions_total", **labels) == 1
+
+    metrics.set_leader(True)
+    metrics.set_phase_deadline("llm", "m", "RollingBack", 2000.0)
+    metrics.set_policies_by_phase({"RollingBack": 1})
+    deadline = "kvpolicy_policy_phase_deadline_timestamp_seconds"
+    assert value(metrics, deadline, namespace="llm", policy="m", phase="RollingBack") == 2000
+    assert value(metrics, "kvpolicy_policies", phase="RollingBack") == 1
+    assert value(metrics, "kvpolicy_policies", phase="AccuracyGate") is None
+
+
+def test_the_accuracy_gate_publishes_the_policys_min_recovery_and_a_new_rollout_clears_it() -> None:
+    metrics = OperatorMetrics()
+    metrics.record_gate_result("m", "llm", "accuracy", "Pass", 0.93, 0.84, 0.9, 0.9)
+    gate = {"namespace": "llm", "policy": "m", "gate": "accuracy"}
+    assert value(metrics, "kvpolicy_gate_recovery_ratio", **gate) == 0.93
+    assert value(metrics, "kvpolicy_gate_min_recovery_ratio", **gate) == 0.9
+    metrics.record_gate_result("other", "llm", "accuracy", "Pass", 0.99, 0.9, 0.91, 0.95)
+    metrics.clear_gate("llm", "m", "accuracy")
+    assert value(metrics, "kvpolicy_gate_recovery_ratio", **gate) is None
+    assert value(metrics, "kvpolicy_gate_min_recovery_ratio", **gate) is None
+    assert value(metrics, "kvpolicy_gate_score", **gate, variant="canary") is None
+    assert value(metrics, "kvpolicy_gate_min_recovery_ratio", namespace="llm", policy="other", gate="accuracy") == 0.95
+
+
+def test_policy_info_is_one_series_per_policy() -> None:
+    metrics = OperatorMetrics()
+    metrics.set_policy_info("llm", "m", PolicyInfo(phase="AccuracyGate", kv_cache="FP8", gpu="NVIDIA-H200"))
+    done = PolicyInfo("RolledBack", "FP8", "NVIDIA-H200", "Deployment/llama", "RolledBack", "AccuracyInconclusive")
+    metrics.set_policy_info("llm", "m", done)
+    samples = next(s for s in metrics.registry.collect() if s.name == "kvpolicy_policy_info").samples
+    assert [(s.labels, s.value) for s in samples] == [
+        (
+            {
+                "namespace": "llm",
+                "policy": "m",
+                "phase": "RolledBack",
+                "kv_cache": "FP8",
+                "gpu": "NVIDIA-H200",
+                "target": "Deployment/llama",
+                "decision": "RolledBack",
+                "reason": "AccuracyInconclusive",
+            },
+            1.0,
+        )
+    ]
+    metrics.forget_policy("llm", "m")
+    assert 'policy="m"' not in metrics.exposition().decode()

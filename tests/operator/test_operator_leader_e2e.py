@@ -65,6 +65,8 @@ def test_a_standby_takes_over_mid_rollout_and_the_two_never_act_at_once(
 
         with replica("c") as c:  # the killed pod's replacement: a standby
             assert role(c) == "standby"
+            assert b.metric("kvpolicy_policy_info") == 1.0, "the leader exports the policy's series"
+            assert c.metric("kvpolicy_policy_info") is None
             # b can no longer renew its Lease but reaches everything else (argo-rollouts#2117), and has work to do.
             cut_off = devcluster.outage(503, user=b.name, resource="leases")
             cut_at = time.time()
@@ -72,6 +74,9 @@ def test_a_standby_takes_over_mid_rollout_and_the_two_never_act_at_once(
             wait_until(lambda: holder(devcluster, ns) == "c", "c to take the Lease", timeout=40)
             wait_until(lambda: role(b) == "standby", "b to stand by")
             assert b.running() and b.metric("kvpolicy_leader") == 0.0
+            # A standby exports no per-policy series: a stale phase deadline would fire KVPolicyRolloutStuck.
+            for series in ("kvpolicy_policy_info", "kvpolicy_policy_phase_deadline_timestamp_seconds"):
+                wait_until(lambda series=series: b.metric(series) is None, f"b to drop {series}")
             devcluster.end_fault(cut_off)
             awaiting = wait_phase(devcluster, ns, {"AwaitingApproval"})
             approval = {"approvedRollout": awaiting["status"]["rolloutId"]}  # an approval names the rollout

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from kvpolicy.rollout import metric_checks
 from kvpolicy_dev.demo.prometheus import LocalPrometheus, find_prometheus
 from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
 
+Obj = dict[str, Any]
 # The quick live analysis of test_operator_latency_e2e, with TTFT/ITL thresholds no canary breaches.
 LATENCY = {
     "enabled": True,
@@ -35,9 +36,11 @@ LATENCY = {
 
 
 @contextlib.contextmanager
-def prometheus(devcluster: ThreadedDevCluster, namespace: str, workdir: Path) -> Iterator[str]:
-    """A real Prometheus scraping the namespace's ready model servers (file_sd, rewritten every 0.5 s, as the demo
-    does); yields its URL."""
+def prometheus(
+    devcluster: ThreadedDevCluster, namespace: str, workdir: Path, selects: Callable[[Obj], bool] = lambda pod: True
+) -> Iterator[str]:
+    """A real Prometheus scraping the namespace's ready model servers that `selects` keeps (file_sd, rewritten every
+    0.5 s, as the demo does); yields its URL."""
     binary = find_prometheus()
     if binary is None:
         pytest.skip("prometheus is not installed: `make prometheus` installs Debian's package")
@@ -50,7 +53,7 @@ def prometheus(devcluster: ThreadedDevCluster, namespace: str, workdir: Path) ->
             url.append(local.url)
             started.set()
             while not stop.is_set():
-                local.write_targets(devcluster.list("v1", "Pod", namespace))
+                local.write_targets([pod for pod in devcluster.list("v1", "Pod", namespace) if selects(pod)])
                 await asyncio.sleep(0.5)
 
     def run() -> None:
@@ -118,6 +121,31 @@ def test_a_failing_custom_check_rolls_the_rollout_back_to_bf16(
     )
     assert conditions["CanaryConfigVerified"]["status"] == "True", "the canary's configuration was read via Prometheus"
     assert_back_on_bf16(devcluster, ns)
+
+
+@pytest.mark.prometheus
+def test_a_canary_prometheus_does_not_scrape_yet_is_verified_from_its_own_metrics(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory, tmp_path: Path
+) -> None:
+    """Issue 23 item 3: Prometheus scrapes what a team's monitor of the target selects (app=llama), so not the canary
+    before it joins the target's Service. The served-configuration check reads the canary's own /metrics (it used to
+    wait for the progress deadline and roll back); once the canary joins it carries app=llama, Prometheus scrapes
+    it, and the latency analysis through Prometheus promotes it."""
+    ns = devcluster_namespace
+
+    def targets_monitor(pod: Obj) -> bool:
+        return (pod["metadata"].get("labels") or {}).get("app") == "llama"
+
+    gate = {**LATENCY, "provider": "Prometheus"}
+    with prometheus(devcluster, ns, tmp_path, targets_monitor) as url:
+        body = policy(ns, **{"gates.accuracy.enabled": False, "gates.latency": {**gate, "prometheusURL": url}})
+        status = decided(devcluster, ns, operator, body)
+    assert status["phase"] == "Promoted", status
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["CanaryConfigVerified"]["status"], conditions["CanaryConfigVerified"]["reason"]) == (
+        "True",
+        "ServedAsPlanned",
+    )
 
 
 @pytest.mark.prometheus

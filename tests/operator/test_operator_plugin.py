@@ -3,6 +3,7 @@ cluster, with the operator rolling policies out under kopf."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import subprocess
@@ -26,6 +27,8 @@ from e2e_helpers import (
     wait_phase,
     wait_until,
 )
+from kvpolicy import __version__
+from kvpolicy.api.exit_codes import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from kvpolicy.plugin.cli import CLEAR_SCREEN
 from kvpolicy.rollout.tick import CANARY_PHASES
 from kvpolicy_dev.devcluster import ThreadedDevCluster
@@ -235,12 +238,127 @@ def test_resume_of_a_policy_never_paused_says_so_and_writes_nothing(
     assert stored["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
 
 
+def run_script(plugin_env: dict[str, str], tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, **plugin_env, "HOME": str(tmp_path), **env}
+    return subprocess.run([SCRIPT, *args], env=environ, capture_output=True, text=True, timeout=60, check=False)
+
+
 def test_without_a_kubeconfig_the_plugin_says_what_to_set(plugin_env: dict[str, str], tmp_path: Path) -> None:
-    environ = {**os.environ, **plugin_env, "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "missing")}
-    result = subprocess.run([SCRIPT, "list"], env=environ, capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 1
+    result = run_script(plugin_env, tmp_path, "list", KUBECONFIG=str(tmp_path / "missing"))
+    assert result.returncode == EXIT_UNAVAILABLE == 69
     assert "no usable kubeconfig" in result.stderr and "KUBECONFIG" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("apiVersion: v1\nclusters: [\n", "not YAML: expected the node content, but found '<stream end>' at line 3"),
+        ("apiVersion: v1\ncontexts: 5\ncurrent-context: x\n", "not a kubeconfig (TypeError: "),
+        ("just a string\n", "not a kubeconfig (TypeError: "),
+        ("", "not a kubeconfig (TypeError: "),
+        (
+            "apiVersion: v1\nclusters:\n- name: c\n  cluster: {server: 'https://1.2.3.4', certificate-authority-data: "
+            "'!!notbase64'}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n"
+            "users:\n- name: u\n  user: {token: t}\n",
+            "Invalid base64-encoded string",
+        ),
+    ],
+)
+def test_a_malformed_kubeconfig_is_one_line_without_a_traceback(
+    plugin_env: dict[str, str], tmp_path: Path, content: str, problem: str
+) -> None:
+    """Issue 23 item 11: each of these traced back in `kubectl kvpolicy` (yaml, TypeError, binascii errors)."""
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(content)
+    result = run_script(plugin_env, tmp_path, "--kubeconfig", str(kubeconfig), "get", "x")
+    assert result.returncode == EXIT_UNAVAILABLE, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"error: no usable kubeconfig ({kubeconfig}: ") and problem in line, line
+
+
+def test_version_needs_no_cluster_and_usage_errors_exit_64(plugin_env: dict[str, str], tmp_path: Path) -> None:
+    text = run_script(plugin_env, tmp_path, "version", KUBECONFIG=str(tmp_path / "missing"))
+    assert (text.returncode, text.stdout) == (0, f"kubectl-kvpolicy {__version__} (kvpolicy.dev/v1alpha1)\n")
+    as_json = json.loads(run_script(plugin_env, tmp_path, "version", "-o", "json").stdout)
+    assert as_json == {"plugin": "kubectl-kvpolicy", "version": __version__, "apiVersion": "kvpolicy.dev/v1alpha1"}
+    for argv in (["status"], ["get", "x", "-o", "yaml"], ["frobnicate"]):
+        result = run_script(plugin_env, tmp_path, *argv)
+        assert result.returncode == EXIT_USAGE == 64, argv
+        assert "Traceback" not in result.stderr
+
+
+def decided(phase: str, result: str, reason: str, generation: int = 1) -> dict[str, object]:
+    decision = {"result": result, "reason": reason, "message": f"{reason} in the test", "time": "2026-12-02T08:00:00Z"}
+    return {"status": {"phase": phase, "observedGeneration": generation, "rolloutId": "1-abc", "decision": decision}}
+
+
+def test_status_waits_for_the_current_specs_decision_and_exits_by_it(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, kvpolicy_crd: None, plugin_env: dict[str, str]
+) -> None:
+    """`kubectl kvpolicy status` for CI (issue 23 item 11): 2 when --timeout ends before a decision, 1 once the
+    rollout rolled back, 0 for a promotion; a decision the operator took for an earlier generation is no answer."""
+    ns = devcluster_namespace
+    devcluster.create(policy(ns))
+
+    def status(*args: str) -> subprocess.CompletedProcess[str]:
+        return kubectl_run(devcluster, "kvpolicy", "status", "llama-fp8", "-n", ns, *args, env=plugin_env)
+
+    def write_status(body: dict[str, object]) -> None:
+        devcluster.patch(*KVP, "llama-fp8", body, ns, subresource="status")
+
+    write_status({"status": {"phase": "AccuracyGate", "observedGeneration": 1, "message": "accuracy gate running"}})
+    undecided = status("--timeout", "1", "--interval", "0.2")
+    assert undecided.returncode == EXIT_INCONCLUSIVE == 2, undecided.stderr
+    assert undecided.stdout == "kvpolicy 'llama-fp8' not decided within 1 s: AccuracyGate\n"
+    assert "kvpolicy 'llama-fp8' AccuracyGate: accuracy gate running" in undecided.stderr
+
+    assert KUBECTL is not None
+    environ = {**os.environ, **plugin_env, **devcluster.environ(), "HOME": str(devcluster.kubeconfig.parent)}
+    command = [KUBECTL, "kvpolicy", "status", "llama-fp8", "-n", ns, "--timeout", "60", "--interval", "0.5"]
+    waiting = subprocess.Popen(command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert waiting.stderr is not None
+        # Its first line says it waits (AccuracyGate): only then is the decision written.
+        assert "kvpolicy 'llama-fp8' AccuracyGate: accuracy gate running" in waiting.stderr.readline()
+        write_status(decided("RolledBack", "RolledBack", "AccuracyRecoveryBelowMinimum"))
+        out, _ = waiting.communicate(timeout=60)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert waiting.returncode == EXIT_FAILED == 1
+    assert (
+        out
+        == "kvpolicy 'llama-fp8' RolledBack (AccuracyRecoveryBelowMinimum): AccuracyRecoveryBelowMinimum in the test\n"
+    )
+
+    write_status(decided("Promoted", "Promoted", "GatesPassed", generation=0))  # an earlier spec's decision
+    assert status("--timeout", "1", "--interval", "0.2").returncode == EXIT_INCONCLUSIVE
+    write_status(decided("Promoted", "Promoted", "GatesPassed"))
+    promoted = status("-o", "json")
+    assert promoted.returncode == EXIT_OK, promoted.stderr
+    report = json.loads(promoted.stdout)
+    assert (report["result"], report["reason"], report["decided"], report["generation"]) == (
+        "Promoted",
+        "GatesPassed",
+        True,
+        1,
+    )
+
+
+def test_get_and_list_print_json(
+    devcluster: ThreadedDevCluster, devcluster_namespace: str, kvpolicy_crd: None, plugin_env: dict[str, str]
+) -> None:
+    ns = devcluster_namespace
+    devcluster.create(policy(ns))
+    got = json.loads(plugin(devcluster, plugin_env, "get", "llama-fp8", "-n", ns, "-o", "json"))
+    assert (got["kind"], got["metadata"]["name"], got["spec"]["targetRef"]["name"]) == (
+        "KVPolicy",
+        "llama-fp8",
+        "llama",
+    )
+    listed = json.loads(plugin(devcluster, plugin_env, "list", "-n", ns, "-o", "json"))
+    assert [item["metadata"]["name"] for item in listed["items"]] == ["llama-fp8"]
 
 
 @pytest.mark.parametrize(

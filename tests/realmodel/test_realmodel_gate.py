@@ -6,8 +6,8 @@ The gate runs with the CRD's defaults (task, stopping rule, confidence, sample c
   window, in the same test: broken in a way short prompts cannot see.
 - The FP8-KV canary: the gate ends by its rules (a decision, Inconclusive because the baseline is too weak, or
   Inconclusive at its sample cap with the interval still straddling minRecovery), whatever the truth on this model.
-- A/A: the baseline judged against itself passes within the gate's sample cap. Last: it takes the most prompts (this
-  model finds only about a quarter of the needles at 8k, BENCHMARKS.md).
+- A/A: the baseline judged against itself passes within the gate's sample cap. Last: it takes the most samples (this
+  model finds about 2.8 of a haystack's 8 needles at 8k: ~24 samples, BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -30,19 +30,36 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- default (include "kvpolicy-operator.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
+{{/*
+An image repository value ([repository, root context]): a full name (it has a "/") as it is, a bare name under
+imageRegistry. No kvpolicy image is published, so a bare name without imageRegistry fails the install, saying so.
+*/}}
+{{- define "kvpolicy-operator.repository" -}}
+{{- $repository := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- if contains "/" $repository -}}
+{{- $repository -}}
+{{- else -}}
+{{- $registry := required "imageRegistry is required: no kvpolicy image is published. Build and push the operator and FP8 serving images (README \"Images\"), then set imageRegistry=REGISTRY (or image.repository and probeImage.repository to full names)" $root.Values.imageRegistry -}}
+{{- printf "%s/%s" (trimSuffix "/" $registry) $repository -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "kvpolicy-operator.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- $repository := include "kvpolicy-operator.repository" (list .Values.image.repository .) -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
 {{/* The gate Jobs run `kvpolicy gate ...`, which the operator image contains: it is the default. */}}
 {{- define "kvpolicy-operator.gateImage" -}}
-{{- $repository := default .Values.image.repository .Values.gateImage.repository -}}
+{{- $repository := include "kvpolicy-operator.repository" (list (default .Values.image.repository .Values.gateImage.repository) .) -}}
 {{- $tag := default (default .Chart.AppVersion .Values.image.tag) .Values.gateImage.tag -}}
 {{- printf "%s:%s" $repository $tag -}}
 {{- end -}}
 
 {{- define "kvpolicy-operator.probeImage" -}}
-{{- printf "%s:%s" .Values.probeImage.repository .Values.probeImage.tag -}}
+{{- $repository := include "kvpolicy-operator.repository" (list .Values.probeImage.repository .) -}}
+{{- printf "%s:%s" $repository .Values.probeImage.tag -}}
 {{- end -}}
 
 {{/*

@@ -19,8 +19,15 @@
 // Accumulation is two-level: each tile's P·V partial starts from zero and is added to the fp32 output on the CUDA
 // cores (out = out * alpha + partial), as FA3 does for FP8.
 //
+// Which sequence and split a block runs: with DEVICE_PLAN 0, blockIdx (split, KV-head block, sequence), every sequence
+// cut into gridDim.x splits of tokens_per_split tokens (planned on the host from the longest length); with DEVICE_PLAN
+// 1, planned by the block itself from seq_lens (plan_work): no host sync, and a long sequence among short ones gets
+// splits in proportion to its length. The two are separate builds because the second costs ~17% of streaming rate on
+// an H200 (the main loop, compiled with block-varying rather than uniform split bounds, schedules worse; BENCHMARKS.md).
+//
 // Compile-time constants (-D): HEAD_DIM (128 or 256), PAGE_SIZE (multiple of 16), TILE (tokens per step, multiple of
 // 16), STAGES (>= 2), HEADS_PER_BLOCK, SLICES, ROWS16 (1 when the GQA group has more than 8 query heads per KV head),
+// DEVICE_PLAN (0 or 1),
 // (no L2 options: bulk L2 prefetch of page rows and 256-byte L2 fetches were measured slower, BENCHMARKS.md)
 
 typedef unsigned int u32;
@@ -109,16 +116,130 @@ __device__ __forceinline__ Words4 load_shared16(u32 smem) {
     return v;
 }
 
+#if DEVICE_PLAN
+#define TOKENS_PER_STEP (TILE * SLICES)
+#define MAX_WARPS 32
+
+// Splits of one sequence of `steps` steps when a grid row has `budget` blocks for `seqs` sequences of `total` steps:
+// one each, the other budget - seqs shared in proportion to length (floor), at most one per step
+// (_decode_mma.split_count).
+__device__ __forceinline__ int split_count(long long budget, int seqs, long long total, int steps) {
+    if (budget <= seqs) return 1;
+    const long long n = 1 + (budget - seqs) * (long long)steps / total;
+    return (int)(n < steps ? (n > 1 ? n : 1) : (steps > 1 ? steps : 1));
+}
+
+struct Work {
+    int seq, split, splits, first;  // seq < 0: an idle block
+};
+
+// The block's work, computed by all its threads from seq_lens (_decode_mma.sequence_splits): the budget of blocks
+// per grid row (whole waves while the longest sequence's splits keep min_split_steps steps, else one wave), each
+// sequence's split count, and the running sum of counts that places block x in a sequence. Thread t takes a run of
+// consecutive sequences, so one block-wide exclusive scan orders them.
+__device__ Work plan_work(const int* __restrict__ seq_lens, int seqs, int wave, int most_waves, int min_split_steps,
+                          int fixed_splits) {
+    __shared__ long long warp_total[MAX_WARPS];
+    __shared__ int warp_longest[MAX_WARPS], warp_splits[MAX_WARPS];
+    __shared__ Work work;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int per_thread = (seqs + blockDim.x - 1) / blockDim.x;
+    const int first_seq = min(threadIdx.x * per_thread, seqs), last_seq = min(first_seq + per_thread, seqs);
+    long long total = 0;
+    int longest = 0;
+    for (int s = first_seq; s < last_seq; ++s) {
+        const int steps = (seq_lens[s] + TOKENS_PER_STEP - 1) / TOKENS_PER_STEP;
+        total += steps;
+        longest = max(longest, steps);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        total += __shfl_xor_sync(0xffffffffu, total, offset);
+        longest = max(longest, __shfl_xor_sync(0xffffffffu, longest, offset));
+    }
+    if (lane == 0) {
+        warp_total[warp] = total;
+        warp_longest[warp] = longest;
+    }
+    if (threadIdx.x == 0) work.seq = -1;
+    __syncthreads();
+    total = 0;
+    longest = 0;
+    for (int w = 0; w < warps; ++w) {
+        total += warp_total[w];
+        longest = max(longest, warp_longest[w]);
+    }
+    total = total > 0 ? total : 1;
+    long long budget = (long long)wave / gridDim.y;  // one wave, unless more keep long enough splits
+    for (int waves = most_waves; waves > 0; --waves) {
+        const long long candidate = (long long)waves * wave / gridDim.y;
+        if (longest >= (long long)split_count(candidate, seqs, total, longest) * min_split_steps) {
+            budget = candidate;
+            break;
+        }
+    }
+    int mine = 0;
+    for (int s = first_seq; s < last_seq; ++s) {
+        const int steps = (seq_lens[s] + TOKENS_PER_STEP - 1) / TOKENS_PER_STEP;
+        mine += fixed_splits > 0 ? fixed_splits : split_count(budget, seqs, total, steps);
+    }
+    int inclusive = mine;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        const int up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= offset) inclusive += up;
+    }
+    if (lane == 31) warp_splits[warp] = inclusive;
+    __syncthreads();
+    int first = inclusive - mine;
+    for (int w = 0; w < warp; ++w) first += warp_splits[w];
+    const int block = blockIdx.x;
+    if (block >= first && block < first + mine) {
+        for (int s = first_seq; s < last_seq; ++s) {
+            const int steps = (seq_lens[s] + TOKENS_PER_STEP - 1) / TOKENS_PER_STEP;
+            const int count = fixed_splits > 0 ? fixed_splits : split_count(budget, seqs, total, steps);
+            if (block < first + count) {
+                work = Work{s, block - first, count, first};
+                break;
+            }
+            first += count;
+        }
+    }
+    __syncthreads();
+    return work;
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) paged_decode_fp8_mma(
     const u8* __restrict__ q, const u8* __restrict__ k_cache, const u8* __restrict__ v_cache,
     const int* __restrict__ block_table, const int* __restrict__ seq_lens, float* __restrict__ part_acc,
-    float* __restrict__ part_max, float* __restrict__ part_sum, float qk_scale, int group, int tokens_per_split,
+    float* __restrict__ part_max, float* __restrict__ part_sum, int* __restrict__ part_index, float qk_scale,
+    int group, int tokens_per_split, int seqs, int wave, int most_waves, int min_split_steps, int fixed_splits,
     long long s_qs, long long s_qh, long long s_kb, long long s_kt, long long s_kh, long long s_vb, long long s_vt,
     long long s_vh, long long s_bt, long long s_as, long long s_ah, long long s_ap, long long s_ms, long long s_mh) {
     extern __shared__ __align__(16) u8 shared[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r = lane >> 2, j = lane & 3;
     const int slice = warp / HEADS_PER_BLOCK;
+#if DEVICE_PLAN
+    // tokens_per_split is unused here (s_as and s_ms are 0: a block's partials row is its own), seqs and the plan's
+    // parameters in plan_work.
+    const Work work = plan_work(seq_lens, seqs, wave, most_waves, min_split_steps, fixed_splits);
+    if (work.seq < 0) return;
+    const int split = work.split, kv_head = blockIdx.y * HEADS_PER_BLOCK + warp % HEADS_PER_BLOCK, seq = work.seq;
+    const int seq_len = seq_lens[seq];
+    const int steps = (seq_len + TOKENS_PER_STEP - 1) / TOKENS_PER_STEP;
+    const int split_tokens = (steps + work.splits - 1) / work.splits * TOKENS_PER_STEP;
+    const int per_warp = split_tokens / SLICES;
+    const int start = split * split_tokens + slice * per_warp;
+    const int end = (seq_len < start + per_warp ? seq_len : start + per_warp);
+    const int num_tiles = end > start ? (end - start + TILE - 1) / TILE : 0;
+    const int part = blockIdx.x * SLICES + slice;  // = (first + split) * SLICES + slice: a sequence's rows are consecutive
+    if (split == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+        part_index[2 * seq] = work.first * SLICES;
+        part_index[2 * seq + 1] = work.splits * SLICES;
+    }
+#else
     const int split = blockIdx.x, kv_head = blockIdx.y * HEADS_PER_BLOCK + warp % HEADS_PER_BLOCK, seq = blockIdx.z;
     const int seq_len = seq_lens[seq];
     const int per_warp = tokens_per_split / SLICES;
@@ -126,6 +247,7 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
     const int end = (seq_len < start + per_warp ? seq_len : start + per_warp);
     const int num_tiles = end > start ? (end - start + TILE - 1) / TILE : 0;
     const int part = split * SLICES + slice;
+#endif
     const int* table = block_table + seq * s_bt;
     const int last_page = seq_len > 0 ? (seq_len - 1) / PAGE_SIZE : 0;
     const u8* k_head = k_cache + kv_head * s_kh;

@@ -18,6 +18,7 @@ from kvpolicy.analysis import metric_names
 from kvpolicy.analysis.http import HttpClient
 from kvpolicy.analysis.model import ProviderUnavailableError, SideMetrics, SideSelector
 from kvpolicy.analysis.provider import PromQL, QueryRejectedError, ServedReading
+from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.analysis.served import CACHE_CONFIG, served_config
 from kvpolicy.api.reasons import AnalysisReason
 from kvpolicy.credentials import Credentials
@@ -163,6 +164,9 @@ class PrometheusProvider(HttpClient):
         self.base_url = base_url.rstrip("/")
         self.shown_url = redact_url(self.base_url)
         self.selector_template = selector_template
+        # For the served configuration of pods Prometheus does not scrape (served()); no credentials: they are
+        # Prometheus', and vLLM's /metrics wants none.
+        self._direct = ScrapeProvider(timeout_seconds=min(timeout_seconds, 5.0))
 
     async def query(self, promql: str) -> list[float]:
         """Evaluate an instant query; one value per series of the resulting vector (NaN stays NaN)."""
@@ -228,11 +232,26 @@ class PrometheusProvider(HttpClient):
     async def served(self, side: SideSelector) -> ServedReading:
         matchers = self.matchers(side)
         samples = await self.query_samples(_vllm(CACHE_CONFIG, matchers))
-        if not samples:
-            return ServedReading(
-                missing=f"Prometheus at {self.shown_url} has no vllm:{CACHE_CONFIG} of the {side.role}"
-            )
-        return ServedReading(configs=tuple(served_config(labels) for labels, _ in samples))
+        if samples:
+            return ServedReading(configs=tuple(served_config(labels) for labels, _ in samples))
+        missing = f"Prometheus at {self.shown_url} has no vllm:{CACHE_CONFIG} of the {side.role}"
+        if not side.endpoints:
+            return ServedReading(missing=missing)
+        # Before its accuracy gate the canary carries only kvpolicy's labels, so unless a monitor selects them (the
+        # chart's PodMonitor) nothing scrapes it yet: read what it serves from its pods' own /metrics (open on vLLM,
+        # as the Scrape provider reads it) rather than wait out the progress deadline and roll back.
+        try:
+            direct = await self._direct.served(side)
+        except ProviderUnavailableError as error:
+            return ServedReading(missing=f"{missing}, and its pods' /metrics could not be read: {error.message}")
+        if direct.missing is not None:
+            return ServedReading(missing=f"{missing}; {direct.missing}")
+        log.info("%s; read the %s's vllm:%s from its pods' /metrics", missing, side.role, CACHE_CONFIG)
+        return direct
+
+    async def close(self) -> None:
+        await super().close()
+        await self._direct.close()
 
     async def _single(self, promql: str) -> float | None:
         """The value of a query that aggregates to one series; None for an empty vector."""

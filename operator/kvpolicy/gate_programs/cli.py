@@ -14,9 +14,14 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import fields
+from decimal import Decimal
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
+from kvpolicy.api.exit_codes import UsageParser
+from kvpolicy.api.v1alpha1 import AccuracyGate, LatencyGate
 from kvpolicy.credentials import CredentialsSource, SecretValue, TlsSource
 from kvpolicy.gate_programs import report
 from kvpolicy.gate_programs.accuracy import AccuracyOptions, AccuracyProgress, run_accuracy_gate
@@ -26,15 +31,34 @@ from kvpolicy.gate_programs.latency import LatencyOptions, LatencyProgress, run_
 from kvpolicy.gate_programs.latency import validate as validate_latency
 from kvpolicy.gate_programs.niah import NiahTask
 
-EXIT_USAGE = 64  # EX_USAGE (sysexits.h)
+# The flags whose values a KVPolicy carries too, checked by the CRD's own models and rules (what `kubectl apply` would
+# refuse is refused here, with the same words): the gate a Job runs and the one run by hand judge alike.
+CRD_FLAGS: dict[str, tuple[type[BaseModel], dict[str, str]]] = {
+    "accuracy": (
+        AccuracyGate,
+        {
+            "--min-recovery": "minRecovery",
+            "--confidence": "confidence",
+            "--max-samples": "maxSamples",
+            "--baseline-floor": "baselineFloor",
+        },
+    ),
+    "latency": (LatencyGate, {"--ttft-max-ratio": "ttftMaxRatio", "--itl-max-ratio": "itlMaxRatio"}),
+}
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse exits 2 on a usage error, which is this tool's "inconclusive": exit 64 instead."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+def check_against_crd(args: argparse.Namespace) -> None:
+    """Raise ValueError naming the first flag whose value the KVPolicy CRD refuses."""
+    model, flags = CRD_FLAGS[args.gate]
+    for flag, field in flags.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        # The CRD's ratios are decimal strings: 1e-05 is written 0.00001, NaN and inf stay what they are.
+        given = value if isinstance(value, int) else format(Decimal(str(value)), "f")
+        try:
+            model.model_validate({field: given})
+        except ValidationError as error:
+            problem = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in error.errors())
+            raise ValueError(f"{flag} {value}: a KVPolicy refuses it ({problem})") from None
 
 
 def _with_defaults(parser: argparse.ArgumentParser, options: type[Any]) -> Callable[[str, type, str], None]:
@@ -49,7 +73,9 @@ def _with_defaults(parser: argparse.ArgumentParser, options: type[Any]) -> Calla
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kvpolicy gate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = UsageParser(
+        prog="kvpolicy gate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     gates = parser.add_subparsers(dest="gate", required=True, metavar="{accuracy,latency}")
     accuracy = gates.add_parser("accuracy", help="long-context needle retrieval: canary vs baseline")
     _endpoints(accuracy)
@@ -157,6 +183,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="kvpolicy gate: %(message)s", stream=sys.stderr)
     try:
+        check_against_crd(args)
         canary, baseline = base_url(args.canary, "--canary"), base_url(args.baseline, "--baseline")
         credentials = credentials_from_args(args)
         if credentials is not None:

@@ -306,7 +306,7 @@ class Observer:
             job_name = job["metadata"]["name"]
             job_pods = [pod for pod in all_pods if pod["metadata"].get("labels", {}).get(JOB_NAME_LABEL) == job_name]
             jobs[job_name] = job_view(job, job_pods)
-        checks = await self._checks(policy, target, canary_pods, now) if target is not None else ()
+        checks, baseline_pods = await self._checks(policy, target, canary_pods, now) if target is not None else ((), ())
         return Observations(
             now=now,
             target=target,
@@ -314,6 +314,7 @@ class Observer:
             checks=checks,
             canary=next(iter(live([canary] if canary else [])), None),
             canary_pods=canary_pods,
+            baseline_pods=baseline_pods,
             services=services,
             jobs=jobs,
             route=route,
@@ -348,16 +349,17 @@ class Observer:
 
     async def _checks(
         self, policy: KVPolicy, target: Obj, canary_pods: Sequence[PodView], now: datetime
-    ) -> tuple[CheckVerdict, ...]:
-        """The metrics checks due this pass, evaluated (none without an analyser)."""
+    ) -> tuple[tuple[CheckVerdict, ...], tuple[PodView, ...]]:
+        """The metrics checks due this pass, evaluated (none without an analyser), and the baseline pods they
+        compared the canary with (none when no check needed them)."""
         if self.analyser is None:
-            return ()
+            return (), ()
         canary_ready = any(pod.ready for pod in canary_pods)
         due = [check for check in checks_for(policy) if check_due(check, policy, canary_ready, now)]
         if not due:
-            return ()
+            return (), ()
         baseline = await self._baseline(policy, target) if needs_baseline(due) else []
-        return await self.analyser.evaluate(policy, target, due, canary_pods, baseline)
+        return await self.analyser.evaluate(policy, target, due, canary_pods, baseline), tuple(baseline)
 
     async def _baseline(self, policy: KVPolicy, target: Obj) -> list[PodView]:
         """The target's own pods (not the canary's that joined its Service)."""

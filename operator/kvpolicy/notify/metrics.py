@@ -2,11 +2,17 @@
 
 Alert rules in monitoring/alerts.yaml and the dashboard in monitoring/dashboard.json use these names; the module-level
 functions update the process-wide `OPERATOR_METRICS`, tests build their own `OperatorMetrics`.
+
+Only the replica that acts exports per-policy gauges and the policy counts: a replica that loses the leader Lease drops
+them and ignores updates until it leads again, so a standby never keeps a stale phase deadline (KVPolicyRolloutStuck)
+or a second count of every policy alive. Counters stay: they only grow while a replica acts, and `increase` over the
+replicas' series adds up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -16,6 +22,23 @@ from kvpolicy.analysis.model import MeanCheck, RatioCheck, Verdict
 
 # Rollouts take minutes (a bake) to hours (a long accuracy gate on a big model).
 ROLLOUT_DURATION_BUCKETS = (60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0)
+POLICY_INFO_LABELS = ("phase", "kv_cache", "gpu", "target", "decision", "reason")
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """A policy's state as kvpolicy_policy_info's labels; an empty string where it has none yet (no plan, no
+    decision)."""
+
+    phase: str
+    kv_cache: str = ""
+    gpu: str = ""
+    target: str = ""
+    decision: str = ""
+    reason: str = ""
+
+    def labels(self) -> tuple[str, ...]:
+        return tuple(getattr(self, name) for name in POLICY_INFO_LABELS)
 
 
 class _PolicyGauge:
@@ -35,9 +58,15 @@ class _PolicyGauge:
         self.gauge.labels(*labels).set(value)
         self._series.add(labels)
 
-    def remove_policy(self, namespace: str, policy: str) -> None:
-        for labels in [labels for labels in self._series if labels[:2] == (namespace, policy)]:
+    def remove_policy(self, namespace: str, policy: str, *rest: str) -> None:
+        """Remove a policy's series (those whose next labels are `rest`, when given)."""
+        prefix = (namespace, policy, *rest)
+        for labels in [labels for labels in self._series if labels[: len(prefix)] == prefix]:
             self.set(labels, None)
+
+    def clear(self) -> None:
+        self.gauge.clear()
+        self._series.clear()
 
 
 class OperatorMetrics:
@@ -64,8 +93,22 @@ class OperatorMetrics:
             ["gate"],
             registry,
         )
+        self.gate_min_recovery = _PolicyGauge(
+            "kvpolicy_gate_min_recovery_ratio",
+            "The least recovery the gate accepts (the policy's gates.accuracy.minRecovery), beside its latest run.",
+            ["gate"],
+            registry,
+        )
         self.gate_score = _PolicyGauge(
             "kvpolicy_gate_score", "Score of each variant in the latest run of a gate.", ["gate", "variant"], registry
+        )
+        # One series per policy, value 1, carrying its state as labels (kube-state-metrics' *_info style): a table
+        # panel shows every policy, and an alert can join on it (`unless on (namespace, policy) kvpolicy_policy_info`).
+        self.policy_info = _PolicyGauge(
+            "kvpolicy_policy_info",
+            "1 per KVPolicy, labelled with its phase, planned KV cache dtype, GPU, target and last decision.",
+            list(POLICY_INFO_LABELS),
+            registry,
         )
         # Per policy, so that an alert can tell a policy whose checks all came back inconclusive (a stalled analysis).
         self.verdicts = Counter(
@@ -73,6 +116,14 @@ class OperatorMetrics:
             "Latency analysis checks by policy and verdict.",
             ["namespace", "policy", "verdict"],
             registry=registry,
+        )
+        # Which pods are the canary and which the baseline, for joining vLLM's own series by side (the dashboard's
+        # canary-vs-baseline panels): `* on (namespace, pod) group_left (policy, role) kvpolicy_rollout_pod_info`.
+        self.rollout_pods = _PolicyGauge(
+            "kvpolicy_rollout_pod_info",
+            "1 per pod of a rollout in progress: the canary's, and the target's own pods it is compared with (role).",
+            ["role", "pod"],
+            registry,
         )
         self.latency_seconds = _PolicyGauge(
             "kvpolicy_analysis_latency_seconds",
@@ -146,9 +197,28 @@ class OperatorMetrics:
         )
         self._phases_seen: set[str] = set()
         self._verdict_series: set[tuple[str, str, str]] = set()
+        # False from losing the leader Lease until leading again (set_leader): per-policy gauges are neither kept
+        # nor updated (a pass still running while kopf stops would otherwise bring one back).
+        self._acting = True
+
+    def _policy_gauges(self) -> tuple[_PolicyGauge, ...]:
+        return (
+            self.gate_recovery,
+            self.gate_min_recovery,
+            self.gate_score,
+            self.policy_info,
+            self.rollout_pods,
+            self.latency_seconds,
+            self.latency_ratio,
+            self.latency_max_ratio,
+            self.phase_deadline,
+            self.traffic_share,
+        )
 
     def set_policies_by_phase(self, counts: Mapping[str, int]) -> None:
         """Set the count of every phase; phases seen before and missing now drop to 0."""
+        if not self._acting:
+            return
         self._phases_seen |= set(counts)
         for phase in self._phases_seen:
             self.policies.labels(phase=phase).set(counts.get(phase, 0))
@@ -165,11 +235,35 @@ class OperatorMetrics:
         recovery: float | None,
         canary_score: float | None,
         baseline_score: float | None,
+        min_recovery: float | None = None,
     ) -> None:
         self.gate_results.labels(gate=gate, verdict=verdict).inc()
+        if not self._acting:
+            return
         self.gate_recovery.set((namespace, policy, gate), recovery)
+        self.gate_min_recovery.set((namespace, policy, gate), min_recovery if recovery is not None else None)
         self.gate_score.set((namespace, policy, gate, "canary"), canary_score)
         self.gate_score.set((namespace, policy, gate, "baseline"), baseline_score)
+
+    def clear_gate(self, namespace: str, policy: str, gate: str) -> None:
+        """Drop a gate's numbers: a new rollout cleared its result, so they no longer describe the policy."""
+        for gauge in (self.gate_recovery, self.gate_min_recovery, self.gate_score):
+            gauge.remove_policy(namespace, policy, gate)
+
+    def set_rollout_pods(self, namespace: str, policy: str, role: str, pods: Iterable[str]) -> None:
+        """Publish the pods of one side of a rollout (role canary or baseline); none: that side has no pods now."""
+        if not self._acting:
+            return
+        self.rollout_pods.remove_policy(namespace, policy, role)
+        for pod in pods:
+            self.rollout_pods.set((namespace, policy, role, pod), 1)
+
+    def set_policy_info(self, namespace: str, policy: str, info: PolicyInfo) -> None:
+        """Publish a policy's state as the labels of its one kvpolicy_policy_info series."""
+        if not self._acting:
+            return
+        self.policy_info.remove_policy(namespace, policy)
+        self.policy_info.set((namespace, policy, *info.labels()), 1)
 
     def record_verdict(self, namespace: str, policy: str, verdict: str) -> None:
         self.verdicts.labels(namespace=namespace, policy=policy, verdict=verdict).inc()
@@ -179,6 +273,8 @@ class OperatorMetrics:
         """Count the verdict and publish its numbers; a check without numbers clears the previous ones."""
         self.record_verdict(namespace, policy, verdict.kind.value)
         self.clear_analysis(namespace, policy)
+        if not self._acting:
+            return
         # Publish what the gate decided on: resolved quantiles, and means (quantile="mean") where the quantiles of
         # both sides fell in one bucket, so alerts never fire on a ratio the gate ignored.
         compared: list[tuple[RatioCheck | MeanCheck, str]] = [
@@ -199,6 +295,8 @@ class OperatorMetrics:
 
     def set_traffic_share(self, namespace: str, policy: str, intended: float | None, measured: float | None) -> None:
         """Publish the canary's intended and measured share (0-1); None removes a series (no canary serving)."""
+        if not self._acting:
+            return
         self.traffic_share.set((namespace, policy, "intended"), intended)
         self.traffic_share.set((namespace, policy, "measured"), measured)
 
@@ -210,14 +308,15 @@ class OperatorMetrics:
 
     def set_phase_deadline(self, namespace: str, policy: str, phase: str, deadline: float | None) -> None:
         """Publish the Unix time by which `phase` must end (RolloutStuck fires past it); None: no deadline."""
+        if not self._acting:
+            return
         self.phase_deadline.remove_policy(namespace, policy)
         self.phase_deadline.set((namespace, policy, phase), deadline)
 
     def forget_policy(self, namespace: str, policy: str) -> None:
         """Drop every per-policy series of a deleted KVPolicy."""
-        for gauge in (self.gate_recovery, self.gate_score, self.phase_deadline, self.traffic_share):
+        for gauge in self._policy_gauges():
             gauge.remove_policy(namespace, policy)
-        self.clear_analysis(namespace, policy)
         for series in [series for series in self._verdict_series if series[:2] == (namespace, policy)]:
             self.verdicts.remove(*series)
             self._verdict_series.discard(series)
@@ -231,7 +330,15 @@ class OperatorMetrics:
             self.api_probe_failures.labels(reason=failure).inc()
 
     def set_leader(self, acting: bool) -> None:
+        """Whether this replica acts; one that stops acting drops every per-policy gauge and the policy counts (the
+        new leader exports them)."""
         self.leader.set(1 if acting else 0)
+        self._acting = acting
+        if not acting:
+            for gauge in self._policy_gauges():
+                gauge.clear()
+            self.policies.clear()
+            self._phases_seen.clear()
 
     def record_operator_restart(self) -> None:
         self.operator_restarts.inc()
@@ -245,6 +352,9 @@ OPERATOR_METRICS = OperatorMetrics()
 set_policies_by_phase = OPERATOR_METRICS.set_policies_by_phase
 record_decision = OPERATOR_METRICS.record_decision
 record_gate_result = OPERATOR_METRICS.record_gate_result
+clear_gate = OPERATOR_METRICS.clear_gate
+set_policy_info = OPERATOR_METRICS.set_policy_info
+set_rollout_pods = OPERATOR_METRICS.set_rollout_pods
 record_verdict = OPERATOR_METRICS.record_verdict
 record_analysis = OPERATOR_METRICS.record_analysis
 clear_analysis = OPERATOR_METRICS.clear_analysis

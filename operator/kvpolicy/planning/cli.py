@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from kvpolicy.api.exit_codes import EXIT_OK, EXIT_USAGE, UsageParser
 from kvpolicy.api.v1alpha1 import KIND, GpuFacts, ImagesSpec, KVPolicy, KVPolicySpec, Plan
 from kvpolicy.planning.gpu import PRODUCTS, gpu_facts, product_labels
 from kvpolicy.planning.planner import plan
@@ -196,7 +197,7 @@ def _render(items: Iterable[tuple[str, GpuFacts, Plan]], output: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = UsageParser(
         prog="kvpolicy plan",
         description="Show what the operator would plan for a KVPolicy on a GPU (a dry run; nothing is changed). "
         "The manifest is validated as the API server validates it.",
@@ -236,7 +237,7 @@ def main(argv: list[str]) -> int:
             nodes = [gpu_labels(args.gpu)]
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     facts = gpu_facts(nodes)
     sys.stdout.write(_render(((name, facts, plan(spec, facts)) for name, spec in policies), args.output))
-    return 0
+    return EXIT_OK

@@ -4,6 +4,10 @@ Installed as the `kubectl-kvpolicy` console script, so kubectl runs it as `kubec
 It talks to the API server as kubectl does: the user's kubeconfig (KUBECONFIG, --kubeconfig, --context) and the
 user's RBAC. The commands that steer a rollout patch the policy's spec.rollout, each naming what it acts on:
 `approve` and `retry` name the current rollout (status.rolloutId), so neither can carry over to another rollout.
+
+Exit codes (api/exit_codes.py, as `kvpolicy plan` and `kvpolicy gate`): 0 done (`status`: Promoted or HeldBF16),
+1 refused or failed (`status`: RolledBack), 2 `status --timeout` over before a decision, 64 usage error, 69 no usable
+kubeconfig or the API server cannot be reached.
 """
 
 from __future__ import annotations
@@ -12,16 +16,26 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
+from kvpolicy import __version__
+from kvpolicy.api.exit_codes import (
+    EXIT_FAILED,
+    EXIT_INCONCLUSIVE,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    UsageParser,
+)
 from kvpolicy.api.v1alpha1 import GROUP, KIND, PLURAL, VERSION, Approval, KVPolicy, Phase
 from kvpolicy.kube.observe import gpu_node_selector, pool_gpu_facts
 from kvpolicy.planning.planner import plan
@@ -35,7 +49,16 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 class PluginError(Exception):
-    """What went wrong, in words for the user; exits 1."""
+    """What went wrong, in words for the user; exits EXIT_FAILED."""
+
+
+class Unavailable(Exception):
+    """No usable kubeconfig, or no API server answering; exits EXIT_UNAVAILABLE."""
+
+
+# What loading a kubeconfig raises besides ConfigException: unreadable files, YAML that does not parse, YAML of the
+# wrong shape (a list where a map belongs: TypeError, AttributeError, KeyError), bad base64 certificate data.
+KUBECONFIG_ERRORS = (ConfigException, OSError, yaml.YAMLError, TypeError, AttributeError, KeyError, ValueError)
 
 
 class ApiFailure(Exception):
@@ -130,15 +153,27 @@ def _namespace_of(kubeconfig: str | None, context: str | None) -> str:
     return str(((chosen or {}).get("context") or {}).get("namespace") or "default")
 
 
+def _kubeconfig_problem(error: Exception) -> str:
+    """One line saying what is wrong with a kubeconfig (a YAML error's first line and where; a wrongly shaped file
+    is said to be one, with Python's words for what it tripped on)."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        return f"not YAML: {error.problem} at line {error.problem_mark.line + 1}"
+    if isinstance(error, (TypeError, AttributeError, KeyError)):
+        return f"not a kubeconfig ({type(error).__name__}: {error})"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
 async def _connect(args: argparse.Namespace) -> Session:
     configuration = client.Configuration()
+    where = args.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
     try:
         await config.load_kube_config(
             config_file=args.kubeconfig, context=args.context, client_configuration=configuration
         )
         namespace = args.namespace or _namespace_of(args.kubeconfig, args.context)
-    except (ConfigException, FileNotFoundError, OSError) as error:
-        raise PluginError(f"no usable kubeconfig ({error}); set KUBECONFIG or pass --kubeconfig") from None
+    except KUBECONFIG_ERRORS as error:
+        problem = _kubeconfig_problem(error)
+        raise Unavailable(f"no usable kubeconfig ({where}: {problem}); set KUBECONFIG or pass --kubeconfig") from None
     api = client.ApiClient(configuration)
     api.user_agent = "kubectl-kvpolicy"
     return Session(api, namespace)
@@ -146,12 +181,89 @@ async def _connect(args: argparse.Namespace) -> Session:
 
 # ------------------------------------------------------------------------------------------------------ commands
 
+# A command: its exit code.
+Command = Callable[[Session, argparse.Namespace], Awaitable[int]]
 
-async def _get(session: Session, args: argparse.Namespace) -> None:
-    if not args.watch:
+
+def _print_json(document: Any) -> None:
+    sys.stdout.write(json.dumps(document, indent=2) + "\n")
+
+
+async def _get(session: Session, args: argparse.Namespace) -> int:
+    if args.output == "json":
+        _print_json(await session.policy(args.name))  # as the API server has it: spec, status, conditions
+    elif not args.watch:
         sys.stdout.write(view.render_get(await session.policy(args.name), await session.events(args.name), _now()))
-        return
-    await _watch(session, args.name, args.interval, args.timeout)
+    else:
+        await _watch(session, args.name, args.interval, args.timeout)
+    return EXIT_OK
+
+
+# How `status` exits on each decided phase.
+DECIDED = {Phase.PROMOTED: EXIT_OK, Phase.HELD_BF16: EXIT_OK, Phase.ROLLED_BACK: EXIT_FAILED}
+
+
+def rollout_status(raw: Obj) -> Obj:
+    """What `status` reports of a policy: its phase, decision and whether that decision is for the current spec."""
+    meta, status = raw.get("metadata") or {}, raw.get("status") or {}
+    decision = status.get("decision") or {}
+    current = status.get("observedGeneration") == meta.get("generation")
+    phase = status.get("phase") or ""
+    decided = current and phase in DECIDED and bool(decision)
+    return {
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "generation": meta.get("generation"),
+        "observedGeneration": status.get("observedGeneration"),
+        "phase": phase,
+        "rolloutId": status.get("rolloutId"),
+        "decided": decided,
+        "result": decision.get("result") if decided else None,
+        "reason": decision.get("reason") if decided else None,
+        "message": (decision.get("message") if decided else status.get("message")) or "",
+    }
+
+
+async def _status(session: Session, args: argparse.Namespace) -> int:
+    """Wait until the policy's rollout for its current spec is decided; exit by the decision (for CI)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + args.timeout if args.timeout > 0 else None
+    changed = asyncio.Event()
+
+    async def follow() -> None:
+        while True:
+            with contextlib.suppress(ApiFailure, aiohttp.ClientError, TimeoutError):
+                async for _ in session.changes(args.name, timeout_seconds=300):
+                    changed.set()
+            await asyncio.sleep(args.interval)
+
+    follower = asyncio.ensure_future(follow())
+    said = ""
+    try:
+        while True:
+            report = rollout_status(await session.policy(args.name))
+            if report["decided"]:
+                break
+            line = f"kvpolicy '{args.name}' {report['phase'] or 'Pending'}: {report['message'] or 'waiting'}"
+            if line != said:
+                sys.stderr.write(line + "\n")
+                said = line
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                break
+            changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), args.interval if left is None else min(args.interval, left))
+    finally:
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+    if args.output == "json":
+        _print_json(report)
+    elif report["decided"]:
+        print(f"kvpolicy '{args.name}' {report['result']} ({report['reason']}): {report['message']}")
+    else:
+        print(f"kvpolicy '{args.name}' not decided within {args.timeout:g} s: {report['phase'] or 'Pending'}")
+    return DECIDED[Phase(report["phase"])] if report["decided"] else EXIT_INCONCLUSIVE
 
 
 async def _watch(session: Session, name: str, interval: float, stop_after: float) -> None:
@@ -188,12 +300,16 @@ async def _watch(session: Session, name: str, interval: float, stop_after: float
         await asyncio.gather(follower, return_exceptions=True)
 
 
-async def _list(session: Session, args: argparse.Namespace) -> None:
+async def _list(session: Session, args: argparse.Namespace) -> int:
     if args.all_namespaces:
         found = await _json(session.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
     else:
         found = await _json(session.custom.list_namespaced_custom_object, GROUP, VERSION, session.namespace, PLURAL)
-    sys.stdout.write(view.render_list(found.get("items") or [], _now(), args.all_namespaces))
+    if args.output == "json":
+        _print_json(found)
+    else:
+        sys.stdout.write(view.render_list(found.get("items") or [], _now(), args.all_namespaces))
+    return EXIT_OK
 
 
 def _parsed(raw: Obj) -> KVPolicy:
@@ -203,7 +319,7 @@ def _parsed(raw: Obj) -> KVPolicy:
         raise PluginError(f"kvpolicy {raw['metadata']['name']} has an invalid spec: {error}") from None
 
 
-async def _approve(session: Session, args: argparse.Namespace) -> None:
+async def _approve(session: Session, args: argparse.Namespace) -> int:
     policy = _parsed(await session.policy(args.name))
     status = policy.status
     if policy.spec.rollout.approval == Approval.AUTOMATIC:
@@ -214,9 +330,10 @@ async def _approve(session: Session, args: argparse.Namespace) -> None:
     # approved: the deprecated flag goes, so the spec says one thing.
     await session.patch_rollout(args.name, {"approvedRollout": status.rollout_id, "approved": None})
     print(f"kvpolicy '{args.name}' rollout {status.rollout_id} approved")
+    return EXIT_OK
 
 
-async def _retry(session: Session, args: argparse.Namespace) -> None:
+async def _retry(session: Session, args: argparse.Namespace) -> int:
     policy = _parsed(await session.policy(args.name))
     status = policy.status
     if status.phase != Phase.ROLLED_BACK or status.rollout_id is None:
@@ -224,23 +341,23 @@ async def _retry(session: Session, args: argparse.Namespace) -> None:
         raise PluginError(f"kvpolicy {args.name} is {phase}: only a RolledBack rollout can be retried")
     await session.patch_rollout(args.name, {"retryRollout": status.rollout_id, "abort": False})
     print(f"kvpolicy '{args.name}' rollout {status.rollout_id} retried")
+    return EXIT_OK
 
 
-def _control(
-    field: str, value: bool, done: str, already: str
-) -> Callable[[Session, argparse.Namespace], Awaitable[None]]:
-    async def run(session: Session, args: argparse.Namespace) -> None:
+def _control(field: str, value: bool, done: str, already: str) -> Command:
+    async def run(session: Session, args: argparse.Namespace) -> int:
         found = await session.policy(args.name)  # NotFound says so before any patch
         if bool(((found.get("spec") or {}).get("rollout") or {}).get(field, False)) == value:
             print(f"kvpolicy '{args.name}' {already}: nothing to do")
-            return
+            return EXIT_OK
         await session.patch_rollout(args.name, {field: value})
         print(f"kvpolicy '{args.name}' {done}")
+        return EXIT_OK
 
     return run
 
 
-async def _explain(session: Session, args: argparse.Namespace) -> None:
+async def _explain(session: Session, args: argparse.Namespace) -> int:
     """The planner's reasons for this policy on the GPUs the target's nodes have now."""
     policy = _parsed(await session.policy(args.name))
     apps = client.AppsV1Api(session.api)
@@ -282,10 +399,12 @@ async def _explain(session: Session, args: argparse.Namespace) -> None:
             f"{' '.join(recorded.extra_args) or 'no arguments'}): the spec or the GPUs changed since it was planned."
         )
     print("\n".join(line if isinstance(line, str) else "\n".join(line) for line in lines))
+    return EXIT_OK
 
 
-COMMANDS: dict[str, Callable[[Session, argparse.Namespace], Awaitable[None]]] = {
+COMMANDS: dict[str, Command] = {
     "get": _get,
+    "status": _status,
     "list": _list,
     "approve": _approve,
     "retry": _retry,
@@ -296,8 +415,8 @@ COMMANDS: dict[str, Callable[[Session, argparse.Namespace], Awaitable[None]]] = 
 }
 
 
-def _connection_flags(default: object) -> argparse.ArgumentParser:
-    flags = argparse.ArgumentParser(add_help=False)
+def _connection_flags(default: object) -> UsageParser:
+    flags = UsageParser(add_help=False)
     flags.add_argument("-n", "--namespace", default=default, help="namespace (default: the kubeconfig context's)")
     flags.add_argument("--kubeconfig", default=default, help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)")
     flags.add_argument("--context", default=default, help="kubeconfig context (default: the current one)")
@@ -307,15 +426,29 @@ def _connection_flags(default: object) -> argparse.ArgumentParser:
 def _parser() -> argparse.ArgumentParser:
     # The flags go before or after the command; after it, only a flag given keeps the value given before it.
     common = _connection_flags(argparse.SUPPRESS)
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], parents=[_connection_flags(None)])
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    get = commands.add_parser("get", parents=[common], help="show a policy's rollout: plan, gates, conditions, events")
+    parser = UsageParser(prog=PROG, description=__doc__.split("\n\n")[0], parents=[_connection_flags(None)])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=UsageParser)
+    output = UsageParser(add_help=False)
+    output.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text (default) or json")
+    get = commands.add_parser(
+        "get", parents=[common, output], help="show a policy's rollout: plan, gates, conditions, events"
+    )
     get.add_argument("name")
     get.add_argument("-w", "--watch", action="store_true", help="keep the view up to date until interrupted")
     get.add_argument("--interval", type=float, default=2.0, help="seconds between redraws while watching")
     get.add_argument("--timeout", type=float, default=0.0, help="stop watching after this many seconds (0: never)")
-    listing = commands.add_parser("list", parents=[common], help="list policies")
+    status = commands.add_parser(
+        "status",
+        parents=[common, output],
+        help="wait until the rollout of the policy's current spec is decided; exit 0 Promoted or HeldBF16, "
+        "1 RolledBack, 2 when --timeout ends first (for CI)",
+    )
+    status.add_argument("name")
+    status.add_argument("--timeout", type=float, default=0.0, help="give up after this many seconds (0: never)")
+    status.add_argument("--interval", type=float, default=2.0, help="seconds between looks without a watch event")
+    listing = commands.add_parser("list", parents=[common, output], help="list policies")
     listing.add_argument("-A", "--all-namespaces", action="store_true")
+    commands.add_parser("version", parents=[output], help="the plugin's version and the KVPolicy API it speaks")
     for name, text in (
         ("approve", "approve the rollout awaiting approval (it only: spec.rollout.approvedRollout)"),
         ("abort", "abort the rollout and roll back to BF16 (spec.rollout.abort)"),
@@ -328,15 +461,24 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, code: int = EXIT_FAILED) -> int:
     sys.stderr.write(f"error: {message}\n")
-    raise SystemExit(1)
+    return code
 
 
-async def _run(args: argparse.Namespace) -> None:
+def _version(args: argparse.Namespace) -> int:
+    """Needs no cluster: what this plugin is and which KVPolicy API version it reads and writes."""
+    if args.output == "json":
+        _print_json({"plugin": "kubectl-kvpolicy", "version": __version__, "apiVersion": f"{GROUP}/{VERSION}"})
+    else:
+        print(f"kubectl-kvpolicy {__version__} ({GROUP}/{VERSION})")
+    return EXIT_OK
+
+
+async def _run(args: argparse.Namespace) -> int:
     session = await _connect(args)
     try:
-        await COMMANDS[args.command](session, args)
+        return await COMMANDS[args.command](session, args)
     finally:
         await session.api.close()
 
@@ -349,14 +491,17 @@ def _api_message(error: ApiFailure, args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "version":
+        return _version(args)
     try:
-        asyncio.run(_run(args))
+        return asyncio.run(_run(args))
     except KeyboardInterrupt:
-        return 0
+        return EXIT_OK
     except PluginError as error:
-        _fail(str(error))
+        return _fail(str(error))
     except ApiFailure as error:
-        _fail(_api_message(error, args))
+        return _fail(_api_message(error, args))
+    except Unavailable as error:
+        return _fail(str(error), EXIT_UNAVAILABLE)
     except (aiohttp.ClientError, TimeoutError) as error:
-        _fail(f"cannot reach the API server: {error or type(error).__name__}")
-    return 0
+        return _fail(f"cannot reach the API server: {error or type(error).__name__}", EXIT_UNAVAILABLE)

@@ -99,6 +99,9 @@ class JobGate:
     result: Callable[[KVPolicyStatus], GateResult | None]
     set_result: Callable[[KVPolicyStatus, GateResult | None], None]
     skip: Callable[[Plan], GateResult | None] = lambda plan: None  # a record made without a Job, when it cannot run
+    # The least recovery the gate accepts (kvpolicy_gate_min_recovery_ratio, which KVPolicyAccuracyRecoveryLow compares
+    # the recovery with); None for a gate that measures no recovery.
+    min_recovery: Callable[[KVPolicySpec], float | None] = lambda spec: None
 
 
 def _readable(report: GateReport, verdicts: tuple[GateVerdict, ...]) -> bool:
@@ -377,6 +380,7 @@ ACCURACY = JobGate(
     judge=_accuracy_judge,
     result=lambda status: status.accuracy,
     set_result=_set_accuracy,
+    min_recovery=lambda spec: float(spec.gates.accuracy.min_recovery),
 )
 
 # Synthetic traffic: the latency probe Job judges the canary inside the LatencyAnalysis phase.

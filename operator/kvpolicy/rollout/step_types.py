@@ -65,6 +65,8 @@ class Observations:
     gpu: GpuFacts | None = None
     canary: Obj | None = None
     canary_pods: tuple[PodView, ...] = ()
+    # The target's own pods, when a metrics check compared the canary with them this pass (else empty).
+    baseline_pods: tuple[PodView, ...] = ()
     services: frozenset[str] = frozenset()
     jobs: Mapping[str, JobView] = field(default_factory=dict)
     checks: tuple[CheckVerdict, ...] = ()  # the metrics checks evaluated this pass (metric_checks.py)

@@ -28,6 +28,7 @@ from kvpolicy.api.v1alpha1 import (
     ConditionStatus,
     ConditionType,
     KVPolicy,
+    KVPolicySpec,
     KVPolicyStatus,
     Phase,
     PodTemplateRecord,
@@ -48,7 +49,7 @@ from kvpolicy.notify import metrics
 from kvpolicy.notify.notifier import Notifier
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.conditions import set_condition
-from kvpolicy.rollout.job_gates import finished_gates
+from kvpolicy.rollout.job_gates import JOB_GATES, finished_gates
 from kvpolicy.rollout.rules import phase_deadline
 from kvpolicy.rollout.step import step
 from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult, parse_timestamp, timestamp
@@ -86,6 +87,19 @@ class StopFlag(Protocol):
     def __bool__(self) -> bool: ...
 
     def wait(self) -> Awaitable[Any]: ...
+
+
+def policy_info(spec: KVPolicySpec, status: KVPolicyStatus) -> metrics.PolicyInfo:
+    """What kvpolicy_policy_info says about a policy after a pass."""
+    plan, gpu, decision = status.plan, status.gpu, status.decision
+    return metrics.PolicyInfo(
+        phase=status.phase or Phase.PLANNING,
+        kv_cache=plan.kv_cache_dtype if plan else "",
+        gpu=(gpu.product or gpu.generation) if gpu else "",
+        target=f"{spec.target_ref.kind}/{spec.target_ref.name}",
+        decision=decision.result if decision else "",
+        reason=decision.reason if decision else "",
+    )
 
 
 def _utcnow() -> datetime:
@@ -301,8 +315,23 @@ class Reconciler:
                 metrics.observe_rollout_duration(elapsed, after.decision.result)
         for gate, done in finished_gates(before, after):
             metrics.record_gate_result(
-                name, namespace, gate.name, done.verdict, done.recovery, done.canary_score, done.baseline_score
+                name,
+                namespace,
+                gate.name,
+                done.verdict,
+                done.recovery,
+                done.canary_score,
+                done.baseline_score,
+                gate.min_recovery(policy.spec),
             )
+        for gate in JOB_GATES:
+            if gate.result(after) is None:
+                metrics.clear_gate(namespace, name, gate.name)
+        metrics.set_policy_info(namespace, name, policy_info(policy.spec, after))
+        # A side's pods are known only in passes that observed them: keep the last known until the canary is gone.
+        for role, pods in ((b.ROLE_CANARY, observations.canary_pods), (b.ROLE_BASELINE, observations.baseline_pods)):
+            if after.canary is None or pods:
+                metrics.set_rollout_pods(namespace, name, role, [] if after.canary is None else [p.name for p in pods])
         updated = policy.model_copy(update={"status": after})
         deadline = phase_deadline(updated)
         metrics.set_phase_deadline(namespace, name, after.phase or "", deadline.timestamp() if deadline else None)
