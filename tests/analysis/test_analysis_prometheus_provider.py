@@ -85,6 +85,8 @@ async def test_queries_and_answers(fake_prometheus: Callable[[Handler], Awaitabl
             result = [{"metric": {}, "value": [1, "0.02"]}]
         elif query.startswith("histogram_quantile"):
             result = [{"metric": {}, "value": [1, "0.5" if "(0.5," in query else "NaN"]}]
+        elif "request_success_total" in query and "finished_reason" not in query:
+            result = [{"metric": {}, "value": [1, "97"]}]  # the finished requests
         elif "request_success_total" in query:
             result = [{"metric": {}, "value": [1, "0.01"]}]
         elif "http_requests_total" in query:
@@ -122,8 +124,11 @@ async def test_queries_and_answers(fake_prometheus: Callable[[Handler], Awaitabl
         count = f'{{__name__=~"vllm[:_]{metric}_count", {selector}}}'
         assert f"sum(rate({total}[300000ms])) / sum(rate({count}[300000ms]))" in queries
         assert f'count by (le) ({{__name__=~"vllm[:_]{metric}_bucket", {selector}}})' in queries
-    # Per histogram (TTFT, ITL, deprecated ITL): two quantiles, the mean, the bounds; and five scalars.
-    assert len(queries) == 3 * 4 + 5
+    # The finished requests (the side's share of the traffic): every ending, both prefix spellings.
+    assert f'sum(increase({{__name__=~"vllm[:_]request_success_total", {selector}}}[300000ms]))' in queries
+    assert metrics.finished_requests == 97
+    # Per histogram (TTFT, ITL, deprecated ITL): two quantiles, the mean, the bounds; and six scalars.
+    assert len(queries) == 3 * 4 + 6
 
 
 async def test_a_side_without_pods_asks_nothing() -> None:

@@ -239,3 +239,22 @@ async def test_itl_regression_below_the_first_bucket_is_a_breach(
     assert (
         "ITL p50 and p95 fall in one bucket (<= 10 ms) on both sides; compared means: canary 8.6 ms" in verdict.message
     )
+
+
+@pytest.mark.parametrize("prefix", ["vllm:", "vllm_"])
+async def test_finished_requests_count_every_ending_in_either_spelling(
+    serve_pod: Callable[[VLLMMetrics], object], prefix: str
+) -> None:
+    metrics = VLLMMetrics(prefix=prefix)
+    serve(metrics, 30, ttft=0.03)  # before the window
+    pod = await serve_pod(metrics)  # type: ignore[misc]
+    clock = FakeClock()
+    async with ScrapeProvider(clock=clock) as provider:
+        first = await provider.latency_snapshot(side("canary", pod), 60, QUANTILES)
+        assert first.finished_requests is None, "nothing to subtract yet: no share measured"
+        serve(metrics, 7, ttft=0.03)
+        serve(metrics, 2, ttft=0.03, finished_reason="length")
+        serve(metrics, 1, ttft=0.03, finished_reason="abort")
+        clock.now += 60
+        snapshot = await provider.latency_snapshot(side("canary", pod), 60, QUANTILES)
+    assert snapshot.finished_requests == 10

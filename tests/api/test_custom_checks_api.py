@@ -100,7 +100,7 @@ ANALYSIS_REFUSALS = [
     ({"selectorTemplate": 'namespace="$ns", pod=~"$pod_regex"'}, {}, "may use only $namespace, $pod_regex"),
     ({"selectorTemplate": 'namespace="$namespace"'}, {}, "must tell the canary's pods from the baseline's"),
     ({"checks": [_check()]}, {"provider": "Scrape"}, "analysis.checks need gates.latency.provider Prometheus"),
-    ({"checks": [_check()]}, {"enabled": False}, "they need rollout.traffic ReplicaRatio and gates.latency.enabled"),
+    ({"checks": [_check()]}, {"enabled": False}, "ReplicaRatio or InferencePool and gates.latency.enabled"),
 ]
 
 
@@ -122,8 +122,20 @@ def test_custom_checks_with_synthetic_traffic_are_refused() -> None:
     with pytest.raises(ValidationError, match=re.escape("they need rollout.traffic ReplicaRatio")):
         KVPolicySpec.model_validate(spec)
     assert _cel_refuses(
-        "analysis.checks run in the live latency analysis: they need rollout.traffic ReplicaRatio and "
-        "gates.latency.enabled",
+        "analysis.checks run in the live latency analysis: they need rollout.traffic ReplicaRatio or InferencePool "
+        "and gates.latency.enabled",
+        spec,
+    )
+
+
+def test_custom_checks_run_on_the_live_analysis_of_an_inference_pool_rollout() -> None:
+    spec = _spec({"checks": [_check()]})
+    spec.setdefault("rollout", {})["traffic"] = "InferencePool"
+    spec["rollout"]["inferencePool"] = {"httpRoute": "llm", "pool": "llama"}
+    KVPolicySpec.model_validate(spec)
+    assert not _cel_refuses(
+        "analysis.checks run in the live latency analysis: they need rollout.traffic ReplicaRatio or InferencePool "
+        "and gates.latency.enabled",
         spec,
     )
 

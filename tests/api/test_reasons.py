@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 from kvpolicy.api.reasons import ALL_REASONS, DECISION_REASONS, AnalysisReason, PlanCode
-from kvpolicy.api.v1alpha1 import DecisionResult, GateVerdict, Phase, Traffic, VerdictKind
+from kvpolicy.api.v1alpha1 import ConditionType, DecisionResult, GateVerdict, Phase, Traffic, VerdictKind
 from kvpolicy.planning import planner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_the_alert_runbooks_name_only_reasons_that_exist() -> None:
     alerts = {rule["alert"] for group in yaml.safe_load(rules)["groups"] for rule in group["rules"]}
     runbooks = (ROOT / "monitoring" / "runbooks.md").read_text()
     words = set(CAMEL.findall(rules + runbooks)) - alerts - NOT_REASONS
-    known = ALL_REASONS | {*DecisionResult, *Phase, *VerdictKind, *Traffic}
+    known = ALL_REASONS | {*DecisionResult, *Phase, *VerdictKind, *Traffic, *ConditionType}
     assert words - known == set(), "alerts.yaml or runbooks.md name reasons that kvpolicy/api/reasons.py does not have"
     assert {"TTFTRatioExceeded", "ITLRatioExceeded", "AnalysisStalled"} <= words
 

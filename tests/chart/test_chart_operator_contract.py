@@ -153,7 +153,24 @@ def fixed_image_runner(devcluster: ThreadedDevCluster) -> Iterator[None]:
     yield
 
 
-@pytest.mark.parametrize("kind", ["Deployment", *OTHER_KINDS])
+def gateway_objects(namespace: str) -> list[dict[str, Any]]:
+    """The baseline InferencePool of the target's pods and an HTTPRoute sending to it (traffic InferencePool)."""
+    pool_ref = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llama"}
+    return [
+        {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+         "metadata": {"name": "llama", "namespace": namespace},
+         "spec": {"selector": {"matchLabels": {"app": "llama"}}, "targetPorts": [{"number": 8000}]}},
+        {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+         "metadata": {"name": "llm", "namespace": namespace},
+         "spec": {"parentRefs": [{"name": "gateway"}], "rules": [{"backendRefs": [pool_ref]}]}},
+    ]  # fmt: skip
+
+
+# Each target kind with the traffic it is rolled out with, and a Deployment behind an InferencePool.
+CASES = [("Deployment", "ReplicaRatio"), ("Deployment", "InferencePool"), *((k, "ReplicaRatio") for k in OTHER_KINDS)]
+
+
+@pytest.mark.parametrize(("kind", "traffic"), CASES)
 def test_rbac_allows_exactly_what_the_operator_requests_in_a_rollout(
     kind: str,
     devcluster: ThreadedDevCluster,
@@ -161,13 +178,18 @@ def test_rbac_allows_exactly_what_the_operator_requests_in_a_rollout(
     fixed_image_runner: None,
     render: Renderer,
     monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    traffic: str,
 ) -> None:
     """The operator, confined to one namespace as the chart runs it there, promotes a policy and then handles its
-    deletion; every API request it made must be allowed by the chart's Role in that namespace plus its ClusterRole."""
+    deletion; every API request it made must be allowed by the chart's Role in that namespace plus its ClusterRole.
+    InferencePool traffic: with gatewayAPI.enabled, the route's and the pools' rules are used, every one of them."""
     from kvpolicy.api import crd
 
     ns = devcluster_namespace
+    routed = traffic == "InferencePool"
     enabled = ["--set", f"targets.{OTHER_KINDS[kind][1]}.enabled=true"] if kind in OTHER_KINDS else []
+    enabled += ["--set", "gatewayAPI.enabled=true"] if routed else []
     manifests = render("--set", f"watchNamespaces={{{ns}}}", *enabled)
     container = operator_container(manifests)
     for entry in container["env"]:
@@ -182,6 +204,11 @@ def test_rbac_allows_exactly_what_the_operator_requests_in_a_rollout(
         devcluster.apply(OTHER_KINDS[kind][0]())
     target, policy = rollout_objects(ns, kind)
     devcluster.create(target)
+    if routed:
+        request.getfixturevalue("gateway_api")
+        for obj in gateway_objects(ns):
+            devcluster.create(obj)
+        policy["spec"]["rollout"].update(traffic="InferencePool", inferencePool={"httpRoute": "llm", "pool": "llama"})
     before = {id(request) for request in devcluster.call(lambda: list(devcluster.cluster.api))}
     # The operator's handlers live in a registry of their own, as `kvpolicy run` hands it to kopf.
     kopf_args = ["run", "--standalone", *namespace_flags]

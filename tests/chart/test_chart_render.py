@@ -214,7 +214,13 @@ def documented_rbac() -> dict[str, set[Triple]]:
             group = row["group"].strip('"')  # the core group is written `""`
             triples = {(group, row["resource"], verb.strip()) for verb in row["verbs"].split(",")}
             by_scope.setdefault(row["scope"].strip(), set()).update(triples)
-    scopes = {"namespaced", "cluster", "cluster, with watchNamespaces", "release namespace, with leader election"}
+    scopes = {
+        "namespaced",
+        "namespaced, with gatewayAPI.enabled",
+        "cluster",
+        "cluster, with watchNamespaces",
+        "release namespace, with leader election",
+    }
     scopes |= {f"namespaced, with `targets.{kind}.enabled`" for kind in ("leaderWorkerSet", "llmInferenceService")}
     assert set(by_scope) == scopes, by_scope.keys()
     return by_scope
@@ -252,6 +258,19 @@ def test_watch_namespaces_get_a_role_each_and_a_cluster_role_for_cluster_reads(
     role_names = {(role["metadata"]["namespace"], role["metadata"]["name"]) for role in roles}
     assert {(binding["metadata"]["namespace"], binding["roleRef"]["name"]) for binding in bindings} == role_names
     assert only(custom_manifests, "ClusterRoleBinding")["roleRef"]["name"] == cluster_role["metadata"]["name"]
+
+
+def test_gateway_api_rollouts_add_exactly_the_route_and_pool_rules_and_tell_the_operator(render: Renderer) -> None:
+    documented = documented_rbac()
+    manifests = render("--set", "gatewayAPI.enabled=true")
+    gateway = documented["namespaced, with gatewayAPI.enabled"]
+    assert ("gateway.networking.k8s.io", "httproutes", "patch") in gateway
+    assert granted(operator_cluster_role(manifests)) == documented["namespaced"] | gateway | documented["cluster"]
+    env = {entry["name"]: entry.get("value") for entry in operator_container(manifests)["env"]}
+    assert env["KVPOLICY_READ_INFERENCE_POOLS"] == "true"
+    namespaced = render("--set", "gatewayAPI.enabled=true", "--set", "watchNamespaces={llm}")
+    [role] = of_kind(namespaced, "Role")
+    assert granted(role) == documented["namespaced"] | gateway
 
 
 @pytest.mark.parametrize("manifests_fixture", ["default_manifests", "custom_manifests"])

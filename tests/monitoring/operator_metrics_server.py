@@ -38,6 +38,7 @@ def record_a_troubled_fleet(metrics: OperatorMetrics) -> None:
     metrics.set_phase_deadline("llm", "stuck", "Canary", time.time() - 3600)
     metrics.record_reconcile_error("ApiException")
     metrics.set_api_reachable(False, "503")
+    metrics.set_traffic_share("llm", "skewed", 0.1, 0.3)
 
 
 async def serve(port: int) -> None:

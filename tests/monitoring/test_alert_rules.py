@@ -23,6 +23,8 @@ ALERTS = {
     "KVPolicyAccuracyRecoveryLow",
     "KVPolicyCanaryTTFTRegression",
     "KVPolicyCanaryITLRegression",
+    "KVPolicyCanaryTrafficSkewed",
+    "KVPolicyCanaryNoTraffic",
     "KVPolicyOperatorAbsent",
     "KVPolicyReconcileErrors",
     "KVPolicyOperatorCannotReachAPI",

@@ -92,6 +92,7 @@ def test_alerts_fire_on_the_operator_metrics(prometheus: PrometheusServer) -> No
         ("KVPolicyRolloutStuck", "stuck"): {"pending", "firing"},
         ("KVPolicyOperatorCannotReachAPI", ""): {"pending", "firing"},
         ("KVPolicyOperatorNotActing", ""): {"pending", "firing"},
+        ("KVPolicyCanaryTrafficSkewed", "skewed"): {"pending", "firing"},
     }
 
     def as_expected() -> bool:

@@ -147,6 +147,17 @@ def test_unresolved_quantiles_are_not_published_and_the_means_are() -> None:
     assert value(metrics, "kvpolicy_analysis_latency_ratio", **itl, quantile="mean") == pytest.approx(1.3)
 
 
+def test_the_canary_traffic_share_is_intended_and_measured_until_forgotten() -> None:
+    metrics = OperatorMetrics()
+    metrics.set_traffic_share("llm", "m", 0.1, 0.096)
+    assert value(metrics, "kvpolicy_canary_traffic_share_ratio", namespace="llm", policy="m", kind="intended") == 0.1
+    assert value(metrics, "kvpolicy_canary_traffic_share_ratio", namespace="llm", policy="m", kind="measured") == 0.096
+    metrics.set_traffic_share("llm", "m", 0.5, None)  # the next step, not measured yet
+    assert value(metrics, "kvpolicy_canary_traffic_share_ratio", namespace="llm", policy="m", kind="measured") is None
+    metrics.forget_policy("llm", "m")
+    assert value(metrics, "kvpolicy_canary_traffic_share_ratio", namespace="llm", policy="m", kind="intended") is None
+
+
 def test_a_replica_that_loses_the_lease_exports_no_policy_gauges() -> None:
     """A standby's stale phase deadline would fire KVPolicyRolloutStuck for a policy the new leader has moved on, and
     its policy counts would double every sum: it drops them, ignores passes still finishing, and exports again once

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -210,24 +210,31 @@ def kubectl(cluster: ThreadedDevCluster, *args: str, stdin: str = "", env: Mappi
 
 
 @contextlib.contextmanager
-def users(devcluster: ThreadedDevCluster, namespace: str) -> Iterator[TrafficGenerator]:
-    """Steady requests to the pods behind the target's Service (app=llama), canary included once it joins."""
-    route = Route(namespace, "llama", {"app": "llama"}, 8000, MODEL, CONTEXT // 4)
-    generator = TrafficGenerator(
-        [route], lambda: devcluster.list("v1", "Pod", namespace), requests_per_second=20, max_tokens=8
-    )
+def in_background(run: Callable[[], Coroutine[Any, Any, None]]) -> Iterator[None]:
+    """Run `run()` on an event loop of its own in a thread until the block ends (then it is cancelled)."""
 
     async def drive() -> None:
         with contextlib.suppress(asyncio.CancelledError):
-            await generator.run()
+            await run()
 
     loop = asyncio.new_event_loop()
     task = loop.create_task(drive())
     thread = threading.Thread(target=loop.run_until_complete, args=(task,), daemon=True)
     thread.start()
     try:
-        yield generator
+        yield
     finally:
         loop.call_soon_threadsafe(task.cancel)
         thread.join(timeout=30)
         loop.close()
+
+
+@contextlib.contextmanager
+def users(devcluster: ThreadedDevCluster, namespace: str) -> Iterator[TrafficGenerator]:
+    """Steady requests to the pods behind the target's Service (app=llama), canary included once it joins."""
+    route = Route(namespace, "llama", {"app": "llama"}, 8000, MODEL, CONTEXT // 4)
+    generator = TrafficGenerator(
+        [route], lambda: devcluster.list("v1", "Pod", namespace), requests_per_second=20, max_tokens=8
+    )
+    with in_background(generator.run):
+        yield generator

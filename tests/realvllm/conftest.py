@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from analysis.live_fleet import free_port
+from analysis.live_fleet import PROMETHEUS, PrometheusServer, free_port
 from kvpolicy_dev.devcluster.cpu_vllm import start_server
 from kvpolicy_dev.devcluster.pytest_plugin import REAL_VLLM_STARTUP_SECONDS
-from realvllm_helpers import BF16_ARGS, FP8_ARGS, RealPair
+from realvllm_helpers import BASELINE_POD, BF16_ARGS, CANARY_POD, FP8_ARGS, NAMESPACE, RealPair, ScrapeTarget
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +29,17 @@ def real_vllm(cpu_vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
     finally:
         bf16.stop()
         fp8.stop()
+
+
+@pytest.fixture(scope="module")
+def prometheus(real_vllm: RealPair) -> Iterator[PrometheusServer]:
+    """A real Prometheus scraping both session servers, as pods `tiny-fp8-0` and `tiny-bf16-0` of NAMESPACE; one per
+    test module, so that no module's windows hold another's requests."""
+    if PROMETHEUS is None:
+        pytest.skip("prometheus is not installed: `make prometheus` installs Debian's package")
+    pods = [ScrapeTarget(CANARY_POD, real_vllm.fp8.port), ScrapeTarget(BASELINE_POD, real_vllm.bf16.port)]
+    server = PrometheusServer(pods, namespace=NAMESPACE)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -8,12 +8,11 @@ breach. What the analysis counted is checked against the servers' own counters, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from urllib.request import urlopen
 
 import pytest
-from analysis.live_fleet import PROMETHEUS, PrometheusServer, drive_load, wait_until
+from analysis.live_fleet import PrometheusServer, drive_load, wait_until
 from kvpolicy.analysis import metric_names
 from kvpolicy.analysis.latency_check import run_check
 from kvpolicy.analysis.model import LatencyGateConfig, SideSelector, Verdict
@@ -22,23 +21,14 @@ from kvpolicy.analysis.provider import MetricsProvider, ServedConfig, ServedRead
 from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.api.v1alpha1 import VerdictKind
 from prometheus_client.parser import text_string_to_metric_families
-from realvllm_helpers import SERVED_MODEL, SKIP_LAYERS, RealPair
+from realvllm_helpers import NAMESPACE, SERVED_MODEL, SKIP_LAYERS, RealPair
 
 pytestmark = pytest.mark.realvllm
 
-NAMESPACE = "llm"
 REQUESTS = 20
 # About a thousand tokens of filler: a prefill long enough to take a few buckets, short enough for seconds of load.
 PROMPT = "The grass is green. The sky is blue." * 110
 CONFIG = LatencyGateConfig(window_seconds=600, min_requests=REQUESTS, bake_seconds=0, interval_seconds=1)
-
-
-@dataclass(frozen=True)
-class Pod:
-    """A scrape target for the test Prometheus: the server's port, under a pod name."""
-
-    pod: str
-    port: int
 
 
 def counters(url: str) -> tuple[float, float]:
@@ -88,18 +78,6 @@ async def assert_decides_on_either_side_of_the_measured_ratios(
     for again in (passed.ratios(), breached.ratios()):
         assert again == pytest.approx(ratios, rel=0.03)
     return measured
-
-
-@pytest.fixture(scope="module")
-def prometheus(real_vllm: RealPair) -> Iterator[PrometheusServer]:
-    if PROMETHEUS is None:
-        pytest.skip("prometheus is not installed: `make prometheus` installs Debian's package")
-    pods = [Pod("tiny-fp8-0", real_vllm.fp8.port), Pod("tiny-bf16-0", real_vllm.bf16.port)]
-    server = PrometheusServer(pods, namespace=NAMESPACE)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def test_prometheus_provider_decides_on_real_vllm_histograms(

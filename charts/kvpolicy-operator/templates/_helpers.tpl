@@ -106,6 +106,16 @@ Granted cluster-wide (ClusterRole) without watchNamespaces, or per namespace (Ro
   resources: ["secrets"]
   verbs: ["get"]
 {{- end }}
+{{- if .Values.gatewayAPI.enabled }}
+# rollout.traffic InferencePool: the user's route is read and JSON-patched (its backendRefs only), the canary's pool
+# created and deleted; InferencePools are listed to find the baseline's and one selecting a ReplicaRatio target.
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["httproutes"]
+  verbs: ["get", "patch"]
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["list", "create", "delete"]
+{{- end }}
 {{- if .Values.auth.readReferencedSecrets }}
 # gates.latency.prometheusAuth may take a CA bundle from a ConfigMap.
 - apiGroups: [""]

@@ -156,6 +156,7 @@ _WORDING = {
     "maxItems": "must have at most {} items",
     "minItems": "should have at least {} items",
     "maxProperties": "must have at most {} properties",
+    "minProperties": "should have at least {} properties",
 }
 
 

@@ -5,6 +5,8 @@
 - `devcluster_namespace`: a fresh namespace per test. On teardown it is deleted with everything in it (pod processes
   and objects held by finalizers included), and injected faults, pool capacities, private registries, the container
   runner and the accepted bearer tokens are reset.
+- `gateway_api`: the session cluster serves HTTPRoute (`gateway.networking.k8s.io/v1`) and InferencePool
+  (`inference.networking.k8s.io/v1`) from their upstream CRDs (`gateway_api.py`).
 - `cpu_vllm_model`: a tiny random-weight Llama's model directory for real vLLM (`RealVllmRunner`, `start_server`);
   skips the test when vLLM is not installed.
 - `real_model`: SmolLM2-135M-Instruct's model directory (kvpolicy_dev.models: made once per machine from a PyPI
@@ -27,6 +29,7 @@ import pytest
 
 from kvpolicy_dev.devcluster.cluster import ThreadedDevCluster
 from kvpolicy_dev.devcluster.cpu_vllm import vllm_installed, write_model_dir
+from kvpolicy_dev.devcluster.gateway_api import install_gateway_api_crds
 from kvpolicy_dev.devcluster.runners import SimulatorRunner
 from kvpolicy_dev.models import ensure_model
 
@@ -55,6 +58,11 @@ def devcluster_namespace(devcluster: ThreadedDevCluster, request: pytest.Fixture
         devcluster.call(devcluster.cluster.reset_pool_capacities)
         devcluster.call(devcluster.cluster.kubelet.private_registries.clear)
         devcluster.set_runner(runner)
+
+
+@pytest.fixture(scope="session")
+def gateway_api(devcluster: ThreadedDevCluster) -> None:
+    install_gateway_api_crds(devcluster)
 
 
 @pytest.fixture(scope="session")

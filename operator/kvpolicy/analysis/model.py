@@ -164,6 +164,8 @@ class SideMetrics:
     itl_mean_seconds: float | None = None
     ttft_bucket_bounds: tuple[float, ...] = ()
     itl_bucket_bounds: tuple[float, ...] = ()
+    # Requests the side finished in the window by its own counter (vllm:request_success_total): the traffic it got.
+    finished_requests: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -179,6 +181,7 @@ class SideMetrics:
             "kvCacheUsage": _finite_or_none(self.kv_cache_usage),
             "ttftMeanSeconds": _finite_or_none(self.ttft_mean_seconds),
             "itlMeanSeconds": _finite_or_none(self.itl_mean_seconds),
+            "finishedRequests": _finite_or_none(self.finished_requests),
         }
 
 

@@ -88,6 +88,11 @@ def requests_query(matchers: str, window_seconds: float) -> str:
     return f"sum(increase({_vllm(f'{metric_names.TTFT}_count', matchers)}[{_duration(window_seconds)}]))"
 
 
+def finished_query(matchers: str, window_seconds: float) -> str:
+    """Requests the side finished in the window, every finished_reason (its share of the traffic)."""
+    return f"sum(increase({_vllm(metric_names.REQUEST_SUCCESS, matchers)}[{_duration(window_seconds)}]))"
+
+
 def error_ratio_query(matchers: str, window_seconds: float) -> str:
     window = _duration(window_seconds)
     reasons = "|".join(metric_names.ERROR_FINISHED_REASONS)
@@ -283,13 +288,14 @@ class PrometheusProvider(HttpClient):
             error_ratio_query(matchers, window_seconds),
             http_error_ratio_query(matchers, window_seconds),
             kv_cache_usage_query(matchers, window_seconds),
+            finished_query(matchers, window_seconds),
         )
         values, ttft, itl = await asyncio.gather(
             asyncio.gather(*(self._single(query) for query in scalars)),
             self._histogram(metric_names.TTFT, quantiles, matchers, window_seconds),
             self._histogram(metric_names.ITL, quantiles, matchers, window_seconds),
         )
-        series, requests, error_ratio, http_error_ratio, kv_cache_usage = values
+        series, requests, error_ratio, http_error_ratio, kv_cache_usage, finished = values
         itl_metric: str | None = metric_names.ITL
         if itl.empty:  # no ITL series at all: an older vLLM
             itl = await self._histogram(metric_names.ITL_DEPRECATED, quantiles, matchers, window_seconds)
@@ -309,4 +315,5 @@ class PrometheusProvider(HttpClient):
             itl_mean_seconds=itl.mean,
             ttft_bucket_bounds=ttft.bounds,
             itl_bucket_bounds=itl.bounds,
+            finished_requests=_finite(finished),
         )

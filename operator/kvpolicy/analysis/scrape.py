@@ -233,4 +233,5 @@ class ScrapeProvider(HttpClient):
             itl_mean_seconds=itl.mean() if itl else None,
             ttft_bucket_bounds=ttft.bounds if ttft else (),
             itl_bucket_bounds=itl.bounds if itl else (),
+            finished_requests=finished if covered else None,
         )

@@ -47,6 +47,16 @@ class Reason(StrEnum):
     RECOVERY_ABOVE_MINIMUM = "RecoveryAboveMinimum"
     RECOVERY_BELOW_MINIMUM = "RecoveryBelowMinimum"
     TRAFFIC_JOINED = "TrafficJoined"
+    TRAFFIC_SHIFTED = "TrafficShifted"  # traffic InferencePool: the route sends the canary's pool this step's share
+    SHIFTING_TRAFFIC = "ShiftingTraffic"  # the route's weights or the canary's pool are being written
+    TRAFFIC_RESTORED = "TrafficRestored"  # the route's rules are as the user wrote them again, the canary pool gone
+    ROUTE_CHANGE_ADVISED = "RouteChangeAdvised"  # applyMode Advisory: the route patch is published, not applied
+    INFERENCE_POOL_SELECTS_TARGET = "InferencePoolSelectsTarget"  # ReplicaRatio behind an EPP: the share is skewed
+    NO_INFERENCE_POOL = "NoInferencePool"  # ReplicaRatio: no InferencePool selects the target's pods
+    SHARE_AS_INTENDED = "ShareAsIntended"  # the canary's measured share of the requests is near the intended one
+    TRAFFIC_SHARE_SKEWED = "TrafficShareSkewed"  # it is far from it (an endpoint picker, a stale route, ...)
+    NO_CANARY_TRAFFIC = "NoCanaryTraffic"  # the baseline served requests, the canary none
+    TOO_FEW_REQUESTS = "TooFewRequests"  # too few requests in the window to tell a share
     LATENCY_ANALYSIS_STARTED = "LatencyAnalysisStarted"
     LATENCY_GATE_DISABLED = "LatencyGateDisabled"
     LATENCY_GATE_PASSED = "LatencyGatePassed"
@@ -96,6 +106,7 @@ class DecisionReason(StrEnum):
     LATENCY_BREACH = "LatencyBreach"
     LATENCY_INCONCLUSIVE = "LatencyInconclusive"
     LATENCY_PROBE_TIMEOUT = "LatencyProbeTimeout"
+    TRAFFIC_ROUTE_UNUSABLE = "TrafficRouteUnusable"  # the HTTPRoute or the baseline InferencePool cannot carry it
 
 
 class PlanCode(StrEnum):

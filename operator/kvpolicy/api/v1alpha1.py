@@ -175,6 +175,7 @@ class OnInconclusive(StrEnum):
 class Traffic(StrEnum):
     REPLICA_RATIO = "ReplicaRatio"
     SYNTHETIC = "Synthetic"
+    INFERENCE_POOL = "InferencePool"
 
 
 class Approval(StrEnum):
@@ -279,6 +280,11 @@ class ConditionType(StrEnum):
     ROLLED_BACK = "RolledBack"
     PAUSED = "Paused"
     DRIFTED = "Drifted"
+    TRAFFIC_ROUTED = "TrafficRouted"  # traffic InferencePool: the route sends the canary the current step's share
+    # traffic ReplicaRatio: False when an InferencePool's endpoint picker, not the replica count, will set the share.
+    REPLICA_RATIO_HOLDS = "ReplicaRatioHolds"
+    # ReplicaRatio and InferencePool: the canary's measured share of the requests is near the share it was meant to get.
+    TRAFFIC_SHARE_AS_INTENDED = "TrafficShareAsIntended"
 
 
 class ConditionStatus(StrEnum):
@@ -760,8 +766,75 @@ class AnalysisSpec(_Model):
 ROLLOUT_ID_PATTERN = r"^[0-9]+-[0-9a-f]{6}$"
 
 
+MAX_TRAFFIC_STEPS = 10
+
+
+class EndpointPicker(StrEnum):
+    """What picks the endpoints of the canary's InferencePool."""
+
+    NONE = "None"  # no endpoint picker: the gateway balances the canary's pods itself (GIE v1.6.0 and later)
+    COPY_BASELINE = "CopyBaseline"  # a copy of the baseline pool's EPP Deployment and Service, for the canary's pool
+
+
+class InferencePoolTraffic(_Model):
+    """Where the users' traffic reaches the target through the Gateway API Inference Extension: the HTTPRoute whose
+    weights the rollout steps, and the InferencePool of the target's pods that the route sends it to."""
+
+    rules = (
+        Rule(
+            cel="self.steps.all(s, self.steps.exists_one(t, t == s))",
+            message="rollout.inferencePool.steps must not repeat a weight",
+            check=lambda m: len(set(m.steps)) == len(m.steps),
+        ),
+    )
+
+    http_route: str = Field(
+        pattern=NAME_PATTERN,
+        max_length=NAME_MAX_LENGTH,
+        description="The HTTPRoute (gateway.networking.k8s.io/v1) in the policy's namespace whose rules send the "
+        "users to `pool`. The operator edits only the backendRefs of those rules (a JSON patch testing them first) "
+        "and puts them back exactly as they were when the rollout ends.",
+    )
+    pool: str = Field(
+        pattern=NAME_PATTERN,
+        max_length=NAME_MAX_LENGTH,
+        description="The InferencePool (inference.networking.k8s.io/v1) that selects the target's pods: the "
+        "baseline. The canary gets a pool of its own selecting only its pods, with the baseline's target ports.",
+    )
+    steps: list[Annotated[Int, Field(ge=1, le=99)]] = Field(
+        default_factory=lambda: [10, 50],
+        min_length=1,
+        max_length=MAX_TRAFFIC_STEPS,
+        description="The canary's share of the route's traffic in percent at each step, taken in ascending order. "
+        "Each step runs the latency analysis for bakeSeconds before the next; after the last the target is promoted.",
+    )
+    mirror_percent: Int | None = Field(
+        default=None,
+        ge=1,
+        le=100,
+        description="Before the first step, mirror this percentage of the route's requests to the canary's pool "
+        "(an HTTPRoute RequestMirror filter; the users get the baseline's answers) for one analysis and bake. "
+        "Unset: no mirror phase. How a gateway mirrors to a pool is implementation-specific.",
+    )
+    endpoint_picker: EndpointPicker = Field(
+        default=EndpointPicker.NONE,
+        description="None: the canary's pool has no endpoint picker (endpointPickerRef is optional from GIE v1.6.0; "
+        "the gateway balances the canary's pods). CopyBaseline: the operator copies the Deployment behind the "
+        "baseline pool's endpointPickerRef Service, with its configuration, under the canary's name (--pool-name "
+        "set to the canary's pool), and a Service for it; the route shifts once the copy is ready.",
+    )
+
+
 class RolloutSpec(_Model):
     """How the canary is run, held, approved, aborted, retried, applied, and what a drifted target does."""
+
+    rules = (
+        Rule(
+            cel="self.traffic != 'InferencePool' || has(self.inferencePool)",
+            message="rollout.inferencePool (httpRoute and pool) is required when rollout.traffic is InferencePool",
+            check=lambda m: m.traffic != Traffic.INFERENCE_POOL or m.inference_pool is not None,
+        ),
+    )
 
     canary_replicas: Int = Field(
         default=1, ge=1, le=MAX_CANARY_REPLICAS, description="Replicas of the canary Deployment (at most 64)."
@@ -781,7 +854,11 @@ class RolloutSpec(_Model):
     traffic: Traffic = Field(
         default=Traffic.REPLICA_RATIO,
         description="ReplicaRatio: after the accuracy gate, the canary joins the target's Service. Synthetic: it "
-        "never takes user traffic; the latency probe drives it.",
+        "never takes user traffic; the latency probe drives it. InferencePool: the canary gets an InferencePool of "
+        "its own and the HTTPRoute in rollout.inferencePool sends it the share each step names.",
+    )
+    inference_pool: InferencePoolTraffic | None = Field(
+        default=None, description="The HTTPRoute and InferencePool of traffic InferencePool."
     )
     paused: Bool = Field(
         default=False, description="Hold the rollout where it is (a drifted target is then only reported)."
@@ -1030,15 +1107,15 @@ class KVPolicySpec(_Model):
         ),
         Rule(
             cel="!has(self.analysis) || !has(self.analysis.checks) || size(self.analysis.checks) == 0 "
-            "|| ((!has(self.rollout) || !has(self.rollout.traffic) || self.rollout.traffic == 'ReplicaRatio') "
+            "|| ((!has(self.rollout) || !has(self.rollout.traffic) || self.rollout.traffic != 'Synthetic') "
             "&& (!has(self.gates) || !has(self.gates.latency) || !has(self.gates.latency.enabled) "
             "|| self.gates.latency.enabled))",
-            message="analysis.checks run in the live latency analysis: they need rollout.traffic ReplicaRatio and "
-            "gates.latency.enabled",
+            message="analysis.checks run in the live latency analysis: they need rollout.traffic ReplicaRatio or "
+            "InferencePool and gates.latency.enabled",
             check=lambda m: (
                 m.analysis is None
                 or not m.analysis.checks
-                or (m.rollout.traffic == Traffic.REPLICA_RATIO and m.gates.latency.enabled)
+                or (m.rollout.traffic != Traffic.SYNTHETIC and m.gates.latency.enabled)
             ),
         ),
     )
@@ -1238,6 +1315,54 @@ class Advice(_Model):
     summary: str = Field(description="The change in words.")
 
 
+class RouteRuleRecord(_Model):
+    """One rule of the user's HTTPRoute as it was before the rollout edited it."""
+
+    rule: int = Field(description="Index in spec.rules.")
+    backend_refs: list[dict[str, Any]] = Field(description="The rule's backendRefs exactly as they were.")
+    filters: list[dict[str, Any]] | None = Field(
+        default=None, description="The rule's filters exactly as they were; unset: it had none."
+    )
+
+
+class TrafficStatus(_Model):
+    """traffic InferencePool: where the rollout has the users' traffic, and how to put the route back."""
+
+    route: str = Field(description="The HTTPRoute the rollout steps.")
+    pool: str = Field(description="The baseline InferencePool.")
+    canary_pool: str = Field(description="The canary's InferencePool (the operator's).")
+    endpoint_picker: str | None = Field(
+        default=None,
+        description="endpointPicker CopyBaseline: the copied EPP's Deployment and Service (the operator's).",
+    )
+    mirroring: bool = Field(default=False, description="In the mirror phase, before the first step.")
+    step: int = Field(default=0, description="Index of the current step in spec.rollout.inferencePool.steps.")
+    weight: int = Field(default=0, description="The canary's intended share of the route's traffic now, percent.")
+    shifted_at: str | None = Field(default=None, description="When the route was seen at this step's weight.")
+    original: list[RouteRuleRecord] | None = Field(
+        default=None, description="The route's rules as they were before the first edit; restored at the end."
+    )
+    advice: str | None = Field(
+        default=None,
+        description="applyMode Advisory: the JSON patch (RFC 6902) the route needs for this step, for a GitOps "
+        "repository to take (`kubectl patch httproute --type json -p ...`).",
+    )
+
+
+class TrafficShare(_Model):
+    """The canary's share of the requests, as intended and as its own and the baseline's counters measured it over
+    the latest analysis check's window (vllm:request_success_total)."""
+
+    intended_percent: float = Field(
+        description="The share the canary is meant to get (a step's weight, or its pods' share)."
+    )
+    measured_percent: float | None = Field(default=None, description="The share it got; unset with no requests at all.")
+    canary_requests: float = 0.0
+    baseline_requests: float = 0.0
+    window_seconds: float = 0.0
+    at: str
+
+
 class Decision(_Model):
     result: DecisionResult = Field(description="Promoted, RolledBack or HeldBF16.")
     reason: str
@@ -1314,6 +1439,12 @@ class KVPolicyStatus(_Model):
     )
     drift: Drift | None = Field(default=None, description="How the target differs from the decision, if it does.")
     advice: Advice | None = Field(default=None, description="Advisory mode: the change the target needs.")
+    traffic: TrafficStatus | None = Field(
+        default=None, description="traffic InferencePool: the route's weights the rollout set, and what it restores."
+    )
+    traffic_share: TrafficShare | None = Field(
+        default=None, description="The canary's share of the users' requests, intended and measured."
+    )
 
 
 class KVPolicy(BaseModel):

@@ -59,6 +59,9 @@ EVENTS = Resource("", "v1", "events")
 SECRETS = Resource("", "v1", "secrets")
 CONFIG_MAPS = Resource("", "v1", "configmaps", snake_kind="config_map")
 KVPOLICIES = Resource(GROUP, VERSION, PLURAL)
+# traffic InferencePool: the Gateway API's route and the Inference Extension's pools (CustomObjectsApi).
+HTTP_ROUTES = Resource("gateway.networking.k8s.io", "v1", "httproutes")
+INFERENCE_POOLS = Resource("inference.networking.k8s.io", "v1", "inferencepools")
 
 
 class ApiError(Exception):

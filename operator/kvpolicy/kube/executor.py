@@ -13,13 +13,29 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kvpolicy.kube.api import DEPLOYMENTS, JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, Resource
+from kvpolicy.kube.api import (
+    DEPLOYMENTS,
+    HTTP_ROUTES,
+    INFERENCE_POOLS,
+    JOBS,
+    KVPOLICIES,
+    SERVICES,
+    ApiError,
+    KubeApi,
+    Resource,
+)
 from kvpolicy.rollout.step_types import Action, Create, CustomKind, Delete, Event, Kind, ObjectKind, Patch, timestamp
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
-RESOURCES: dict[Kind, Resource] = {Kind.DEPLOYMENT: DEPLOYMENTS, Kind.SERVICE: SERVICES, Kind.JOB: JOBS}
+RESOURCES: dict[Kind, Resource] = {
+    Kind.DEPLOYMENT: DEPLOYMENTS,
+    Kind.SERVICE: SERVICES,
+    Kind.JOB: JOBS,
+    Kind.INFERENCE_POOL: INFERENCE_POOLS,
+    Kind.HTTP_ROUTE: HTTP_ROUTES,
+}
 
 
 def resource_for(kind: ObjectKind) -> Resource:

@@ -13,9 +13,29 @@ from kvpolicy.analysis.prometheus import DEFAULT_SELECTOR_TEMPLATE, PrometheusPr
 from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.api.reasons import AnalysisReason
-from kvpolicy.api.v1alpha1 import TERMINAL_PHASES, GpuFacts, KVPolicy, LatencyProvider, Phase
+from kvpolicy.api.v1alpha1 import (
+    TERMINAL_PHASES,
+    EndpointPicker,
+    GpuFacts,
+    KVPolicy,
+    LatencyProvider,
+    Phase,
+    Traffic,
+)
 from kvpolicy.credentials import Credentials
-from kvpolicy.kube.api import JOBS, KVPOLICIES, NODES, PODS, SERVICES, KubeApi, label_selector
+from kvpolicy.kube.api import (
+    DEPLOYMENTS,
+    HTTP_ROUTES,
+    INFERENCE_POOLS,
+    JOBS,
+    KVPOLICIES,
+    NODES,
+    PODS,
+    SERVICES,
+    ApiError,
+    KubeApi,
+    label_selector,
+)
 from kvpolicy.kube.executor import resource_for
 from kvpolicy.kube.references import ReferenceReader, prometheus_credentials
 from kvpolicy.planning.gpu import PRESENT_LABEL, gpu_facts, required_affinity_admits
@@ -228,10 +248,24 @@ class LatencyAnalyser:
             await provider.close()
 
 
+async def traffic_objects(api: KubeApi, namespace: str, route: str) -> tuple[Obj | None, dict[str, Obj]]:
+    """The HTTPRoute named `route` (None: not found) and the namespace's InferencePools by name."""
+    found = await api.get(HTTP_ROUTES, namespace, route) if route else None
+    try:
+        listed = await api.list_objects(INFERENCE_POOLS, namespace)
+    except ApiError as error:
+        if error.code != 404:  # 404: the InferencePool CRD is not installed: there are none
+            raise
+        listed = []
+    return found, {pool["metadata"]["name"]: pool for pool in live(listed)}
+
+
 @dataclass
 class Observer:
     api: KubeApi
     analyser: LatencyAnalyser | None = None
+    # ReplicaRatio: look for an InferencePool selecting the target (an optional read the operator may not be granted).
+    read_inference_pools: bool = False
 
     async def observe(self, policy: KVPolicy, now: datetime) -> Observations:
         status = policy.status
@@ -243,8 +277,9 @@ class Observer:
         # miss a policy created at the same time for the same target. Later passes may read the cache.
         peers = await self.api.list_objects(KVPOLICIES, namespace, fresh=phase == Phase.PLANNING)
         governed_by = governing_policy(policy.metadata, policy.spec.target_ref.name, peers)
-        if governed_by is not None:  # nothing else matters until that policy is gone
-            return Observations(now=now, governed_by=governed_by)
+        if governed_by is not None:  # nothing else matters until that policy is gone, but a route of ours to restore
+            route, pools, pickers = await self._traffic_objects(policy, phase)
+            return Observations(now=now, governed_by=governed_by, route=route, pools=pools, pickers=pickers)
         if phase == Phase.ROLLED_BACK:
             return Observations(now=now)
         kind = target_kind(policy.spec.target_ref)
@@ -253,8 +288,9 @@ class Observer:
         if target is not None and (phase == Phase.PLANNING or phase in REPLAN_PHASES):
             listed = await self.api.list_objects(NODES, None, label_selector(gpu_node_selector(policy, target)))
             gpu = pool_gpu_facts(policy, target, listed)
+        route, pools, pickers = await self._traffic_objects(policy, phase)
         if phase == Phase.PLANNING or phase in TERMINAL_PHASES:  # decided: the target's drift; HeldBF16: the GPUs too
-            return Observations(now=now, target=target, gpu=gpu)
+            return Observations(now=now, target=target, gpu=gpu, route=route, pools=pools, pickers=pickers)
 
         needs = PHASE_NEEDS.get(phase, frozenset())
         by_policy = label_selector(b.policy_labels(name))
@@ -285,7 +321,35 @@ class Observer:
             baseline_pods=baseline_pods,
             services=services,
             jobs=jobs,
+            route=route,
+            pools=pools,
+            pickers=pickers,
         )
+
+    async def _traffic_objects(
+        self, policy: KVPolicy, phase: Phase
+    ) -> tuple[Obj | None, dict[str, Obj], dict[str, Obj]]:
+        """traffic InferencePool: the route and the namespace's InferencePools, while the rollout shifts the route or
+        has an edit of it to put back (in any phase: a restart puts it back before anything else), and with
+        endpointPicker CopyBaseline the namespace's Services and Deployments (the baseline's EPP and its copy).
+        ReplicaRatio: the pools, while planning (one that selects the target's pods skews the canary's share)."""
+        routing = policy.spec.rollout.inference_pool
+        traffic = policy.spec.rollout.traffic
+        shifting = traffic == Traffic.INFERENCE_POOL and phase == Phase.LATENCY_ANALYSIS
+        skew_check = self.read_inference_pools and traffic == Traffic.REPLICA_RATIO and phase == Phase.PLANNING
+        recorded = policy.status.traffic
+        if not shifting and not skew_check and recorded is None:
+            return None, {}, {}
+        namespace = str(policy.metadata.get("namespace", ""))
+        name = recorded.route if recorded is not None else routing.http_route if routing is not None else ""
+        route, pools = await traffic_objects(self.api, namespace, name)
+        copying = shifting and routing is not None and routing.endpoint_picker == EndpointPicker.COPY_BASELINE
+        pickers: dict[str, Obj] = {}
+        if copying or (recorded is not None and recorded.endpoint_picker is not None):
+            for resource, kind in ((SERVICES, "Service"), (DEPLOYMENTS, "Deployment")):
+                for obj in live(await self.api.list_objects(resource, namespace)):
+                    pickers[f"{kind}/{obj['metadata']['name']}"] = obj
+        return route, pools, pickers
 
     async def _checks(
         self, policy: KVPolicy, target: Obj, canary_pods: Sequence[PodView], now: datetime

@@ -143,6 +143,13 @@ class OperatorMetrics:
             ["metric", "quantile"],
             registry,
         )
+        self.traffic_share = _PolicyGauge(
+            "kvpolicy_canary_traffic_share_ratio",
+            "The canary's share of the users' requests (0-1): intended (a step's weight or its pods' share) and "
+            "measured from the servers' vllm:request_success_total over the latest analysis check's window.",
+            ["kind"],
+            registry,
+        )
         self.rollout_duration = Histogram(
             "kvpolicy_rollout_duration_seconds",
             "Time from a rollout's start to its final decision.",
@@ -205,6 +212,7 @@ class OperatorMetrics:
             self.latency_ratio,
             self.latency_max_ratio,
             self.phase_deadline,
+            self.traffic_share,
         )
 
     def set_policies_by_phase(self, counts: Mapping[str, int]) -> None:
@@ -285,6 +293,13 @@ class OperatorMetrics:
         for gauge in (self.latency_ratio, self.latency_max_ratio, self.latency_seconds):
             gauge.remove_policy(namespace, policy)
 
+    def set_traffic_share(self, namespace: str, policy: str, intended: float | None, measured: float | None) -> None:
+        """Publish the canary's intended and measured share (0-1); None removes a series (no canary serving)."""
+        if not self._acting:
+            return
+        self.traffic_share.set((namespace, policy, "intended"), intended)
+        self.traffic_share.set((namespace, policy, "measured"), measured)
+
     def observe_rollout_duration(self, seconds: float, result: str) -> None:
         self.rollout_duration.labels(result=result).observe(seconds)
 
@@ -344,6 +359,7 @@ record_verdict = OPERATOR_METRICS.record_verdict
 record_analysis = OPERATOR_METRICS.record_analysis
 clear_analysis = OPERATOR_METRICS.clear_analysis
 observe_rollout_duration = OPERATOR_METRICS.observe_rollout_duration
+set_traffic_share = OPERATOR_METRICS.set_traffic_share
 record_reconcile_error = OPERATOR_METRICS.record_reconcile_error
 set_phase_deadline = OPERATOR_METRICS.set_phase_deadline
 forget_policy = OPERATOR_METRICS.forget_policy

@@ -248,6 +248,34 @@ def _latency_lines(parsed: Parsed, now: datetime) -> list[str]:
     return lines
 
 
+def _traffic_lines(parsed: Parsed, now: datetime) -> list[str]:
+    """Where the users' traffic goes: the route's step (traffic InferencePool) and the canary's share of the requests,
+    intended and measured from the servers' own counters."""
+    status, lines = parsed.status, []
+    routed = status.traffic
+    if routed is not None and parsed.spec is not None and parsed.spec.rollout.inference_pool is not None:
+        routing = parsed.spec.rollout.inference_pool
+        if routed.mirroring:
+            where = f"{routing.mirror_percent}% of the requests mirrored to InferencePool {routed.canary_pool}"
+            where += f", answered by {routed.pool} (mirror phase)"
+        else:
+            where = f"{routed.weight}% to InferencePool {routed.canary_pool}, {100 - routed.weight}% to {routed.pool}"
+            where += f" (step {routed.step + 1} of {len(routing.steps)})"
+        lines.append(_field("Route", f"HTTPRoute {routed.route}: {where}"))
+    share = status.traffic_share
+    if share is not None and status.phase == Phase.LATENCY_ANALYSIS:
+        measured = f"{share.measured_percent:.1f}%" if share.measured_percent is not None else "-"
+        lines.append(
+            _field(
+                "Canary share",
+                f"measured {measured} of requests (intended {share.intended_percent:.1f}%): "
+                f"{share.canary_requests:.0f} canary / {share.baseline_requests:.0f} baseline over "
+                f"{share.window_seconds:.0f}s, {age(share.at, now)} ago",
+            )
+        )
+    return ["", *lines] if lines else []
+
+
 def _approval(parsed: Parsed) -> str | None:
     spec, status = parsed.spec, parsed.status
     if spec is None or spec.rollout.approval == Approval.AUTOMATIC:
@@ -344,6 +372,7 @@ def render_get(raw: Mapping[str, Any], events: Sequence[Mapping[str, Any]], now:
         cap = spec.gates.accuracy.max_samples if spec is not None and label == GATE_ACCURACY else None
         lines.append(_job_gate_line(label, gate.result(status), label in gates, cap))
     lines += _latency_lines(parsed, now)
+    lines += _traffic_lines(parsed, now)
     if status.decision is not None:
         decision = status.decision
         when = f"({age(decision.time, now)} ago)"

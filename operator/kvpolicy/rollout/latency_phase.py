@@ -1,5 +1,6 @@
-"""The LatencyAnalysis phase: join the traffic (ReplicaRatio), then judge the canary's latency from live metrics
-checks or from the synthetic latency probe Job, and promote after the bake."""
+"""The LatencyAnalysis phase: join the traffic (ReplicaRatio) or shift the route to the step's weight
+(InferencePool, traffic_router.py), then judge the canary's latency from live metrics checks or from the synthetic
+latency probe Job, and promote after the bake (InferencePool: after the last step's)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from kvpolicy.api.v1alpha1 import (
     Traffic,
     VerdictKind,
 )
+from kvpolicy.rollout import traffic_router, traffic_share
 from kvpolicy.rollout.job_gates import LATENCY_PROBE, Then
 from kvpolicy.rollout.rules import latency_gate_config
 from kvpolicy.rollout.step_types import Patch, parse_timestamp, timestamp
@@ -40,7 +42,13 @@ def _passed(t: Tick, reason: str, message: str) -> None:
         return
     t.condition(GATE, ConditionStatus.TRUE, reason, message)
     t.event("Normal", Reason.LATENCY_GATE_PASSED, message)
-    advance(t)
+    _step_passed(t)
+
+
+def _step_passed(t: Tick) -> None:
+    """The analysis passed at this share of the traffic: the next step's share (InferencePool), else promotion."""
+    if not traffic_router.next_step(t):
+        advance(t)
 
 
 def _inconclusive(t: Tick, reason: str, message: str) -> None:
@@ -123,12 +131,13 @@ def _live(t: Tick) -> None:
             t.event("Warning", verdict.reason, verdict.message)
         state, outcome = next_analysis_state(config, analysis_state(latency), verdict, t.now)
         record_check(latency, state, verdict, t.now)
+        traffic_share.record(t, verdict)
         if verdict.kind == VerdictKind.BREACH and outcome.action != AnalysisAction.ROLLBACK:
             t.event("Warning", Reason.LATENCY_BREACH, outcome.message)
         if outcome.action == AnalysisAction.PROMOTE:
             t.condition(GATE, ConditionStatus.TRUE, outcome.reason, outcome.message)
             t.event("Normal", Reason.LATENCY_GATE_PASSED, outcome.message)
-            advance(t)
+            _step_passed(t)
             return
         if outcome.action == AnalysisAction.ROLLBACK:
             t.condition(GATE, ConditionStatus.FALSE, outcome.reason, outcome.message)
@@ -156,6 +165,7 @@ def latency_analysis(t: Tick) -> None:
     latency = t.status.latency
     assert target is not None and latency is not None
     joining = t.spec.rollout.traffic == Traffic.REPLICA_RATIO
+    routed = t.spec.rollout.traffic == Traffic.INFERENCE_POOL
     if latency.started_at is None:
         canary = t.observed_canary
         if joining and canary is not None and not t.target_kind.is_joined(canary, target):
@@ -171,11 +181,13 @@ def latency_analysis(t: Tick) -> None:
             t.status.message = awaited
             deadline_rollback(t, None, f"canary {t.canary.deployment} ({awaited})")
             return
+        if routed and not traffic_router.shifted(t):
+            return
         latency.started_at = timestamp(t.now)
         if joining:
             joined = f"canary {t.canary.deployment} now serves a share of the users' traffic"
             t.event("Normal", Reason.TRAFFIC_JOINED, joined)
-        else:
+        elif not routed:  # a routed canary's TrafficShifted event said where the traffic goes
             t.event(
                 "Normal",
                 Reason.LATENCY_ANALYSIS_STARTED,
@@ -183,7 +195,7 @@ def latency_analysis(t: Tick) -> None:
             )
     if not LATENCY_PROBE.runs(t.spec, t.plan):
         _passed(t, Reason.LATENCY_GATE_DISABLED, "gates.latency is disabled")
-    elif joining:
+    elif joining or routed:
         _live(t)
     else:
         _synthetic(t)

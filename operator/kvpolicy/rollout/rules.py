@@ -64,9 +64,10 @@ def latency_gate_config(spec: KVPolicySpec) -> LatencyGateConfig:
 
 
 def uses_live_analysis(spec: KVPolicySpec, plan_: Plan | None) -> bool:
-    """ReplicaRatio rollouts judge latency from live traffic (metrics analysis); Synthetic ones from the probe Job."""
+    """ReplicaRatio and InferencePool rollouts judge latency from live traffic (metrics analysis); Synthetic ones from
+    the probe Job."""
     gated = plan_ is not None and LATENCY_PROBE.runs(spec, plan_)
-    return gated and spec.rollout.traffic == Traffic.REPLICA_RATIO
+    return gated and spec.rollout.traffic != Traffic.SYNTHETIC
 
 
 def latency_check_due(policy: KVPolicy, now: datetime) -> bool:
@@ -94,7 +95,10 @@ def phase_deadline(policy: KVPolicy) -> datetime | None:
         seconds = GATE_OF_PHASE[phase].deadline_seconds(spec)
     elif phase == Phase.LATENCY_ANALYSIS:
         latency = spec.gates.latency
-        seconds = spec.rollout.progress_deadline_seconds + spec.rollout.bake_seconds
+        # traffic InferencePool bakes at each step's share in turn.
+        routing = spec.rollout.inference_pool
+        steps = len(routing.steps) + (routing.mirror_percent is not None) if routing is not None else 1
+        seconds = spec.rollout.progress_deadline_seconds + spec.rollout.bake_seconds * steps
         seconds += latency.inconclusive_deadline_seconds if latency.enabled else 0
     elif phase == Phase.PROMOTING and spec.rollout.apply_mode == ApplyMode.ADVISORY:
         return None  # waiting for a GitOps repository to take the change may take a review's time

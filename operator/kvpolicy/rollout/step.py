@@ -33,7 +33,7 @@ from kvpolicy.api.v1alpha1 import (
 from kvpolicy.planning.gpu import planning_change
 from kvpolicy.planning.planner import bf16_cause, plan
 from kvpolicy.rollout import builders as b
-from kvpolicy.rollout import drift
+from kvpolicy.rollout import drift, traffic_router
 from kvpolicy.rollout.gate_phase import job_gate_phase
 from kvpolicy.rollout.job_gates import PHASE_GATES, JobGate
 from kvpolicy.rollout.latency_phase import latency_analysis
@@ -100,6 +100,7 @@ def _planning(t: Tick) -> None:
     if sizes != Parallelism():
         summary += f"; the canary keeps the target's parallel sizes ({sizes.describe()})"
     t.condition(ConditionType.PLANNED, ConditionStatus.TRUE, Reason.FP8_PLANNED, summary)
+    traffic_router.check_replica_ratio(t)
     run = t.status.rollout_run or 1
     name = b.canary_name(t.ref.name, t.generation, run)
     t.status.canary = CanaryRef(deployment=name, service=name, generation=t.generation, run=run, parallelism=sizes)
@@ -304,8 +305,9 @@ def _still_gated(t: Tick) -> bool:
 
 
 def _remove_children(t: Tick) -> bool:
-    """Delete the canary, its Services and any gate Job still running; True when nothing is left."""
-    gone = True
+    """Put the user's route back (traffic InferencePool), then delete the canary, its pool, its Services and any gate
+    Job still running; True when nothing is left."""
+    gone = traffic_router.release(t)
     if t.obs.canary is not None:
         for action in t.target_kind.retire(t.obs.canary["metadata"]["name"]):
             t.add(action)

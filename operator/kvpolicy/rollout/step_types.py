@@ -21,6 +21,8 @@ class Kind(StrEnum):
     DEPLOYMENT = "Deployment"
     SERVICE = "Service"
     JOB = "Job"
+    INFERENCE_POOL = "InferencePool"  # inference.networking.k8s.io/v1
+    HTTP_ROUTE = "HTTPRoute"  # gateway.networking.k8s.io/v1: the user's; only its backendRefs are patched
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,10 @@ class Observations:
     services: frozenset[str] = frozenset()
     jobs: Mapping[str, JobView] = field(default_factory=dict)
     checks: tuple[CheckVerdict, ...] = ()  # the metrics checks evaluated this pass (metric_checks.py)
+    route: Obj | None = None  # traffic InferencePool: the HTTPRoute rollout.inferencePool names
+    pools: Mapping[str, Obj] = field(default_factory=dict)  # InferencePools by name (the baseline's, the canary's)
+    # endpointPicker CopyBaseline: "Service/<name>" and "Deployment/<name>": the baseline's EPP and the copy.
+    pickers: Mapping[str, Obj] = field(default_factory=dict)
 
     def verdicts(self, stage: Stage) -> tuple[CheckVerdict, ...]:
         return tuple(result for result in self.checks if result.check.stage is stage)

@@ -47,6 +47,7 @@ from kvpolicy.rollout.step_types import (
     timestamp,
 )
 from kvpolicy.rollout.targets import target_kind
+from kvpolicy.rollout.traffic_routes import restore_actions
 
 HISTORY_LIMIT = 10
 # Phases with a canary running: they watch it, and `paused` holds them.
@@ -278,6 +279,9 @@ def restart(t: Tick, spec_hash: str, why: str, warning: Reason | None = None, *,
     `warning`: say why with a Warning event of that reason (the cluster changed under the rollout) instead of a
     Normal restart event."""
     previous = t.status
+    # The user's route first (traffic InferencePool): it must not send anyone to a canary being removed.
+    route_actions, route_restored = restore_actions(previous, t.obs)
+    t.actions += route_actions
     if previous.canary is not None and t.phase not in TERMINAL_PHASES:
         for action in t.target_kind.retire(previous.canary.deployment):
             t.add(action)
@@ -311,6 +315,7 @@ def restart(t: Tick, spec_hash: str, why: str, warning: Reason | None = None, *,
             "target_base": None,
             "target_decided": None,
             "advice": None,
+            "traffic": None if route_restored else previous.traffic,  # else put back by the next rollout
             "previous_template": None if target_changed else previous.previous_template,
         }
     )

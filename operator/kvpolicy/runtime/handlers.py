@@ -84,12 +84,15 @@ class OperatorOptions:
     notifications: NotifierConfig = field(default_factory=NotifierConfig)
     gate_resources: dict[str, Any] = field(default_factory=default_gate_resources)
     preflight_resources: dict[str, Any] = field(default_factory=dict)
+    # ReplicaRatio policies look for an InferencePool selecting their target (chart: gatewayAPI.enabled grants it).
+    read_inference_pools: bool = False
 
     @classmethod
     def from_env(cls, metrics_port: int | None = None, metrics_address: str = "0.0.0.0") -> OperatorOptions:
         """KVPOLICY_GATE_IMAGE, KVPOLICY_PROBE_IMAGE, KVPOLICY_POLL_SECONDS, KVPOLICY_IDLE_SECONDS; notifications:
         KVPOLICY_NOTIFICATIONS, KVPOLICY_NAMESPACE, KVPOLICY_NOTIFY_ATTEMPTS, KVPOLICY_NOTIFY_TIMEOUT_SECONDS; the gate
-        Jobs' resources as JSON: KVPOLICY_GATE_RESOURCES, KVPOLICY_PREFLIGHT_RESOURCES (besides its GPU)."""
+        Jobs' resources as JSON: KVPOLICY_GATE_RESOURCES, KVPOLICY_PREFLIGHT_RESOURCES (besides its GPU);
+        KVPOLICY_READ_INFERENCE_POOLS=true: ReplicaRatio policies look for InferencePools selecting their target."""
         defaults = cls()
         delivery = DeliverySettings(
             attempts=int(_positive_float("KVPOLICY_NOTIFY_ATTEMPTS", DeliverySettings.attempts)),
@@ -108,6 +111,7 @@ class OperatorOptions:
             notifications=notifications,
             gate_resources=_resources("KVPOLICY_GATE_RESOURCES") or defaults.gate_resources,
             preflight_resources=_resources("KVPOLICY_PREFLIGHT_RESOURCES") or defaults.preflight_resources,
+            read_inference_pools=os.environ.get("KVPOLICY_READ_INFERENCE_POOLS", "").lower() == "true",
         )
 
     def step_config(self) -> StepConfig:
@@ -196,7 +200,11 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         api = LeaderFencedApi(api, fence)
     notifier = Notifier(api, options.notifications.receivers(), options.notifications.settings)
     memo["reconciler"] = Reconciler(
-        api, options.step_config(), LatencyAnalyser(references=ReferenceReader(api)), notifier=notifier
+        api,
+        options.step_config(),
+        LatencyAnalyser(references=ReferenceReader(api)),
+        notifier=notifier,
+        read_inference_pools=options.read_inference_pools,
     )
 
 

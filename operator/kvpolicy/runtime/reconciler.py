@@ -36,7 +36,7 @@ from kvpolicy.api.v1alpha1 import (
 )
 from kvpolicy.kube.api import JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, label_selector
 from kvpolicy.kube.executor import Rejected, apply_actions, post_events, resource_for, write_status
-from kvpolicy.kube.observe import LatencyAnalyser, Observer
+from kvpolicy.kube.observe import LatencyAnalyser, Observer, traffic_objects
 from kvpolicy.notify import metrics
 from kvpolicy.notify.notifier import Notifier
 from kvpolicy.rollout import builders as b
@@ -46,6 +46,7 @@ from kvpolicy.rollout.rules import phase_deadline
 from kvpolicy.rollout.step import step
 from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult, parse_timestamp, timestamp
 from kvpolicy.rollout.targets import target_kind
+from kvpolicy.rollout.traffic_routes import restore_actions
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -106,6 +107,7 @@ class Reconciler:
     clock: Callable[[], datetime] = _utcnow
     notifier: Notifier | None = None
     max_backoff_seconds: float = 60.0
+    read_inference_pools: bool = False  # the ReplicaRatio skew check (observe.py); needs list on inferencepools
     _wake: dict[str, asyncio.Event] = field(default_factory=dict, init=False)
     _generations: dict[str, int] = field(default_factory=dict, init=False)
     _phases: dict[str, str] = field(default_factory=dict, init=False)
@@ -119,7 +121,7 @@ class Reconciler:
 
     @property
     def observer(self) -> Observer:
-        return Observer(self.api, self.analyser)
+        return Observer(self.api, self.analyser, self.read_inference_pools)
 
     # ----------------------------------------------------------------------------------------------------- waking
 
@@ -326,6 +328,13 @@ class Reconciler:
         updated = policy.model_copy(update={"status": after})
         deadline = phase_deadline(updated)
         metrics.set_phase_deadline(namespace, name, after.phase or "", deadline.timestamp() if deadline else None)
+        share = after.traffic_share if after.phase == Phase.LATENCY_ANALYSIS else None
+        metrics.set_traffic_share(
+            namespace,
+            name,
+            share.intended_percent / 100 if share else None,
+            share.measured_percent / 100 if share and share.measured_percent is not None else None,
+        )
         analysed = observations.analysis_verdict()
         if analysed is not None:
             metrics.record_analysis(namespace, name, analysed)
@@ -342,6 +351,10 @@ class Reconciler:
         namespace, name, uid = meta["namespace"], meta["name"], str(meta.get("uid"))
         selector = label_selector(b.policy_labels(name))
         target_ref, status = _stored_target_ref(raw), _stored_status(raw)
+        if status.traffic is not None:  # the route first (no one may be sent to a canary being removed), its pool next
+            route, pools = await traffic_objects(self.api, namespace, status.traffic.route)
+            actions, _ = restore_actions(status, Observations(now=self.clock(), route=route, pools=pools))
+            await apply_actions(self.api, namespace, actions)
         # The canary is of the target's kind; a spec too broken to name one has had no canary made from it.
         kinds = [resource_for(target_kind(target_ref).object_kind)] if target_ref is not None else []
         for resource in (*kinds, SERVICES, JOBS):
