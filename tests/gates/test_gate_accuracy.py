@@ -94,8 +94,14 @@ def test_unreachable_endpoint_is_inconclusive_never_a_pass(simulators: dict[str,
     ("argv", "fragment"),
     [
         (["--length", "0"], "--length must be positive, got 0"),
-        (["--length", "4096", "--confidence", "1.5"], "--confidence must be between 0 and 1, got 1.5"),
-        (["--length", "4096", "--baseline-floor", "1"], "--baseline-floor must be in [0, 1), got 1.0"),
+        (
+            ["--length", "4096", "--confidence", "1.5"],
+            "--confidence 1.5: a KVPolicy refuses it (gates.accuracy.confidence must be a number in (0, 1)",
+        ),
+        (
+            ["--length", "4096", "--baseline-floor", "1"],
+            "--baseline-floor 1.0: a KVPolicy refuses it (gates.accuracy.baselineFloor must be a number in [0, 1)",
+        ),
         (["--length", "4096", "--asked", "9"], "--asked must be between 1 and --needles (8), got 9"),
         (["--length", "many"], "argument --length: invalid int value: 'many'"),
         (["--length", "4096", "--api-key-file", "/nonexistent/key"], "cannot read the bearer token from file"),

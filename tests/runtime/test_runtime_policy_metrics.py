@@ -64,7 +64,9 @@ def test_the_pods_of_each_side_are_published_until_the_canary_is_gone() -> None:
 
     def pods() -> set[tuple[str, str]]:
         [family] = [f for f in OPERATOR_METRICS.registry.collect() if f.name == "kvpolicy_rollout_pod_info"]
-        return {(s.labels["role"], s.labels["pod"]) for s in family.samples if s.labels["policy"] == "llama-fp8"}
+        # This policy's series only: other tests' policies of the same name in other namespaces share the registry.
+        ours = [s for s in family.samples if (s.labels["namespace"], s.labels["policy"]) == (NAMESPACE, "llama-fp8")]
+        return {(s.labels["role"], s.labels["pod"]) for s in ours}
 
     try:
         observed = replace(driver.world.observe(driver.now), baseline_pods=(target_pod,))
