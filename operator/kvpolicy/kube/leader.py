@@ -398,9 +398,9 @@ class LeaderFencedApi:
         return await self.api.get(resource, namespace, name)
 
     async def list_objects(
-        self, resource: Resource, namespace: str | None, label_selector: str = "", fresh: bool = False
+        self, resource: Resource, namespace: str | None, label_selector: str = "", since: Obj | None = None
     ) -> list[Obj]:
-        return await self.api.list_objects(resource, namespace, label_selector, fresh)
+        return await self.api.list_objects(resource, namespace, label_selector, since)
 
     async def create(self, resource: Resource, namespace: str, body: Obj) -> bool:
         self._check(f"create {resource.plural}")
