@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
-
 from kvpolicy.api import crd
 from kvpolicy_dev.devcluster import CPU_POOL, POOL_LABEL, NodePool, NoProcessRunner, ThreadedDevCluster
 

@@ -107,18 +107,10 @@ class Informer:
             return False
         return int(kept["metadata"].get("generation") or 0) >= int(meta.get("generation") or 0)
 
-    async def wait_until_holds(self, obj: Obj, timeout: float) -> bool:
-        """`holds(obj)`, waiting up to `timeout` seconds for the watch to bring it."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+    async def wait_until_holds(self, obj: Obj) -> None:
+        """Return once `holds(obj)` (callers bound the wait)."""
         while not self.holds(obj):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await self._changed.wait()
-        return True
+            await self._changed.wait()
 
     def _touched(self) -> None:
         self._sorted = None
@@ -201,10 +193,14 @@ class CachedKubeApi:
         labels = equality_terms(label_selector)
         if informer is None or labels is None:
             return await self.api.list_objects(resource, namespace, label_selector)
+        current = informer.synced
         if since is not None:
-            current = await informer.wait_until_holds(since, SINCE_WAIT_SECONDS)
-        else:
-            current = informer.synced
+            try:
+                async with asyncio.timeout(SINCE_WAIT_SECONDS):
+                    await informer.wait_until_holds(since)
+                current = True
+            except TimeoutError:
+                current = False
         if not current:
             return await self.api.list_objects(resource, namespace, label_selector)
         return informer.select(labels)
