@@ -98,6 +98,17 @@ def test_phase_deadline_moves_with_the_phase_and_policies_are_forgotten() -> Non
     assert value(metrics, deadline, namespace="llm", policy="other", phase="Canary") is None
 
 
+def test_a_deleted_policys_decisions_leave_with_it() -> None:
+    """Policies created and deleted by the thousand must not leave a series each behind."""
+    metrics = OperatorMetrics()
+    for index in range(100):
+        metrics.record_decision("HeldBF16", "BelowDecodeBreakEven", "llm", f"p{index}")
+        metrics.forget_policy("llm", f"p{index}")
+    metrics.record_decision("Promoted", "GatesPassed", "llm", "kept")
+    [decisions] = [family for family in metrics.registry.collect() if family.name == "kvpolicy_decisions"]
+    assert {sample.labels["policy"] for sample in decisions.samples} == {"kept"}
+
+
 def test_instances_do_not_share_state() -> None:
     first, second = OperatorMetrics(), OperatorMetrics()
     first.record_verdict("llm", "m", "Pass")

@@ -139,6 +139,7 @@ class OperatorMetrics:
         )
         self._phases_seen: set[str] = set()
         self._verdict_series: set[tuple[str, str, str]] = set()
+        self._decision_series: set[tuple[str, str, str, str]] = set()
 
     def set_policies_by_phase(self, counts: Mapping[str, int]) -> None:
         """Set the count of every phase; phases seen before and missing now drop to 0."""
@@ -148,6 +149,7 @@ class OperatorMetrics:
 
     def record_decision(self, result: str, reason: str, namespace: str = "", policy: str = "") -> None:
         self.decisions.labels(namespace=namespace, policy=policy, result=result, reason=reason).inc()
+        self._decision_series.add((namespace, policy, result, reason))
 
     def record_gate_result(
         self,
@@ -209,6 +211,10 @@ class OperatorMetrics:
         for series in [series for series in self._verdict_series if series[:2] == (namespace, policy)]:
             self.verdicts.remove(*series)
             self._verdict_series.discard(series)
+        # A deleted policy's decisions too: policies come and go, and each kept its series for the process's life.
+        for decision in [decision for decision in self._decision_series if decision[:2] == (namespace, policy)]:
+            self.decisions.remove(*decision)
+            self._decision_series.discard(decision)
 
     def record_notification(self, format_: str, result: str) -> None:
         self.notifications.labels(format=format_, result=result).inc()
