@@ -162,6 +162,21 @@ async def test_reconciler_takes_a_policy_from_planning_to_its_canary() -> None:
     assert not [key for key in api.objects if key[0] == JOBS.plural]
 
 
+async def test_a_policy_at_rest_is_not_kept_in_memory_between_its_passes() -> None:
+    """Thousands of decided policies are looked at once per idle period: each is read again then, not kept whole."""
+    api = FakeKubeApi()
+    api.put(KVPOLICIES, NAMESPACE, raw_policy(**{"workload.typicalContextTokens": 2048}))
+    api.put(DEPLOYMENTS, NAMESPACE, target_deployment())
+    api.put(NODES, None, {"metadata": {"name": "n1", "labels": {**KNOWN_PRODUCTS["H200"], "pool": "h200"}}})
+    reconciler = Reconciler(api, CONFIG, clock=lambda: NOW)
+    assert await reconciler.reconcile_once(NAMESPACE, "llama-fp8", "uid-1") == CONFIG.idle_seconds
+    assert api.objects[("kvpolicies", NAMESPACE, "llama-fp8")]["status"]["phase"] == "HeldBF16"
+    assert reconciler._known == {}
+    api.calls.clear()
+    await reconciler.reconcile_once(NAMESPACE, "llama-fp8", "uid-1")
+    assert "get kvpolicies" in api.calls
+
+
 def _ready(api: FakeKubeApi) -> tuple[str, str, str]:
     stored = api.objects[("kvpolicies", NAMESPACE, "llama-fp8")]
     ready = next(c for c in stored["status"]["conditions"] if c["type"] == "Ready")
