@@ -177,6 +177,34 @@ async def test_a_policy_at_rest_is_not_kept_in_memory_between_its_passes() -> No
     assert "get kvpolicies" in api.calls
 
 
+class _NeverStopped:
+    def __bool__(self) -> bool:
+        return False
+
+    async def wait(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_waiting_policy_deleted_before_the_one_it_waited_for_leaves_nothing_behind() -> None:
+    """Waiting policies are remembered per policy they wait for, to be woken when it goes; one that goes first is
+    forgotten (thousands created and deleted while another governs their target must not pile up)."""
+    api = FakeKubeApi()
+    first = raw_policy()
+    first["metadata"].update(uid="uid-0", creationTimestamp="2026-01-01T00:00:00Z")
+    first["metadata"]["name"] = "first"
+    api.put(KVPOLICIES, NAMESPACE, first)
+    second = raw_policy()
+    second["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"
+    api.put(KVPOLICIES, NAMESPACE, second)
+    api.put(DEPLOYMENTS, NAMESPACE, target_deployment())
+    reconciler = Reconciler(api, CONFIG, clock=lambda: NOW)
+    await reconciler.reconcile_once(NAMESPACE, "llama-fp8", "uid-1")
+    assert reconciler._waiting == {(NAMESPACE, "first"): {"uid-1"}}
+    del api.objects[("kvpolicies", NAMESPACE, "llama-fp8")]
+    await reconciler.run_policy(NAMESPACE, "llama-fp8", "uid-1", _NeverStopped())
+    assert reconciler._waiting == {}
+
+
 def _ready(api: FakeKubeApi) -> tuple[str, str, str]:
     stored = api.objects[("kvpolicies", NAMESPACE, "llama-fp8")]
     ready = next(c for c in stored["status"]["conditions"] if c["type"] == "Ready")

@@ -185,6 +185,11 @@ class Reconciler:
             self._generations.pop(uid, None)
             self._known.pop(uid, None)
             self._backing_off.discard(uid)
+            # A policy that waited for another's target and is gone before it: nothing is left to wake.
+            for governor, waiting in list(self._waiting.items()):
+                waiting.discard(uid)
+                if not waiting:
+                    del self._waiting[governor]
 
     @staticmethod
     def _identity() -> Obj:
