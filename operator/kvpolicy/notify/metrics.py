@@ -23,21 +23,30 @@ class _PolicyGauge:
 
     def __init__(self, name: str, documentation: str, labels: list[str], registry: CollectorRegistry) -> None:
         self.gauge = Gauge(name, documentation, ["namespace", "policy", *labels], registry=registry)
-        self._series: set[tuple[str, ...]] = set()
+        # Per (namespace, policy): removing a policy's series (every pass, for the phase deadline) must not scan every
+        # policy's, or N policies cost N^2 per period.
+        self._series: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
 
     def set(self, labels: tuple[str, ...], value: float | None) -> None:
         """Set a series, or remove it when there is no value."""
+        policy = self._series.get(labels[:2])
         if value is None:
-            if labels in self._series:
+            if policy is not None and labels in policy:
                 self.gauge.remove(*labels)
-                self._series.discard(labels)
+                policy.discard(labels)
+                if not policy:
+                    del self._series[labels[:2]]
             return
         self.gauge.labels(*labels).set(value)
-        self._series.add(labels)
+        self._series.setdefault(labels[:2], set()).add(labels)
 
     def remove_policy(self, namespace: str, policy: str) -> None:
-        for labels in [labels for labels in self._series if labels[:2] == (namespace, policy)]:
+        for labels in list(self._series.get((namespace, policy), ())):
             self.set(labels, None)
+
+    def policies(self) -> int:
+        """How many policies have a series."""
+        return len(self._series)
 
 
 class OperatorMetrics:
@@ -138,8 +147,9 @@ class OperatorMetrics:
             registry=registry,
         )
         self._phases_seen: set[str] = set()
-        self._verdict_series: set[tuple[str, str, str]] = set()
-        self._decision_series: set[tuple[str, str, str, str]] = set()
+        # Per (namespace, policy), as _PolicyGauge keeps its series.
+        self._verdict_series: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
+        self._decision_series: dict[tuple[str, str], set[tuple[str, str, str, str]]] = {}
 
     def set_policies_by_phase(self, counts: Mapping[str, int]) -> None:
         """Set the count of every phase; phases seen before and missing now drop to 0."""
@@ -149,7 +159,7 @@ class OperatorMetrics:
 
     def record_decision(self, result: str, reason: str, namespace: str = "", policy: str = "") -> None:
         self.decisions.labels(namespace=namespace, policy=policy, result=result, reason=reason).inc()
-        self._decision_series.add((namespace, policy, result, reason))
+        self._decision_series.setdefault((namespace, policy), set()).add((namespace, policy, result, reason))
 
     def record_gate_result(
         self,
@@ -168,7 +178,7 @@ class OperatorMetrics:
 
     def record_verdict(self, namespace: str, policy: str, verdict: str) -> None:
         self.verdicts.labels(namespace=namespace, policy=policy, verdict=verdict).inc()
-        self._verdict_series.add((namespace, policy, verdict))
+        self._verdict_series.setdefault((namespace, policy), set()).add((namespace, policy, verdict))
 
     def record_analysis(self, namespace: str, policy: str, verdict: Verdict) -> None:
         """Count the verdict and publish its numbers; a check without numbers clears the previous ones."""
@@ -208,13 +218,11 @@ class OperatorMetrics:
         for gauge in (self.gate_recovery, self.gate_score, self.phase_deadline):
             gauge.remove_policy(namespace, policy)
         self.clear_analysis(namespace, policy)
-        for series in [series for series in self._verdict_series if series[:2] == (namespace, policy)]:
+        for series in self._verdict_series.pop((namespace, policy), set()):
             self.verdicts.remove(*series)
-            self._verdict_series.discard(series)
         # A deleted policy's decisions too: policies come and go, and each kept its series for the process's life.
-        for decision in [decision for decision in self._decision_series if decision[:2] == (namespace, policy)]:
+        for decision in self._decision_series.pop((namespace, policy), set()):
             self.decisions.remove(*decision)
-            self._decision_series.discard(decision)
 
     def record_notification(self, format_: str, result: str) -> None:
         self.notifications.labels(format=format_, result=result).inc()
