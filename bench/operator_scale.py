@@ -1,17 +1,21 @@
-"""Operator scale: N KVPolicies on the emulated API server, the operator (`kvpolicy run`) in its own process.
+"""Operator scale (issue 28 item 4): the operator's memory and decision latency with N KVPolicies.
 
-Two workloads:
-- `rollout`: each policy targets its own one-replica Deployment on a Hopper or a Blackwell pool and plans FP8, so it
-  goes through the whole rollout: canary, accuracy gate Job, latency probe Job (Synthetic traffic), promotion. vLLM
-  containers run no process (ready at once) and gate Jobs run an instant fake that writes a Pass verdict.
-- `hold`: each policy plans BF16 (typical context below the break-even) and is decided in one pass; the policies share
-  20 target Deployments without pods. This one measures the operator's per-policy cost at 1,000 policies, where the
-  emulated cluster (one Python process reconciling every object on every change) could not run 1,000 canaries.
-Reported: seconds from the creation of the first policy until every policy is decided, the operator's peak RSS
-(VmHWM) and CPU seconds, and the API requests the server answered meanwhile (all, and how many were lists).
+The emulated API server and kubelet (`kvpolicy_dev.devcluster`) run in this process, the operator (`kvpolicy run`) in
+its own, as in a cluster. Each policy has a target Deployment of its own (no replicas: the kubelet has nothing to
+run) on a Hopper or a Blackwell pool, and plans BF16 (typical context below the decode break-even), so one pass
+decides it: what is measured is the operator's per-policy cost, not a rollout's. For each N, in this order:
 
-    .venv/bin/python bench/operator_scale.py --mode rollout --policies 20 100
-    .venv/bin/python bench/operator_scale.py --mode hold --policies 100 1000
+1. cold start: N policies exist, then the operator starts; its peak RSS until every policy has its first status.
+2. steady: the operator's RSS once every policy is decided (and `--settle` seconds later).
+3. delete all N; the RSS once they are gone (what a policy leaves behind).
+4. create N again at once while the operator runs; decision latency = the time from a policy's creation to the
+   operator's first status write for it (the API server's write log), p50 / p90 / p99 / max; peak RSS.
+
+Policies held by `--waiting` (a fraction) name a target that does not exist: they stay in Planning and are looked at
+again every poll period, the case whose passes read ownership (issue 28: 200 of them cost 374 MiB at cold start).
+
+    .venv/bin/python bench/operator_scale.py --policies 200 1000
+    .venv/bin/python bench/operator_scale.py --policies 5000 --settle 0
 """
 
 from __future__ import annotations
@@ -20,45 +24,36 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+import yaml
 from kvpolicy.api import crd
-from kvpolicy_dev.devcluster import (
-    CPU_POOL,
-    POOL_LABEL,
-    NodePool,
-    NoProcessRunner,
-    ThreadedDevCluster,
-    apiserver,
-    kubelet,
-)
+from kvpolicy_dev.devcluster import CPU_POOL, POOL_LABEL, NodePool, NoProcessRunner, ThreadedDevCluster
 
 NAMESPACE = "bench"
-PATCHED_IMAGE = "vllm-fp8-twolevel:bench"
-DECIDED = {"Promoted", "RolledBack", "HeldBF16"}
-FAKE_VERDICT = '{"gate":"bench","verdict":"Pass","reason":"Fake","message":"instant fake","recovery":1.0}'
+KVP = ("kvpolicy.dev/v1alpha1", "KVPolicy")
+OPERATOR = "kvpolicy-operator"  # the operator's bearer token: the write log's user
 
 
-def fake_job_argv(container: Mapping[str, Any]) -> list[str]:
-    """Every gate Job passes at once (the bench measures the operator, not the gates)."""
-    return ["sh", "-c", f"printf '%s' '{FAKE_VERDICT}' > \"${kubelet.TERMINATION_LOG_ENV}\""]
-
-
-def target(index: int, replicas: int) -> dict[str, Any]:
+def target(index: int) -> dict[str, Any]:
     name = f"model-{index}"
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
-            "replicas": replicas,
+            "replicas": 0,
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name}},
@@ -78,33 +73,25 @@ def target(index: int, replicas: int) -> dict[str, Any]:
     }
 
 
-HOLD_TARGETS = 20
-
-
-def policy(index: int, hold: bool) -> dict[str, Any]:
-    target_index = index % HOLD_TARGETS if hold else index
+def policy(index: int, waiting: bool) -> dict[str, Any]:
     return {
-        "apiVersion": "kvpolicy.dev/v1alpha1",
-        "kind": "KVPolicy",
+        "apiVersion": KVP[0],
+        "kind": KVP[1],
         "metadata": {"name": f"model-{index}", "namespace": NAMESPACE},
         "spec": {
-            "targetRef": {"name": f"model-{target_index}"},
+            "targetRef": {"name": f"absent-{index}" if waiting else f"model-{index}"},
             "model": {"servedModelName": "llama", "headDim": 128, "numLayers": 32, "maxModelLen": 131072},
-            "workload": {"maxContextTokens": 131072, "typicalContextTokens": 2048 if hold else 65536},
-            "images": {"fp8Patched": PATCHED_IMAGE},
-            "rollout": {"traffic": "Synthetic", "bakeSeconds": 0, "progressDeadlineSeconds": 3600},
+            "workload": {"maxContextTokens": 131072, "typicalContextTokens": 2048},
         },
     }
 
 
-def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM (peak RSS) in KiB."""
-    values = {}
+def rss_kib(pid: int, key: str = "VmRSS") -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            values[key] = int(rest.split()[0])
-    return values
+        name, _, rest = line.partition(":")
+        if name == key:
+            return int(rest.split()[0])
+    raise KeyError(key)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -112,104 +99,193 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def requests_by_verb(cluster: ThreadedDevCluster, since: int) -> dict[str, int]:
-    """The API requests answered since request number `since`: all of them, and the lists (watches not counted)."""
-    requests = cluster.call(lambda: list(cluster.cluster.api))[since:]
-    lists = sum(1 for r in requests if r.method.value == "GET" and r.name is None and r.params.get("watch") is None)
-    return {"all": len(requests), "lists": lists}
+@dataclass
+class RssSampler:
+    """The operator's VmRSS every 0.2 s in a thread; `peak()` since the last `reset()`."""
+
+    pid: int
+    _peak: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                self._peak = max(self._peak, rss_kib(self.pid))
+            except (OSError, KeyError):
+                return
+
+    def reset(self) -> None:
+        self._peak = rss_kib(self.pid)
+
+    def peak(self) -> float:
+        return round(max(self._peak, rss_kib(self.pid)) / 1024, 1)
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
-def run_once(mode: str, count: int, poll_seconds: float, give_up_after: float) -> dict[str, Any]:
-    hold = mode == "hold"
-    apiserver.REQUEST_HISTORY_LIMIT = 10_000_000  # keep every request of the run, to count them
-    pools = [NodePool("h200", "NVIDIA-H200"), NodePool("b200", "NVIDIA-B200"), NodePool(CPU_POOL, None)]
-    original_job_argv = kubelet.job_argv
-    kubelet.job_argv = fake_job_argv
+def mib(pid: int) -> float:
+    return round(rss_kib(pid) / 1024, 1)
+
+
+def first_status_writes(cluster: ThreadedDevCluster, since: int) -> dict[str, float]:
+    """Policy name -> time of the operator's first successful status write after write number `since`."""
+    firsts: dict[str, float] = {}
+    for write in cluster.writes()[since:]:
+        path = write.path
+        if (
+            path is not None
+            and write.user == OPERATOR
+            and path.plural == "kvpolicies"
+            and path.subresource == "status"
+            and write.code < 300
+            and path.name is not None
+        ):
+            firsts.setdefault(path.name, write.time)
+    return firsts
+
+
+def wait_until(what: str, done: Callable[[], bool], give_up_after: float, every: float = 1.0) -> float:
+    started = time.monotonic()
+    while not done():
+        if time.monotonic() - started > give_up_after:
+            raise TimeoutError(f"{what}: not after {give_up_after:.0f} s")
+        time.sleep(every)
+    return time.monotonic() - started
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+@contextmanager
+def operator_process(cluster: ThreadedDevCluster, poll_seconds: float, log: IO[bytes]) -> Iterator[int]:
+    env = {**os.environ, **cluster.environ(), "KVPOLICY_POLL_SECONDS": str(poll_seconds)}
+    config = yaml.safe_load(Path(env["KUBECONFIG"]).read_text())
+    config["users"][0]["user"]["token"] = OPERATOR  # the API server's write log tells the operator's writes apart
+    with tempfile.NamedTemporaryFile("w", suffix=".kubeconfig", delete=False) as own:
+        yaml.safe_dump(config, own)
+    env["KUBECONFIG"] = own.name
+    argv = [sys.executable, "-m", "kvpolicy", "run", "-n", NAMESPACE, "--liveness-port", "0", "--metrics-port", "0"]
+    operator = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        with ThreadedDevCluster(pools=pools, runner=NoProcessRunner(), namespaces=(NAMESPACE,)) as cluster:
-            cluster.apply(crd.crd_object())
-            for index in range(min(count, HOLD_TARGETS) if hold else count):
-                cluster.create(target(index, replicas=0 if hold else 1))
-            env = {
-                **os.environ,
-                **cluster.environ(),
-                "KVPOLICY_POLL_SECONDS": str(poll_seconds),
-                "KVPOLICY_IDLE_SECONDS": "60",
-            }
-            with tempfile.TemporaryFile() as log:
-                argv = [sys.executable, "-m", "kvpolicy", "run", "--namespace", NAMESPACE,
-                        "--liveness-port", "0", "--metrics-port", "0"]  # fmt: skip
-                operator = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-                try:
-                    time.sleep(2.0)  # kopf's start-up is not part of the rollout time
-                    first_request = cluster.call(lambda: len(list(cluster.cluster.api)))
-                    started = time.monotonic()
-                    for index in range(count):
-                        cluster.create(policy(index, hold))
-                    rss_samples: list[int] = []
-                    decided = 0
-                    phases: dict[str, int] = {}
-                    while time.monotonic() - started < give_up_after:
-                        objects = cluster.list("kvpolicy.dev/v1alpha1", "KVPolicy", NAMESPACE)
-                        phases = {}
-                        for obj in objects:
-                            phase = obj.get("status", {}).get("phase", "None")
-                            phases[phase] = phases.get(phase, 0) + 1
-                        decided = sum(n for phase, n in phases.items() if phase in DECIDED)
-                        rss_samples.append(proc_status(operator.pid)["VmRSS"])
-                        if decided == count:
-                            break
-                        time.sleep(0.5)
-                    elapsed = time.monotonic() - started
-                    requests = requests_by_verb(cluster, first_request)
-                    status = proc_status(operator.pid)
-                    cpu = cpu_seconds(operator.pid)
-                finally:
-                    operator.terminate()
-                    try:
-                        operator.wait(timeout=60)
-                    except subprocess.TimeoutExpired:
-                        operator.kill()
-                        operator.wait()
+        yield operator.pid
     finally:
-        kubelet.job_argv = original_job_argv
-    return {
-        "mode": mode,
-        "policies": count,
-        "decided": decided,
-        "phases": phases,
-        "seconds_to_all_decided": round(elapsed, 1) if decided == count else None,
-        "operator_peak_rss_mib": round(status["VmHWM"] / 1024, 1),
-        "operator_final_rss_mib": round(status["VmRSS"] / 1024, 1),
-        "operator_cpu_seconds": round(cpu, 1),
-        "api_requests": requests["all"],
-        "api_lists": requests["lists"],
-        "poll_seconds": poll_seconds,
-    }
+        operator.terminate()
+        try:
+            operator.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait()
+        os.unlink(own.name)
+
+
+def run_once(count: int, waiting_fraction: float, poll_seconds: float, settle: float, give_up: float) -> dict[str, Any]:
+    waiting = {index for index in range(count) if index < round(count * waiting_fraction)}
+    decided = [index for index in range(count) if index not in waiting]
+    pools = [NodePool("h200", "NVIDIA-H200"), NodePool("b200", "NVIDIA-B200"), NodePool(CPU_POOL, None)]
+    result: dict[str, Any] = {"policies": count, "waiting": len(waiting)}
+    with (
+        ThreadedDevCluster(pools=pools, runner=NoProcessRunner(), namespaces=(NAMESPACE,)) as cluster,
+        tempfile.TemporaryFile() as log,
+    ):
+        cluster.apply(crd.crd_object())
+        started = time.monotonic()
+        # In one call: the kubelet's pass after each of N creations would look at every Deployment, N^2 in all.
+        cluster.call(lambda: [cluster.cluster.create(target(index)) for index in decided])
+        wait_until(
+            "the targets' ReplicaSets",
+            lambda: len(cluster.list("apps/v1", "ReplicaSet", NAMESPACE)) >= len(decided),
+            give_up,
+        )
+        result["emulator_seconds_per_target"] = round((time.monotonic() - started) / max(1, len(decided)), 4)
+        started = time.monotonic()
+        for index in range(count):
+            cluster.create(policy(index, index in waiting))
+        result["emulator_seconds_per_policy"] = round((time.monotonic() - started) / count, 4)
+
+        def all_written(since: int) -> Callable[[], bool]:
+            return lambda: len(first_status_writes(cluster, since)) >= count
+
+        # 1. cold start
+        since = len(cluster.writes())
+        with operator_process(cluster, poll_seconds, log) as pid:
+            sampler = RssSampler(pid)
+            result["cold_start_seconds"] = round(wait_until("cold start", all_written(since), give_up), 1)
+            result["cold_start_peak_rss_mib"] = sampler.peak()
+            # 2. steady
+            time.sleep(settle)
+            result["steady_rss_mib"] = mib(pid)
+            # 3. delete all
+            for index in range(count):
+                cluster.delete(*KVP, f"model-{index}", NAMESPACE)
+            wait_until("deletion", lambda: not cluster.list(*KVP, NAMESPACE), give_up, every=2.0)
+            time.sleep(settle)
+            result["after_delete_rss_mib"] = mib(pid)
+            # 4. create at once, the operator running
+            sampler.reset()
+            since = len(cluster.writes())
+            created: dict[str, float] = {}
+            for index in range(count):
+                cluster.create(policy(index, index in waiting))
+                created[f"model-{index}"] = time.time()
+            result["create_seconds"] = round(max(created.values()) - min(created.values()), 1)
+            wait_until("first statuses", all_written(since), give_up)
+            latencies = [at - created[name] for name, at in first_status_writes(cluster, since).items()]
+            result["latency_p50"] = round(statistics.median(latencies), 2)
+            for label, q in (("p90", 0.9), ("p99", 0.99)):
+                result[f"latency_{label}"] = round(percentile(latencies, q), 2)
+            result["latency_max"] = round(max(latencies), 2)
+            result["peak_rss_mib"] = sampler.peak()
+            result["rss_after_mib"] = mib(pid)
+            result["operator_cpu_seconds"] = round(cpu_seconds(pid), 1)
+            sampler.stop()
+        log.seek(0)
+        tracebacks = log.read().decode(errors="replace").count("Traceback")
+        result["operator_tracebacks"] = tracebacks
+    return result
+
+
+COLUMNS = (
+    ("policies", "policies"),
+    ("waiting", "waiting"),
+    ("cold_start_seconds", "cold start: all first statuses (s)"),
+    ("cold_start_peak_rss_mib", "cold start: peak RSS (MiB)"),
+    ("steady_rss_mib", "steady RSS (MiB)"),
+    ("after_delete_rss_mib", "RSS after deleting all (MiB)"),
+    ("create_seconds", "created in (s)"),
+    ("latency_p50", "first status p50 (s)"),
+    ("latency_p90", "p90 (s)"),
+    ("latency_p99", "p99 (s)"),
+    ("latency_max", "max (s)"),
+    ("peak_rss_mib", "peak RSS (MiB)"),
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=["rollout", "hold"], default="rollout")
-    parser.add_argument("--policies", type=int, nargs="+", default=[20, 100])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--policies", type=int, nargs="+", default=[200, 1000])
+    parser.add_argument("--waiting", type=float, default=0.1, help="fraction of policies whose target is absent")
     parser.add_argument("--poll-seconds", type=float, default=5.0, help="KVPOLICY_POLL_SECONDS of the operator")
-    parser.add_argument("--give-up-after", type=float, default=1800.0)
+    parser.add_argument("--settle", type=float, default=10.0, help="seconds before each steady RSS reading")
+    parser.add_argument("--give-up-after", type=float, default=1200.0)
     args = parser.parse_args(argv)
+    if not 0 <= args.waiting <= 1:
+        parser.error(f"--waiting {args.waiting} is not a fraction between 0 and 1")
+    load = os.getloadavg()[0]
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-    print(f"# {datetime.now(UTC):%Y-%m-%d} on {machine}")
-    header = "| workload | policies | decided | time to all decided (s) | operator peak RSS (MiB) | operator CPU (s) |"
-    print(f"{header} API requests (lists) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {machine}, load average {load:.1f} at start")
+    print("| " + " | ".join(title for _, title in COLUMNS) + " |")
+    print("|" + "---:|" * len(COLUMNS))
     for count in args.policies:
-        result = run_once(args.mode, count, args.poll_seconds, args.give_up_after)
-        print(json.dumps(result), file=sys.stderr)
-        seconds = result["seconds_to_all_decided"]
-        print(
-            f"| {args.mode} | {count} | {result['decided']} | {seconds if seconds is not None else 'not all'} | "
-            f"{result['operator_peak_rss_mib']} | {result['operator_cpu_seconds']} | "
-            f"{result['api_requests']} ({result['api_lists']}) |",
-            flush=True,
-        )
+        result = run_once(count, args.waiting, args.poll_seconds, args.settle, args.give_up_after)
+        result["load_average_after"] = round(os.getloadavg()[0], 1)
+        print(json.dumps(result), file=sys.stderr, flush=True)
+        print("| " + " | ".join(str(result[key]) for key, _ in COLUMNS) + " |", flush=True)
     return 0
 
 

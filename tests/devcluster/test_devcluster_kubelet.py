@@ -1,5 +1,6 @@
 """The kubelet stand-in on the session cluster: Deployments, scheduling, pod processes, Jobs, Service URLs."""
 
+import asyncio
 import json
 import os
 import sys
@@ -14,7 +15,7 @@ import aiohttp
 import kvpolicy
 import pytest
 from kvpolicy.gate_programs.report import TERMINATION_LOG_ENV
-from kvpolicy_dev.devcluster import POOL_LABEL, SimulatorRunner, ThreadedDevCluster
+from kvpolicy_dev.devcluster import POOL_LABEL, DevCluster, NoProcessRunner, SimulatorRunner, ThreadedDevCluster
 from kvpolicy_dev.devcluster.runners import EntrypointQuirk
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -392,3 +393,29 @@ async def test_an_image_whose_entrypoint_drops_a_flag_serves_what_vllm_really_go
         (sample,) = families["vllm:cache_config_info"].samples
         served[image] = (sample.labels["cache_dtype"], sample.labels["kv_cache_dtype_skip_layers"])
     assert served == {"vllm-lossy:1": ("auto", "['0']"), "vllm/vllm-openai:v0.11.0": ("fp8", "['0']")}
+
+
+async def test_writes_of_kinds_the_kubelet_does_not_run_cost_it_no_pass() -> None:
+    """A pass looks at every Deployment, ReplicaSet, Job and Pod: after each of thousands of KVPolicy, Event or Lease
+    writes, that made the emulated cluster quadratic in the number of policies."""
+    async with DevCluster(runner=NoProcessRunner(), namespaces=("ns",)) as cluster:
+        passes = 0
+        reconcile = cluster.kubelet.reconcile
+
+        def counted() -> float | None:
+            nonlocal passes
+            passes += 1
+            return reconcile()
+
+        cluster.kubelet.reconcile = counted  # type: ignore[method-assign]
+        await asyncio.sleep(0.2)
+        before = passes
+        for index in range(50):
+            cluster.create({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                            "metadata": {"name": f"lease-{index}", "namespace": "ns"}, "spec": {}})  # fmt: skip
+            await asyncio.sleep(0.01)  # one write at a time, as clients send them
+        await asyncio.sleep(0.5)
+        assert passes == before, "no pass for a Lease"
+        cluster.create(deployment("web", "ns"))
+        await cluster.wait_for("apps/v1", "Deployment", "web", "ns", available(1))
+        assert passes > before, "a Deployment is the kubelet's"

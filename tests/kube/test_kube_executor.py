@@ -162,6 +162,49 @@ async def test_reconciler_takes_a_policy_from_planning_to_its_canary() -> None:
     assert not [key for key in api.objects if key[0] == JOBS.plural]
 
 
+async def test_a_policy_at_rest_is_not_kept_in_memory_between_its_passes() -> None:
+    """Thousands of decided policies are looked at once per idle period: each is read again then, not kept whole."""
+    api = FakeKubeApi()
+    api.put(KVPOLICIES, NAMESPACE, raw_policy(**{"workload.typicalContextTokens": 2048}))
+    api.put(DEPLOYMENTS, NAMESPACE, target_deployment())
+    api.put(NODES, None, {"metadata": {"name": "n1", "labels": {**KNOWN_PRODUCTS["H200"], "pool": "h200"}}})
+    reconciler = Reconciler(api, CONFIG, clock=lambda: NOW)
+    assert await reconciler.reconcile_once(NAMESPACE, "llama-fp8", "uid-1") == CONFIG.idle_seconds
+    assert api.objects[("kvpolicies", NAMESPACE, "llama-fp8")]["status"]["phase"] == "HeldBF16"
+    assert reconciler._known == {}
+    api.calls.clear()
+    await reconciler.reconcile_once(NAMESPACE, "llama-fp8", "uid-1")
+    assert "get kvpolicies" in api.calls
+
+
+class _NeverStopped:
+    def __bool__(self) -> bool:
+        return False
+
+    async def wait(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_waiting_policy_deleted_before_the_one_it_waited_for_leaves_nothing_behind() -> None:
+    """Waiting policies are remembered per policy they wait for, to be woken when it goes; one that goes first is
+    forgotten (thousands created and deleted while another governs their target must not pile up)."""
+    api = FakeKubeApi()
+    first = raw_policy()
+    first["metadata"].update(uid="uid-0", creationTimestamp="2026-01-01T00:00:00Z")
+    first["metadata"]["name"] = "first"
+    api.put(KVPOLICIES, NAMESPACE, first)
+    second = raw_policy()
+    second["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"
+    api.put(KVPOLICIES, NAMESPACE, second)
+    api.put(DEPLOYMENTS, NAMESPACE, target_deployment())
+    reconciler = Reconciler(api, CONFIG, clock=lambda: NOW)
+    await reconciler.reconcile_once(NAMESPACE, "llama-fp8", "uid-1")
+    assert reconciler._waiting == {(NAMESPACE, "first"): {"uid-1"}}
+    del api.objects[("kvpolicies", NAMESPACE, "llama-fp8")]
+    await reconciler.run_policy(NAMESPACE, "llama-fp8", "uid-1", _NeverStopped())
+    assert reconciler._waiting == {}
+
+
 def _ready(api: FakeKubeApi) -> tuple[str, str, str]:
     stored = api.objects[("kvpolicies", NAMESPACE, "llama-fp8")]
     ready = next(c for c in stored["status"]["conditions"] if c["type"] == "Ready")

@@ -27,7 +27,7 @@ from kvpolicy.kube.leader import (
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 from operator_helpers import NAMESPACE, target_deployment
 
-TIMING = LeaseTiming()  # client-go's 15 / 10 / 2 s
+TIMING = LeaseTiming()  # 10 / 7 / 2 s
 
 
 @dataclass
@@ -147,6 +147,35 @@ async def test_a_killed_leader_is_replaced_within_the_lease_duration() -> None:
         took = await wait_for(lambda: world.leaders() == ["b"], within=30)
         assert TIMING.lease_seconds - TIMING.retry_seconds <= took <= TIMING.lease_seconds + TIMING.retry_seconds
         assert world.lease.record.holder == "b" and world.lease.record.transitions == 1
+
+
+@pytest.mark.looptime
+async def test_a_standby_takes_over_at_the_expiry_it_saw_not_at_its_next_poll() -> None:
+    """b reads the Lease a fraction of a period after each of a's renewals. It sees a's last renewal that late and must
+    take over lease_seconds after that, not at its first poll past the expiry (up to a retry period later; a lease
+    that is not a whole number of retries makes that visible in fake time)."""
+    timing = LeaseTiming(lease_seconds=9.0, renew_deadline_seconds=7.0, retry_seconds=2.0)
+    lease = Lease()
+    replicas = {name: Replica(lease) for name in "ab"}
+    electors = {name: LeaderElector(replicas[name], name, timing) for name in "ab"}
+    tasks = [asyncio.create_task(electors["a"].run())]
+    try:
+        await wait_for(lambda: electors["a"].is_leader(), within=1)
+        await asyncio.sleep(timing.retry_seconds / 4)  # a renews at whole periods, b will read in between
+        tasks.append(asyncio.create_task(electors["b"].run()))
+        b_started = asyncio.get_running_loop().time()
+        await asyncio.sleep(21)
+        tasks[0].cancel()  # SIGKILL
+        await wait_for(lambda: electors["b"].is_leader(), within=30)
+        last_renewal = max(moment for moment, holder in lease.writes if holder == "a")
+        taken = next(moment for moment, holder in lease.writes if holder == "b")
+        observed_late = (b_started - lease.writes[0][0]) % timing.retry_seconds  # b reads after each renewal
+        assert 0 < observed_late < timing.retry_seconds / 2
+        assert taken - last_renewal == pytest.approx(timing.lease_seconds + observed_late, abs=0.01)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @pytest.mark.parametrize("failure", ["cut_off", "hanging"])

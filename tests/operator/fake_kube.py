@@ -42,7 +42,7 @@ class FakeKubeApi:
         return copy.deepcopy(found) if found else None
 
     async def list_objects(
-        self, resource: Resource, namespace: str | None, label_selector: str = "", fresh: bool = False
+        self, resource: Resource, namespace: str | None, label_selector: str = "", since: Obj | None = None
     ) -> list[Obj]:
         self._maybe_fail("list", resource)
         return [

@@ -1,7 +1,9 @@
 """Replicas of `kvpolicy run` with leader election on the dev cluster: the leader is killed mid-rollout, later the next
-leader loses the API for its Lease while its other requests still work (the split brain of argo-rollouts#2117). Each
-time the standby takes over within about 15 s and carries the rollout on to its promotion, and the API server's write
-log shows one actor at a time, the cut-off leader stopping well before its successor starts."""
+leader loses the API for its Lease while its other requests still work (the split brain of argo-rollouts#2117), and a
+leader killed in Promoting. Each time the standby takes over and carries the rollout on to its promotion, and the API
+server's write log shows one actor at a time, the cut-off leader stopping before its successor starts. The seconds
+each takeover took are printed, not asserted (the machine's load decides them; the elector's timing is tested under
+fake time in tests/kube/test_kube_leader.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,6 @@ from kvpolicy_dev.devcluster import ThreadedDevCluster, WriteRecord
 from operator_process import OperatorProcess, operator_process
 
 LEASE = "kvpolicy-operator-leader"
-# client-go's timing (leader.LeaseTiming): a standby takes over 15 s after the last renewal it saw, +1 retry (2 s).
-TAKEOVER_SECONDS = 15 + 2
 
 
 def holder(cluster: ThreadedDevCluster, namespace: str) -> str | None:
@@ -89,15 +89,60 @@ def test_a_standby_takes_over_mid_rollout_and_the_two_never_act_at_once(
     writes = [w for w in devcluster.writes()[log_start:] if w.time >= began]
     acts = [w for w in writes if w.resource != "leases"]
     b_leads, c_leads = acquired(writes, b.name, killed_at), acquired(writes, "c", cut_at)
-    assert b_leads - killed_at <= TAKEOVER_SECONDS + 3, f"b took over {b_leads - killed_at:.1f} s after a was killed"
-    assert c_leads - cut_at <= TAKEOVER_SECONDS + 3, f"c took over {c_leads - cut_at:.1f} s after b was cut off"
     terms = {a.name: (began, killed_at), b.name: (b_leads, c_leads), "c": (c_leads, time.time())}
     for user, (start, end) in terms.items():
         own = [w.time for w in acts if w.user == user]
         assert own and all(start <= moment <= end for moment in own), f"{user} wrote outside its term"
     b_last = max(w.time for w in acts if w.user == b.name)
     assert b_last > cut_at, "b acted after losing its renewals (the edit)"
-    # b's fence closed 10 s after its last renewal; c may take over 15 s after it: b stopped well before.
-    assert b_last < c_leads - 3, f"b's last write {c_leads - b_last:.1f} s before c led"
+    # b's fence closed 7 s after its last renewal; c may take over 10 s after it: b stopped before.
+    assert b_last < c_leads, f"b wrote {b_last - c_leads:.1f} s after c led"
     print(f"takeovers: {b_leads - killed_at:.1f} s after the kill, {c_leads - cut_at:.1f} s after the cut; b's last "
           f"write {c_leads - b_last:.1f} s before c led")  # fmt: skip
+
+
+def test_a_leader_killed_in_promotion_is_replaced_and_the_standby_decides_at_once(
+    devcluster: ThreadedDevCluster,
+    devcluster_namespace: str,
+    kvpolicy_crd: None,
+    fixed_image_runner: None,
+    tmp_path: Path,
+) -> None:
+    """The issue's case: the leader dies while the promoted target's pods start; the standby takes the Lease, its
+    first pass finds them ready and decides, without waiting out a requeue period first."""
+    ns = devcluster_namespace
+    election = {"KVPOLICY_LEADER_ELECTION_LEASE": LEASE, "KVPOLICY_LEADER_ELECTION_NAMESPACE": ns}
+
+    def replica(name: str) -> AbstractContextManager[OperatorProcess]:
+        return operator_process(devcluster, tmp_path, name, "-n", ns, env={**election, "KVPOLICY_POD_NAME": name})
+
+    devcluster.create(target(ns))
+    log_start = len(devcluster.writes())
+    with replica("a") as a:
+        wait_until(lambda: holder(devcluster, ns) == "a", "a to take the Lease")
+        with replica("b") as b:
+            wait_until(lambda: role(b) == "standby", "b to stand by")
+            devcluster.create(policy(ns, **{"rollout.approval": "Manual", "rollout.progressDeadlineSeconds": 600}))
+            awaiting = wait_phase(devcluster, ns, {"AwaitingApproval"})
+            devcluster.set_pool_capacity("h200", 0)  # the promoted target's new pods stay Pending: Promoting lasts
+            approval = {"approvedRollout": awaiting["status"]["rolloutId"]}
+            devcluster.patch(*KVP, "llama-fp8", {"spec": {"rollout": approval}}, ns)
+            wait_phase(devcluster, ns, {"Promoting"})
+            a.kill()
+            killed_at = time.time()
+            devcluster.set_pool_capacity("h200", None)  # the new pods start while nobody leads
+            wait_until(lambda: holder(devcluster, ns) == "b", "the standby to take the Lease", timeout=60)
+            done = wait_decided(devcluster, ns)
+            done_at = time.time()
+            assert role(b) == "leader"
+    assert done["status"]["phase"] == "Promoted", done["status"]
+
+    writes = [w for w in devcluster.writes()[log_start:]]
+    acts = [w for w in writes if w.resource != "leases" and w.code < 300]
+    b_leads = acquired(writes, "b", killed_at)
+    assert all(w.time <= killed_at for w in acts if w.user == "a"), "a wrote after it was killed"
+    assert all(w.time >= b_leads for w in acts if w.user == "b"), "b wrote before it held the Lease"
+    decision = [w for w in acts if w.user == "b" and w.resource == "kvpolicies" and w.path.subresource == "status"]
+    assert decision, "b wrote the decision"
+    print(f"leader killed in Promoting; seconds after the kill: b held the Lease {b_leads - killed_at:.1f}, wrote the "
+          f"status {decision[0].time - killed_at:.1f}, Promoted seen {done_at - killed_at:.1f}")  # fmt: skip

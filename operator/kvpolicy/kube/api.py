@@ -85,9 +85,11 @@ class KubeApi(Protocol):
         ...
 
     async def list_objects(
-        self, resource: Resource, namespace: str | None, label_selector: str = "", fresh: bool = False
+        self, resource: Resource, namespace: str | None, label_selector: str = "", since: Obj | None = None
     ) -> list[Obj]:
-        """The objects; `fresh`: as the API server has them now, never from a cache that may lag."""
+        """The objects. `since`, an object of this list: the list holds every write the API server made before that
+        object's current generation (a cache answers once it holds the object at that generation; a list from the
+        API server always does)."""
         ...
 
     async def create(self, resource: Resource, namespace: str, body: Obj) -> bool:
@@ -157,7 +159,7 @@ class KubernetesApi:
         return await self._call(resource, "read", namespace, missing_ok=True, name=name)
 
     async def list_objects(
-        self, resource: Resource, namespace: str | None, label_selector: str = "", fresh: bool = False
+        self, resource: Resource, namespace: str | None, label_selector: str = "", since: Obj | None = None
     ) -> list[Obj]:
         items: list[Obj] = (await self.list_collection(resource, namespace, label_selector)).get("items") or []
         return items

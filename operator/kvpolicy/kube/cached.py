@@ -5,6 +5,10 @@ bookmarks (so a quiet selection never falls out of the API server's event window
 list again. A list is answered from an informer only while it is synced; otherwise, and for every other read, the
 request goes to the API server as before. Reads from a cache may lag the operator's own writes by a watch event: the
 step tolerates that (a Create of an object not seen yet is AlreadyExists, a Delete of one still seen is NotFound).
+A list that must hold every write made before some object's current generation (`since`: the first pass of a rollout
+reads who governs its target so) waits for the informer to hold that object so: a watch delivers events in the
+order of the writes, so everything written before is in the cache too. Asking the API server instead cost each such
+pass a list of every policy of the namespace: N policies starting at once, N lists of N (issue 28).
 
 What is cached (`CachedKubeApi.selections`): the operator's own children (Services, Jobs, Pods labelled with their
 policy), watched per namespace once a policy there lists them; and the nodes' metadata (their labels are all the
@@ -38,6 +42,9 @@ WATCH_SECONDS = 300
 # After a failure the informer lists again after this long, doubling up to the maximum while it keeps failing.
 RETRY_SECONDS = 1.0
 MAX_RETRY_SECONDS = 30.0
+# How long a list `since` an object waits for its informer to hold that object before asking the API server: the
+# informer's watch and kopf's (which started the pass) are streams of the same writes, normally a moment apart.
+SINCE_WAIT_SECONDS = 10.0
 
 
 def equality_terms(selector: str) -> dict[str, str] | None:
@@ -67,6 +74,8 @@ class Informer:
     keep: Callable[[Obj], Obj] = lambda obj: obj
     synced: bool = field(default=False, init=False)
     _objects: dict[tuple[str, str], Obj] = field(default_factory=dict, init=False)
+    _sorted: list[Obj] | None = field(default=None, init=False)  # _objects in name order, until the next change
+    _changed: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False)
 
     def start(self) -> None:
@@ -80,11 +89,33 @@ class Informer:
 
     def select(self, labels: Mapping[str, str]) -> list[Obj]:
         """The cached objects whose labels include `labels`, in name order (as the API server lists them)."""
+        if self._sorted is None:  # every policy's pass lists all policies: sort once per change, not per pass
+            self._sorted = [obj for _, obj in sorted(self._objects.items())]
+        if not labels:
+            return list(self._sorted)
         return [
             obj
-            for _, obj in sorted(self._objects.items())
+            for obj in self._sorted
             if all((obj["metadata"].get("labels") or {}).get(key) == value for key, value in labels.items())
         ]
+
+    def holds(self, obj: Obj) -> bool:
+        """Whether the synced cache holds `obj` (same uid) at its generation or a later one."""
+        meta = obj["metadata"]
+        kept = self._objects.get(self._key(obj)) if self.synced else None
+        if kept is None or kept["metadata"].get("uid") != meta.get("uid"):
+            return False
+        return int(kept["metadata"].get("generation") or 0) >= int(meta.get("generation") or 0)
+
+    async def wait_until_holds(self, obj: Obj) -> None:
+        """Return once `holds(obj)` (callers bound the wait)."""
+        while not self.holds(obj):
+            await self._changed.wait()
+
+    def _touched(self) -> None:
+        self._sorted = None
+        self._changed.set()  # wakes every waiter; the next change has an event of its own
+        self._changed = asyncio.Event()
 
     async def _run(self) -> None:
         failures = 0
@@ -107,6 +138,7 @@ class Informer:
         collection = await self.api.list_collection(self.resource, self.namespace, self.label_key or "")
         self._objects = {self._key(obj): self.keep(obj) for obj in collection.get("items") or []}
         self.synced = True
+        self._touched()
         return str(collection["metadata"]["resourceVersion"])
 
     async def _follow(self, version: str) -> str:
@@ -117,7 +149,9 @@ class Informer:
                 self._objects.pop(self._key(obj), None)
             elif event_type in ("ADDED", "MODIFIED"):
                 self._objects[self._key(obj)] = self.keep(obj)
-            # BOOKMARK: only the version moves on
+            else:  # BOOKMARK: only the version moves on
+                continue
+            self._touched()
         return version
 
     @staticmethod
@@ -153,11 +187,21 @@ class CachedKubeApi:
         await self.api.close()
 
     async def list_objects(
-        self, resource: Resource, namespace: str | None, label_selector: str = "", fresh: bool = False
+        self, resource: Resource, namespace: str | None, label_selector: str = "", since: Obj | None = None
     ) -> list[Obj]:
         informer = self._informer_for(resource, namespace, label_selector)
         labels = equality_terms(label_selector)
-        if fresh or informer is None or labels is None or not informer.synced:
+        if informer is None or labels is None:
+            return await self.api.list_objects(resource, namespace, label_selector)
+        current = informer.synced
+        if since is not None:
+            try:
+                async with asyncio.timeout(SINCE_WAIT_SECONDS):
+                    await informer.wait_until_holds(since)
+                current = True
+            except TimeoutError:
+                current = False
+        if not current:
             return await self.api.list_objects(resource, namespace, label_selector)
         return informer.select(labels)
 
@@ -204,7 +248,7 @@ class CachedKubeApi:
 def ownership_view(obj: Obj) -> Obj:
     """What deciding which policy governs a target reads of a KVPolicy (rollout/ownership.py)."""
     meta = obj.get("metadata") or {}
-    kept = {key: meta[key] for key in ("name", "namespace", "uid", "creationTimestamp") if key in meta}
+    kept = {key: meta[key] for key in ("name", "namespace", "uid", "generation", "creationTimestamp") if key in meta}
     return {"metadata": kept, "spec": {"targetRef": (obj.get("spec") or {}).get("targetRef")}}
 
 

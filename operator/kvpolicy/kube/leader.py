@@ -6,7 +6,7 @@ of two candidates racing one gets 409 Conflict. The holder renews it every `retr
 
 No two actors: the holder acts only while `is_leader()`, that is until `renew_deadline_seconds` after its last
 successful renewal, counted from before that renewal's request was sent. A standby takes over no earlier than
-`lease_seconds` after it saw that renewal, so the old leader has stopped `lease_seconds - renew_deadline_seconds` (5 s
+`lease_seconds` after it saw that renewal, so the old leader has stopped `lease_seconds - renew_deadline_seconds` (3 s
 by default) before anyone else may start, however long its requests hang (argo-rollouts#2117 lost that when a renewal
 blocked). Only the clocks' rates must agree, not their readings. kubernetes_asyncio's own `leaderelection` keeps
 leading until a renewal that may hang returns and reads the wall clock, hence this small elector.
@@ -44,10 +44,13 @@ POD_NAME_ENV = "KVPOLICY_POD_NAME"
 
 @dataclass(frozen=True)
 class LeaseTiming:
-    """client-go's defaults: a standby takes over 15 s (+ up to one retry) after the leader's last renewal."""
+    """A standby takes over `lease_seconds` after it saw the leader's last renewal (it reads the Lease every retry, so
+    up to one retry after the renewal itself): 10-12 s after a leader's loss, leaving ~3 s within the 15 s goal for
+    the new leader's first action. client-go's defaults (15 / 10 / 2) took 15-17 s before anything could act. The
+    leader still renews every 2 s and tolerates 7 s of failed renewals (three tries) before it stops acting."""
 
-    lease_seconds: float = 15.0
-    renew_deadline_seconds: float = 10.0
+    lease_seconds: float = 10.0
+    renew_deadline_seconds: float = 7.0
     retry_seconds: float = 2.0
 
     def __post_init__(self) -> None:
@@ -283,9 +286,20 @@ class LeaderElector:
         while True:  # polling is the protocol: a candidate learns of an expiry only by reading the Lease
             if await self._attempt() is Attempt.HELD:
                 break
-            await asyncio.sleep(self.timing.retry_seconds)
+            await asyncio.sleep(self._until_next_try())
         self._set_leading(True)
         logger.info("leader election: %s now holds the Lease and acts", self.identity)
+
+    def _until_next_try(self) -> float:
+        """A retry period, or less when the Lease as last read expires sooner: the standby tries at the expiry itself
+        rather than up to a retry period after it."""
+        observed = self._observed
+        if observed is None or observed.holder in (None, self.identity):
+            return self.timing.retry_seconds
+        expires = self._observed_at + (observed.lease_seconds or self.timing.lease_seconds)
+        remaining = expires - self.now()
+        # Past the expiry (another candidate won it meanwhile): the ordinary period, never a busy loop.
+        return remaining if 0 < remaining < self.timing.retry_seconds else self.timing.retry_seconds
 
     async def _renew_until_lost(self) -> None:
         while True:
@@ -398,9 +412,9 @@ class LeaderFencedApi:
         return await self.api.get(resource, namespace, name)
 
     async def list_objects(
-        self, resource: Resource, namespace: str | None, label_selector: str = "", fresh: bool = False
+        self, resource: Resource, namespace: str | None, label_selector: str = "", since: Obj | None = None
     ) -> list[Obj]:
-        return await self.api.list_objects(resource, namespace, label_selector, fresh)
+        return await self.api.list_objects(resource, namespace, label_selector, since)
 
     async def create(self, resource: Resource, namespace: str, body: Obj) -> bool:
         self._check(f"create {resource.plural}")

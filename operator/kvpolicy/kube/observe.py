@@ -273,9 +273,10 @@ class Observer:
         name = str(policy.metadata.get("name", ""))
         restarting = status.spec_hash != rollout_hash(policy.spec)
         phase = Phase.PLANNING if restarting or status.phase is None else status.phase
-        # Before a rollout's first write, ownership is read from the API server itself: a cache a moment behind could
-        # miss a policy created at the same time for the same target. Later passes may read the cache.
-        peers = await self.api.list_objects(KVPOLICIES, namespace, fresh=phase == Phase.PLANNING)
+        # Before a rollout's first write, ownership is read from a list holding every write made before this
+        # policy's spec: a cache a moment behind could miss a policy created at the same time for the same target.
+        since = {"metadata": policy.metadata} if phase == Phase.PLANNING else None
+        peers = await self.api.list_objects(KVPOLICIES, namespace, since=since)
         governed_by = governing_policy(policy.metadata, policy.spec.target_ref.name, peers)
         if governed_by is not None:  # nothing else matters until that policy is gone, but a route of ours to restore
             route, pools, pickers = await self._traffic_objects(policy, phase)

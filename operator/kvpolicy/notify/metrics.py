@@ -46,27 +46,38 @@ class _PolicyGauge:
 
     def __init__(self, name: str, documentation: str, labels: list[str], registry: CollectorRegistry) -> None:
         self.gauge = Gauge(name, documentation, ["namespace", "policy", *labels], registry=registry)
-        self._series: set[tuple[str, ...]] = set()
+        # Per (namespace, policy): removing a policy's series (every pass, for the phase deadline) must not scan every
+        # policy's, or N policies cost N^2 per period.
+        self._series: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
 
     def set(self, labels: tuple[str, ...], value: float | None) -> None:
         """Set a series, or remove it when there is no value."""
+        policy = self._series.get(labels[:2])
         if value is None:
-            if labels in self._series:
+            if policy is not None and labels in policy:
                 self.gauge.remove(*labels)
-                self._series.discard(labels)
+                policy.discard(labels)
+                if not policy:
+                    del self._series[labels[:2]]
             return
         self.gauge.labels(*labels).set(value)
-        self._series.add(labels)
+        self._series.setdefault(labels[:2], set()).add(labels)
 
     def remove_policy(self, namespace: str, policy: str, *rest: str) -> None:
         """Remove a policy's series (those whose next labels are `rest`, when given)."""
         prefix = (namespace, policy, *rest)
-        for labels in [labels for labels in self._series if labels[: len(prefix)] == prefix]:
+        for labels in [
+            labels for labels in self._series.get((namespace, policy), ()) if labels[: len(prefix)] == prefix
+        ]:
             self.set(labels, None)
 
     def clear(self) -> None:
         self.gauge.clear()
         self._series.clear()
+
+    def policies(self) -> int:
+        """How many policies have a series."""
+        return len(self._series)
 
 
 class OperatorMetrics:
@@ -196,7 +207,9 @@ class OperatorMetrics:
             registry=registry,
         )
         self._phases_seen: set[str] = set()
-        self._verdict_series: set[tuple[str, str, str]] = set()
+        # Per (namespace, policy), as _PolicyGauge keeps its series.
+        self._verdict_series: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
+        self._decision_series: dict[tuple[str, str], set[tuple[str, str, str, str]]] = {}
         # False from losing the leader Lease until leading again (set_leader): per-policy gauges are neither kept
         # nor updated (a pass still running while kopf stops would otherwise bring one back).
         self._acting = True
@@ -225,6 +238,7 @@ class OperatorMetrics:
 
     def record_decision(self, result: str, reason: str, namespace: str = "", policy: str = "") -> None:
         self.decisions.labels(namespace=namespace, policy=policy, result=result, reason=reason).inc()
+        self._decision_series.setdefault((namespace, policy), set()).add((namespace, policy, result, reason))
 
     def record_gate_result(
         self,
@@ -267,7 +281,7 @@ class OperatorMetrics:
 
     def record_verdict(self, namespace: str, policy: str, verdict: str) -> None:
         self.verdicts.labels(namespace=namespace, policy=policy, verdict=verdict).inc()
-        self._verdict_series.add((namespace, policy, verdict))
+        self._verdict_series.setdefault((namespace, policy), set()).add((namespace, policy, verdict))
 
     def record_analysis(self, namespace: str, policy: str, verdict: Verdict) -> None:
         """Count the verdict and publish its numbers; a check without numbers clears the previous ones."""
@@ -317,9 +331,11 @@ class OperatorMetrics:
         """Drop every per-policy series of a deleted KVPolicy."""
         for gauge in self._policy_gauges():
             gauge.remove_policy(namespace, policy)
-        for series in [series for series in self._verdict_series if series[:2] == (namespace, policy)]:
+        for series in self._verdict_series.pop((namespace, policy), set()):
             self.verdicts.remove(*series)
-            self._verdict_series.discard(series)
+        # A deleted policy's decisions too: policies come and go, and each kept its series for the process's life.
+        for decision in self._decision_series.pop((namespace, policy), set()):
+            self.decisions.remove(*decision)
 
     def record_notification(self, format_: str, result: str) -> None:
         self.notifications.labels(format=format_, result=result).inc()

@@ -112,7 +112,9 @@ class Reconciler:
     _generations: dict[str, int] = field(default_factory=dict, init=False)
     _phases: dict[str, str] = field(default_factory=dict, init=False)
     # The policy as the API server returned it to this loop's last status write: the next pass starts from it
-    # instead of reading the policy again, unless a watch event says the spec changed (or a write failed).
+    # instead of reading the policy again, unless a watch event says the spec changed (or a write failed). Kept only
+    # for policies looked at again within the idle period (rollouts in flight): one at rest is read again at its
+    # next pass, a GET per idle period rather than a whole policy in memory for each of thousands (issue 28).
     _known: dict[str, Obj] = field(default_factory=dict, init=False)
     # Policies waiting for the one that governs their target to be deleted: (namespace, its name) -> their uids.
     _waiting: dict[tuple[str, str], set[str]] = field(default_factory=dict, init=False)
@@ -200,6 +202,11 @@ class Reconciler:
             self._generations.pop(uid, None)
             self._known.pop(uid, None)
             self._backing_off.discard(uid)
+            # A policy that waited for another's target and is gone before it: nothing is left to wake.
+            for governor, waiting in list(self._waiting.items()):
+                waiting.discard(uid)
+                if not waiting:
+                    del self._waiting[governor]
 
     @staticmethod
     def _identity() -> Obj:
@@ -246,7 +253,8 @@ class Reconciler:
         written = await write_status(self.api, raw, status)
         if written is None:
             return None
-        self._known[uid] = written
+        if result.requeue_after < self.config.idle_seconds:
+            self._known[uid] = written
         await post_events(self.api, raw, events, now)
         if self.notifier is not None:
             self.notifier.submit(policy, result.notices)  # queued: a slow or dead receiver never holds the loop
@@ -290,9 +298,7 @@ class Reconciler:
         else:
             logger.warning("%s/%s %s: %s", raw["metadata"]["namespace"], raw["metadata"]["name"], reason, message)
         status_obj = {**(raw.get("status") or {}), "conditions": [c.to_k8s() for c in conditions]}
-        written = await write_status(self.api, raw, status_obj)
-        if written is not None:
-            self._known[str(raw["metadata"]["uid"])] = written
+        await write_status(self.api, raw, status_obj)  # what it returns is not kept: the next pass is not soon
 
     def _record_metrics(self, policy: KVPolicy, observations: Observations, result: StepResult) -> None:
         namespace, name = str(policy.metadata["namespace"]), str(policy.metadata["name"])
