@@ -3,7 +3,11 @@
 import atexit
 import os
 import signal
+from collections.abc import Iterator
 from types import FrameType
+
+import pytest
+from kvpolicy.notify import metrics
 
 pytest_plugins = ["kvpolicy_dev.devcluster.pytest_plugin"]
 
@@ -16,3 +20,11 @@ def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 signal.signal(signal.SIGTERM, _stop_on_sigterm)
+
+
+@pytest.fixture(autouse=True)
+def _operator_metrics_leading() -> Iterator[None]:
+    """The operator's metrics live in one registry per process: an operator a test ran and stopped leaves it as a
+    standby's (per-policy gauges off, set_leader(False)), which must not carry into the next test."""
+    yield
+    metrics.OPERATOR_METRICS._acting = True
