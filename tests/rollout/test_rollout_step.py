@@ -585,3 +585,16 @@ def test_the_latency_analysis_is_resumed_from_a_status_written_by_hand() -> None
 def test_a_latency_analysis_status_that_is_no_state_is_rejected(status: dict[str, Any], error: str) -> None:
     with pytest.raises(ValueError, match=error):
         analysis_state(LatencyAnalysis.model_validate(status))
+
+
+def test_a_patched_image_other_than_the_targets_is_said_at_planning() -> None:
+    """On Hopper the canary runs images.fp8Patched: when the target runs another image, the gates judge a vLLM change
+    as well as FP8 KV, and a Warning says so; the same image says nothing."""
+    other = Driver(make_policy())
+    other.tick()
+    assert other.reasons().count("CanaryImageDiffers") == 1
+    warning = next(e for r in other.results for e in r.events if e.reason == "CanaryImageDiffers")
+    assert warning.type == "Warning" and PATCHED_IMAGE in warning.message and TARGET_IMAGE in warning.message
+    same = Driver(make_policy(**{"images.fp8Patched": TARGET_IMAGE}))
+    same.tick()
+    assert same.phase == "CanaryStarting" and "CanaryImageDiffers" not in same.reasons()

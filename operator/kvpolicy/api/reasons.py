@@ -14,6 +14,8 @@ class Reason(StrEnum):
     """Condition and event reasons the operator writes (decision reasons are `DecisionReason`)."""
 
     ANALYSIS_RESTARTED = "AnalysisRestarted"
+    # The plan's image is not the one the target runs: the gates judge that change as well as FP8 KV.
+    CANARY_IMAGE_DIFFERS = "CanaryImageDiffers"
     ROLLOUT_RESTARTED = "RolloutRestarted"
     TARGET_NOT_FOUND = "TargetNotFound"
     INVALID_TARGET = "InvalidTarget"

@@ -11,7 +11,8 @@ in rules.py. Metrics checks (metric_checks.py) are reacted to by their stage: VE
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from kvpolicy.analysis.checks import Stage, Verification
 from kvpolicy.analysis.model import Verdict
@@ -96,6 +97,9 @@ def _planning(t: Tick) -> None:
     if planned.image:
         summary += f" with image {planned.image}"
     summary += f"; gates: {', '.join(planned.gates) or 'none'}"
+    image_change = _image_change(t, planned.image, target)
+    if image_change is not None:
+        t.event("Warning", Reason.CANARY_IMAGE_DIFFERS, image_change)
     sizes = t.target_kind.parallelism(target, t.spec.target_ref.container)
     if sizes != Parallelism():
         summary += f"; the canary keeps the target's parallel sizes ({sizes.describe()})"
@@ -107,6 +111,17 @@ def _planning(t: Tick) -> None:
     t.event("Normal", Reason.PLANNED, summary)
     t.enter(Phase.CANARY_STARTING)
     _canary_starting(t)
+
+
+def _image_change(t: Tick, image: str | None, target: Mapping[str, Any]) -> str | None:
+    """What a plan's own image (images.fp8Patched on a truncating GPU) changes besides the KV cache, or None."""
+    current = t.target_kind.container(target, t.spec.target_ref.container).get("image")
+    if image is None or image == current:
+        return None
+    return (
+        f"the canary runs {image}, the target {current}: the gates judge that image change as well as FP8 KV, and "
+        "promotion moves the target to it; build images.fp8Patched on the target's vLLM release"
+    )
 
 
 def _ensure_canary_objects(t: Tick) -> None:
