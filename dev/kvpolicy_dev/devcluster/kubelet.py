@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 from kvpolicy.gate_programs.report import TERMINATION_LOG_ENV, TERMINATION_LOG_LIMIT
 
+from kvpolicy_dev.devcluster import kserve, leaderworkerset
 from kvpolicy_dev.devcluster.kserve import LLMInferenceServiceController
 from kvpolicy_dev.devcluster.leaderworkerset import LeaderWorkerSetController
 from kvpolicy_dev.devcluster.nodes import (
@@ -161,8 +162,10 @@ class Kubelet:
         self._nodes = self.store.find_type("", "v1", "nodes")
         self._services = self.store.find_type("", "v1", "services")
         watched = (self._deployments, self._replica_sets, self._jobs, self._pods, self._nodes, self._services)
-        # Secrets and ConfigMaps too: pods wait for the image pull Secrets and the env sources they name.
+        # Secrets and ConfigMaps too: pods wait for the image pull Secrets and the env sources they name. And the
+        # kinds the controller stand-ins below run (their CRDs may be installed later).
         self._kinds = {rt.key for rt in watched} | {("", "secrets"), ("", "configmaps")}
+        self._kinds |= {(leaderworkerset.GROUP, leaderworkerset.PLURAL), (kserve.GROUP, kserve.PLURAL)}
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
 
