@@ -248,7 +248,8 @@ async def test_the_operator_reads_the_credentials_from_secrets_and_picks_up_a_ro
             },
         }
     )
-    target = {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "ports": [{"containerPort": 8000}]}]}}}}
+    container = {"name": "vllm", "ports": [{"containerPort": 8000}]}
+    target = {"metadata": {"name": "m"}, "spec": {"template": {"spec": {"containers": [container]}}}}
     canary, baseline = [PodView("m-canary-0", "127.0.0.1", True)], [PodView("m-baseline-0", "127.0.0.1", True)]
     analyser = LatencyAnalyser(references=ReferenceReader(api, ttl_seconds=30, clock=lambda: now[0]))
     try:
