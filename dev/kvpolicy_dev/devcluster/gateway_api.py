@@ -9,12 +9,11 @@ real API server with those CRDs would refuse it.
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
 
-UPSTREAM_CRDS = Path(__file__).with_name("upstream_crds")
+from kvpolicy_dev.devcluster.upstream import UPSTREAM_CRDS
 
 
 class _Applies(Protocol):

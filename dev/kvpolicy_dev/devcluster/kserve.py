@@ -17,13 +17,13 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from kvpolicy_dev.devcluster.store import ApiError, Obj, Store, now_timestamp
+from kvpolicy_dev.devcluster.upstream import upstream_crd
 
 GROUP, VERSION, PLURAL, KIND = "serving.kserve.io", "v1alpha2", "llminferenceservices", "LLMInferenceService"
-CRD_FILE = Path(__file__).parent / "crds" / "serving.kserve.io_llminferenceservices.json"
+CRD_FILE = "serving.kserve.io_llminferenceservices.json"
 NAME_LABEL = "app.kubernetes.io/name"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 PART_OF_LABEL = "app.kubernetes.io/part-of"
@@ -35,8 +35,7 @@ SPEC_HASH_ANNOTATION = "kvpolicy.dev/kserve-standin-spec"
 
 def crd() -> Obj:
     """The upstream LLMInferenceService CRD, to install into the dev cluster."""
-    loaded: Obj = json.loads(CRD_FILE.read_text(encoding="utf-8"))
-    return loaded
+    return upstream_crd(CRD_FILE)
 
 
 def workload_labels(name: str) -> dict[str, str]:

@@ -17,14 +17,14 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from kvpolicy_dev.devcluster.resources import ResourceType
 from kvpolicy_dev.devcluster.store import ApiError, Obj, Store, now_timestamp
+from kvpolicy_dev.devcluster.upstream import upstream_crd
 
 GROUP, VERSION, PLURAL, KIND = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet"
-CRD_FILE = Path(__file__).parent / "crds" / "leaderworkerset.x-k8s.io_leaderworkersets.json"
+CRD_FILE = "leaderworkerset.x-k8s.io_leaderworkersets.json"
 SET_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -36,8 +36,7 @@ LEADER_NAME_ANNOTATION = "leaderworkerset.sigs.k8s.io/leader-name"
 
 def crd() -> Obj:
     """The upstream LeaderWorkerSet CRD, to install into the dev cluster."""
-    loaded: Obj = json.loads(CRD_FILE.read_text(encoding="utf-8"))
-    return loaded
+    return upstream_crd(CRD_FILE)
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
