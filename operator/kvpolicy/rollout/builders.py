@@ -533,6 +533,8 @@ def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> 
         str(accuracy.max_samples),
         "--baseline-floor",
         accuracy.baseline_floor,
+        "--length-buckets",
+        str(accuracy.length_profile.buckets),
         *_api_key_args(spec),
     ]
 
