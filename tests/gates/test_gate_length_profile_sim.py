@@ -132,4 +132,12 @@ def test_the_report_carries_the_profile_to_the_operator() -> None:
     report = read_report(render(GateReport.model_validate(document)))
     assert report.profile is not None and report.profile.systematic_shift
     assert [bucket.length_tokens for bucket in report.profile.buckets] == BUCKETS
-    assert len(render(report).encode()) < 4096
+    # Six buckets (the most) and a long message still fit the 4 KiB termination log: the message is cut, not the
+    # profile.
+    six = [{**document["profile"]["buckets"][0], "lengthTokens": 131072 >> k, "needles": 99999} for k in range(6)]
+    document["profile"]["buckets"] = six
+    long = GateReport.model_validate({**document, "message": "x" * 4000})
+    text = render(long)
+    assert len(text.encode()) <= 4096
+    kept = read_report(text)
+    assert kept.profile is not None and len(kept.profile.buckets) == 6 and kept.message.endswith("...")
