@@ -3,7 +3,7 @@ once, when its result turns from absent or Running into a verdict."""
 
 from kvpolicy.api.v1alpha1 import GateResult, GateVerdict, KVPolicyStatus, LatencyAnalysis
 from kvpolicy.notify.metrics import OperatorMetrics
-from kvpolicy.rollout.job_gates import finished_gates
+from kvpolicy.rollout.gates import finished_gates
 
 
 def status(

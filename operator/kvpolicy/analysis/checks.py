@@ -1,4 +1,4 @@
-"""Metrics checks, one table entry each (like the Job gates in rollout/job_gates.py): what a check reads through the
+"""Metrics checks, one table entry each (like the Job gates in rollout/gates/): what a check reads through the
 metrics provider, the pure assessor that turns the reading into a typed `Verdict`, and the `Stage` that says how the
 rollout reacts to it. The observer runs every entry that is due the same way, and the step reacts to each verdict by
 its entry's stage alone, so a new check is its reader/assessor module, its line in the table

@@ -27,9 +27,8 @@ from kvpolicy.api.v1alpha1 import (
     Plan,
     Severity,
 )
-from kvpolicy.planning.planner import GATE_ACCURACY, GATE_PREFLIGHT
 from kvpolicy.rollout.conditions import condition_holds
-from kvpolicy.rollout.job_gates import PHASE_GATES
+from kvpolicy.rollout.gates import PHASE_GATES
 from kvpolicy.rollout.step_types import parse_timestamp
 
 Obj = dict[str, Any]
@@ -45,7 +44,6 @@ MESSAGE_WIDTH = 100
 EVENTS_SHOWN = 10
 LABEL_WIDTH = 17
 
-_GATE_LABELS = {Phase.GPU_PREFLIGHT: GATE_PREFLIGHT, Phase.ACCURACY_GATE: GATE_ACCURACY}
 _VERDICT_ICONS = {
     GateVerdict.RUNNING: RUNNING,
     GateVerdict.PASS: PASSED,
@@ -368,9 +366,8 @@ def render_get(raw: Mapping[str, Any], events: Sequence[Mapping[str, Any]], now:
     lines += ["", "Gates:"]
     gates = status.plan.gates if status.plan else []
     for gate in PHASE_GATES:
-        label = _GATE_LABELS[gate.phase]
-        cap = spec.gates.accuracy.max_samples if spec is not None and label == GATE_ACCURACY else None
-        lines.append(_job_gate_line(label, gate.result(status), label in gates, cap))
+        cap = gate.sample_cap(spec) if spec is not None else None
+        lines.append(_job_gate_line(gate.label, gate.result(status), gate.label in gates, cap))
     lines += _latency_lines(parsed, now)
     lines += _traffic_lines(parsed, now)
     if status.decision is not None:

@@ -22,7 +22,8 @@ from kvpolicy.api.v1alpha1 import (
     VerdictKind,
 )
 from kvpolicy.rollout import traffic_router, traffic_share
-from kvpolicy.rollout.job_gates import LATENCY_PROBE, Then
+from kvpolicy.rollout.gates.job import Then
+from kvpolicy.rollout.gates.latency_probe import LATENCY_PROBE
 from kvpolicy.rollout.rules import latency_gate_config
 from kvpolicy.rollout.step_types import Patch, parse_timestamp, timestamp
 from kvpolicy.rollout.tick import Tick, advance, deadline_rollback, rollback, run_job, watch_capacity

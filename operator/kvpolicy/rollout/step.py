@@ -5,7 +5,7 @@ is idempotent (deterministic names, create-if-absent, patches computed from what
 after a crash or an operator restart repeats nothing harmful and loses nothing.
 
 The phases (`Phase` in the API) are handled here, except the Job gates' (gate_phase.py, one table entry each in
-job_gates.py) and LatencyAnalysis (latency_phase.py); `Tick` and the transitions are in tick.py, the spec-derived rules
+gates/) and LatencyAnalysis (latency_phase.py); `Tick` and the transitions are in tick.py, the spec-derived rules
 in rules.py. Metrics checks (metric_checks.py) are reacted to by their stage: VERIFY ones here, before any gate.
 """
 
@@ -36,7 +36,8 @@ from kvpolicy.planning.planner import bf16_cause, plan
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout import drift, traffic_router
 from kvpolicy.rollout.gate_phase import job_gate_phase
-from kvpolicy.rollout.job_gates import PHASE_GATES, JobGate
+from kvpolicy.rollout.gates import PHASE_GATES
+from kvpolicy.rollout.gates.job import JobGate
 from kvpolicy.rollout.latency_phase import latency_analysis
 from kvpolicy.rollout.rules import rollout_hash
 from kvpolicy.rollout.step_types import (

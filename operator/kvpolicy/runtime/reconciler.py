@@ -41,7 +41,7 @@ from kvpolicy.notify import metrics
 from kvpolicy.notify.notifier import Notifier
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.conditions import set_condition
-from kvpolicy.rollout.job_gates import JOB_GATES, finished_gates
+from kvpolicy.rollout.gates import JOB_GATES, finished_gates
 from kvpolicy.rollout.rules import phase_deadline
 from kvpolicy.rollout.step import step
 from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult, parse_timestamp, timestamp
