@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvpolicy.api.v1alpha1 import (
+    AnalysisPhase,
     ApplyMode,
     Approval,
     Condition,
@@ -44,15 +45,12 @@ MESSAGE_WIDTH = 100
 EVENTS_SHOWN = 10
 LABEL_WIDTH = 17
 
-_VERDICT_ICONS = {
-    GateVerdict.RUNNING: RUNNING,
-    GateVerdict.PASS: PASSED,
-    GateVerdict.SAFE: PASSED,
-    GateVerdict.FAIL: FAILED,
-    GateVerdict.BREACH: FAILED,
-    GateVerdict.UNSAFE: FAILED,
-    GateVerdict.ERROR: FAILED,
-    GateVerdict.INCONCLUSIVE: WARNING,
+_PHASE_ICONS = {
+    AnalysisPhase.RUNNING: RUNNING,
+    AnalysisPhase.SUCCESSFUL: PASSED,
+    AnalysisPhase.FAILED: FAILED,
+    AnalysisPhase.ERROR: FAILED,
+    AnalysisPhase.INCONCLUSIVE: WARNING,
 }
 
 
@@ -186,7 +184,7 @@ def _plan_lines(plan: Plan) -> list[str]:
 def _job_gate_line(name: str, result: GateResult | None, planned: bool, max_samples: int | None = None) -> str:
     if result is None:
         return f"  {name:<13} {NOT_PLANNED if not planned else RUNNING + ' pending'}"
-    icon = _VERDICT_ICONS.get(result.verdict, RUNNING)
+    icon = _PHASE_ICONS[result.verdict.phase]
     parts = [f"  {name:<13} {icon} {result.verdict.value:<12}"]
     if result.recovery is not None:
         interval = ""

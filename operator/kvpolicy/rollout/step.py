@@ -18,6 +18,7 @@ from kvpolicy.analysis.checks import Stage, Verification
 from kvpolicy.analysis.model import Verdict
 from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import (
+    AnalysisPhase,
     CanaryRef,
     ConditionStatus,
     ConditionType,
@@ -29,7 +30,6 @@ from kvpolicy.api.v1alpha1 import (
     Parallelism,
     Phase,
     PodTemplateRecord,
-    VerdictKind,
 )
 from kvpolicy.planning.gpu import planning_change
 from kvpolicy.planning.planner import bf16_cause, plan
@@ -203,13 +203,13 @@ def _verify(t: Tick, verification: Verification, verdict: Verdict) -> bool:
     """One VERIFY check's verdict: a pass records its evidence, a breach rolls back, and no data waits up to
     progressDeadlineSeconds."""
     condition = verification.condition
-    if verdict.kind is VerdictKind.PASS:
+    if verdict.phase is AnalysisPhase.SUCCESSFUL:
         if verdict.evidence is not None:
             verdict.evidence.record(t.status)
         t.condition(condition, ConditionStatus.TRUE, verdict.reason, verdict.message)
         t.event("Normal", verification.passed_event, verdict.message)
         return True
-    if verdict.kind is VerdictKind.BREACH:
+    if verdict.phase is AnalysisPhase.FAILED:
         t.condition(condition, ConditionStatus.FALSE, verdict.reason, verdict.message)
         rollback(t, verdict.reason, verdict.message)
         return False

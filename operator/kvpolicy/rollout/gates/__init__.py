@@ -9,7 +9,7 @@ provider): rollout/metric_checks.py. Both speak one verdict vocabulary, `Analysi
 
 from __future__ import annotations
 
-from kvpolicy.api.v1alpha1 import GateResult, GateVerdict, KVPolicyStatus
+from kvpolicy.api.v1alpha1 import AnalysisPhase, GateResult, KVPolicyStatus
 from kvpolicy.rollout.gates.accuracy import ACCURACY
 from kvpolicy.rollout.gates.job import JobGate
 from kvpolicy.rollout.gates.latency_probe import LATENCY_PROBE
@@ -28,7 +28,7 @@ def finished_gates(before: KVPolicyStatus, after: KVPolicyStatus) -> list[tuple[
     finished = []
     for gate in JOB_GATES:
         old, new = gate.result(before), gate.result(after)
-        running = GateVerdict.RUNNING
-        if new is not None and new.verdict != running and (old is None or old.verdict == running):
+        running = AnalysisPhase.RUNNING
+        if new is not None and new.verdict.phase is not running and (old is None or old.verdict.phase is running):
             finished.append((gate, new))
     return finished

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import (
+    AnalysisPhase,
     ConditionStatus,
     ConditionType,
     GateResult,
@@ -96,10 +97,10 @@ def _recovery_text(result: GateResult, min_recovery: str) -> str:
 
 def _accuracy_judge(spec: KVPolicySpec, result: GateResult) -> Judgement:
     text = _recovery_text(result, spec.gates.accuracy.min_recovery)
-    if result.verdict == GateVerdict.PASS:
+    if result.verdict.phase is AnalysisPhase.SUCCESSFUL:
         event = Event("Normal", Reason.ACCURACY_GATE_PASSED, text)
         return Judgement(Then.ADVANCE, ConditionStatus.TRUE, Reason.RECOVERY_ABOVE_MINIMUM, text, event)
-    if result.verdict == GateVerdict.FAIL:
+    if result.verdict.phase is AnalysisPhase.FAILED:
         return Judgement(
             Then.ROLLBACK,
             ConditionStatus.FALSE,
@@ -108,7 +109,7 @@ def _accuracy_judge(spec: KVPolicySpec, result: GateResult) -> Judgement:
             Event("Warning", Reason.ACCURACY_GATE_FAILED, text),
             Decided(DecisionReason.ACCURACY_RECOVERY_BELOW_MINIMUM, text),
         )
-    if result.verdict == GateVerdict.INCONCLUSIVE:
+    if result.verdict.phase is AnalysisPhase.INCONCLUSIVE:
         return Judgement(
             Then.ROLLBACK,
             ConditionStatus.UNKNOWN,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import (
+    AnalysisPhase,
     ConditionStatus,
     ConditionType,
     GateResult,
@@ -81,9 +82,9 @@ def _probe_timed_out(spec: KVPolicySpec) -> GateResult:
 
 def _probe_judge(spec: KVPolicySpec, result: GateResult) -> Judgement:
     message = result.message
-    if result.verdict == GateVerdict.PASS:
+    if result.verdict.phase is AnalysisPhase.SUCCESSFUL:
         return Judgement(Then.ADVANCE, ConditionStatus.TRUE, Reason.PROBE_WITHIN_THRESHOLDS, message)
-    if result.verdict == GateVerdict.BREACH:
+    if result.verdict.phase is AnalysisPhase.FAILED:
         return Judgement(Then.ROLLBACK, ConditionStatus.FALSE, DecisionReason.LATENCY_BREACH, message)
     timed_out = result.reason == DecisionReason.LATENCY_PROBE_TIMEOUT
     reason = DecisionReason.LATENCY_PROBE_TIMEOUT if timed_out else DecisionReason.LATENCY_INCONCLUSIVE

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import (
+    AnalysisPhase,
     ConditionStatus,
     ConditionType,
     GateResult,
@@ -94,7 +95,7 @@ def _preflight_timed_out(spec: KVPolicySpec) -> GateResult:
 
 def _preflight_judge(spec: KVPolicySpec, result: GateResult) -> Judgement:
     message = result.message
-    if result.verdict == GateVerdict.SAFE:
+    if result.verdict.phase is AnalysisPhase.SUCCESSFUL:
         return Judgement(
             Then.ADVANCE,
             ConditionStatus.TRUE,
@@ -102,7 +103,7 @@ def _preflight_judge(spec: KVPolicySpec, result: GateResult) -> Judgement:
             message or "the probe found no accumulation cliff",
             Event("Normal", Reason.PREFLIGHT_PASSED, message or "GPU preflight: FP8 accumulation is safe on this pool"),
         )
-    if result.verdict == GateVerdict.UNSAFE:
+    if result.verdict.phase is AnalysisPhase.FAILED:
         return Judgement(
             Then.ROLLBACK,
             ConditionStatus.FALSE,
