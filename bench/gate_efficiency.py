@@ -36,6 +36,8 @@ from kvpolicy_dev.sim.accuracy import NumericsModel, answer_needles
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 FIXED_RUN = 100
+# A simulator starts in a second on an idle box; on a shared one under load it has taken more than 30 s.
+STARTUP_S = 180.0
 
 
 @dataclass(frozen=True)
@@ -144,9 +146,10 @@ def wall_table(runs: int) -> list[str]:
         "|---|---|---|---|",
     ]
     with contextlib.ExitStack() as stack:
-        baseline = stack.enter_context(start_simulator_subprocess(fast))
+        baseline = stack.enter_context(start_simulator_subprocess(fast, timeout_s=STARTUP_S))
         canaries = {
-            name: stack.enter_context(start_simulator_subprocess([*fast, *extra])) for name, extra in flags.items()
+            name: stack.enter_context(start_simulator_subprocess([*fast, *extra], timeout_s=STARTUP_S))
+            for name, extra in flags.items()
         }
         for name, url in canaries.items():
             asyncio.run(timed_gate(url, baseline, 131072, seed=999, fixed=False))  # warm the emulator caches
