@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from fake_kube import FakeKubeApi
-from kvpolicy.kube.api import DEPLOYMENTS, KVPOLICIES, ApiError
+from kvpolicy.kube.api import DEPLOYMENTS, KVPOLICIES, REQUEST_CONNECTIONS, ApiError
 from kvpolicy.runtime.reconciler import Reconciler
 from operator_helpers import CONFIG, NAMESPACE, policy_spec, target_deployment
 
@@ -95,3 +95,46 @@ async def test_a_spec_change_during_the_first_pass_ends_the_first_sleep() -> Non
     await until(lambda: reads >= 2, "a second pass at once")
     await reconciler.stop_all()
     assert not reconciler._loops
+
+
+async def test_the_first_pass_starts_from_the_policy_the_event_brought() -> None:
+    """Thousands of policies starting at once: no GET each for what the watch event already holds."""
+    api = FakeKubeApi()
+    policy = raw_policy("a")
+    api.put(KVPOLICIES, NAMESPACE, policy)
+    target = target_deployment()
+    target["metadata"]["name"] = "a"
+    api.put(DEPLOYMENTS, NAMESPACE, target)
+    reconciler = Reconciler(api, CONFIG)
+    reconciler.start(NAMESPACE, "a", "uid-a", policy)
+    await until(lambda: "patch kvpolicies" in api.calls, "the first status")
+    await reconciler.stop_all()
+    assert "get kvpolicies" not in api.calls
+
+
+async def test_passes_in_flight_are_as_many_as_the_client_has_connections() -> None:
+    """Thousands of passes started together each hold their policy and observations while they queue for one of
+    the client's connections: they wait for a turn before starting instead."""
+    api = FakeKubeApi()
+    reconciler = Reconciler(api, CONFIG)
+    release = asyncio.Event()
+    in_flight = 0
+    most = 0
+
+    async def get(*args: Any) -> Any:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await release.wait()
+        in_flight -= 1
+        return None  # gone: the loop ends
+
+    api.get = get  # type: ignore[method-assign]
+    for index in range(REQUEST_CONNECTIONS + 36):
+        reconciler.start(NAMESPACE, f"p{index}", f"uid-{index}")
+    await until(lambda: in_flight == REQUEST_CONNECTIONS, "the first passes")
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert most == REQUEST_CONNECTIONS
+    release.set()
+    await until(lambda: not reconciler._loops, "every loop to end")

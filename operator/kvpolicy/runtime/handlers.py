@@ -233,8 +233,10 @@ async def watched(body: kopf.Body, event: kopf.RawEvent, memo: Any, **_: Any) ->
         reconciler = _reconciler(memo)
         namespace, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
         deleting = bool(meta.get("deletionTimestamp"))
-        if not deleting and event.get("type") != "DELETED":
-            reconciler.start(namespace, name, uid)
+        if not deleting and event.get("type") != "DELETED" and not reconciler.running(uid):
+            reconciler.start(
+                namespace, name, uid, {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), **body}
+            )
         reconciler.notice(uid, meta.get("generation"), deleting)
         if event.get("type") == "DELETED":
             reconciler.released(namespace, name)

@@ -34,7 +34,7 @@ from kvpolicy.api.v1alpha1 import (
     PodTemplateRecord,
     TargetRef,
 )
-from kvpolicy.kube.api import JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, label_selector
+from kvpolicy.kube.api import JOBS, KVPOLICIES, REQUEST_CONNECTIONS, SERVICES, ApiError, KubeApi, label_selector
 from kvpolicy.kube.executor import Rejected, apply_actions, post_events, resource_for, write_status
 from kvpolicy.kube.observe import LatencyAnalyser, Observer, traffic_objects
 from kvpolicy.notify import metrics
@@ -136,6 +136,10 @@ class Reconciler:
     # flag with a thread event, a logger, the handler's kwargs, the latest body kept for it) cost more memory than
     # the loop itself (issue 28).
     _loops: dict[str, tuple[asyncio.Task[None], LoopStop]] = field(default_factory=dict, init=False)
+    # Passes in flight at once. The client has this many connections: thousands of passes started together (a
+    # restart, a batch of new policies) would otherwise all hold their policy, observations and step result while
+    # queued for one, and all finish late rather than in turn (issue 28).
+    _passes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(REQUEST_CONNECTIONS), init=False)
 
     @property
     def observer(self) -> Observer:
@@ -181,11 +185,14 @@ class Reconciler:
 
     # ----------------------------------------------------------------------------------------------------- loops
 
-    def start(self, namespace: str, name: str, uid: str) -> None:
+    def start(self, namespace: str, name: str, uid: str, seen: Obj | None = None) -> None:
         """Run the policy's loop in a task of its own, unless it runs already (called for each watch event of a
-        policy that is not being deleted: the first one starts it)."""
+        policy that is not being deleted: the first one starts it). `seen`: the policy as the event brought it, which
+        the first pass starts from instead of reading it again (a GET per policy when thousands start at once)."""
         if uid in self._loops:
             return
+        if seen is not None:
+            self._known[uid] = seen
         stop = LoopStop()
         task = asyncio.create_task(self.run_policy(namespace, name, uid, stop), name=f"policy {namespace}/{name}")
         self._loops[uid] = (task, stop)
@@ -224,7 +231,8 @@ class Reconciler:
         try:
             while not stopped:
                 try:
-                    delay = await self.reconcile_once(namespace, name, uid)
+                    async with self._passes:
+                        delay = await self.reconcile_once(namespace, name, uid)
                     failures = 0
                     self._backing_off.discard(uid)
                 except ApiError as error:
