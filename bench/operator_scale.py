@@ -201,7 +201,13 @@ def operator_writes(cluster: ThreadedDevCluster, since: int) -> Counter[str]:
 
 
 def run_once(
-    count: int, waiting_fraction: float, poll_seconds: float, settle: float, give_up: float, profile: Path | None
+    count: int,
+    waiting_fraction: float,
+    poll_seconds: float,
+    settle: float,
+    give_up: float,
+    profile: Path | None,
+    steady_only: bool = False,
 ) -> dict[str, Any]:
     waiting = {index for index in range(count) if index < round(count * waiting_fraction)}
     decided = [index for index in range(count) if index not in waiting]
@@ -245,6 +251,10 @@ def run_once(
             time.sleep(settle)
             result["steady_rss_mib"] = mib(pid)
             snapshot()
+            print(json.dumps(result), file=sys.stderr, flush=True)  # so far (a loaded box may not get further)
+            if steady_only:
+                result["operator_cpu_seconds"] = round(cpu_seconds(pid), 1)
+                return result
             # 3. delete all
             for index in range(count):
                 cluster.delete(*KVP, f"model-{index}", NAMESPACE)
@@ -252,6 +262,7 @@ def run_once(
             time.sleep(settle)
             result["after_delete_rss_mib"] = mib(pid)
             snapshot()
+            print(json.dumps(result), file=sys.stderr, flush=True)
             # 4. create at once, the operator running
             sampler.reset()
             since = len(cluster.writes())
@@ -308,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-seconds", type=float, default=5.0, help="KVPOLICY_POLL_SECONDS of the operator")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds before each steady RSS reading")
     parser.add_argument("--give-up-after", type=float, default=1200.0)
+    parser.add_argument("--steady-only", action="store_true", help="stop after the steady RSS (stages 1 and 2)")
     parser.add_argument(
         "--profile", type=Path, help="the operator under cProfile and tracemalloc (bench/operator_profile.py), into DIR"
     )
@@ -321,10 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "---:|" * len(COLUMNS))
     for count in args.policies:
         profile = args.profile / str(count) if args.profile else None
-        result = run_once(count, args.waiting, args.poll_seconds, args.settle, args.give_up_after, profile)
+        result = run_once(
+            count, args.waiting, args.poll_seconds, args.settle, args.give_up_after, profile, args.steady_only
+        )
         result["load_average_after"] = round(os.getloadavg()[0], 1)
         print(json.dumps(result), file=sys.stderr, flush=True)
-        print("| " + " | ".join(str(result[key]) for key, _ in COLUMNS) + " |", flush=True)
+        print("| " + " | ".join(str(result.get(key, "-")) for key, _ in COLUMNS) + " |", flush=True)
     return 0
 
 
