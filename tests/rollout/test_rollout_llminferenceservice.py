@@ -156,3 +156,42 @@ def test_an_llminferenceservice_whose_canary_fails_the_accuracy_gate_is_left_as_
     actions = [action for result in driver.results for action in result.actions if action.kind == ISVC.object_kind]
     assert [type(action) for action in actions[-2:]] == [Patch, Delete], "weight 0, then deleted"
     assert driver.world.deployments == {}
+
+
+def _main_env(pod: dict[str, Any] | None) -> str | None:
+    for container in (pod or {}).get("containers") or []:
+        if container.get("name") == "main":
+            return next((e["value"] for e in container.get("env") or [] if e["name"] == "VLLM_ADDITIONAL_ARGS"), None)
+    return None
+
+
+def test_multi_node_and_prefill_pod_specs_get_the_same_kv_flags_and_a_rollback_restores_them_exactly() -> None:
+    """Every vLLM container of the service (template, worker, prefill, prefill worker) reads its own
+    VLLM_ADDITIONAL_ARGS: an FP8 decode beside a BF16 prefill would pair two KV-cache formats."""
+    target = target_llminferenceservice()
+    main = target["spec"]["template"]["containers"][0]
+    target["spec"]["worker"] = {
+        "containers": [{"name": "main", "env": [{"name": "VLLM_ADDITIONAL_ARGS", "value": BASE}]}]
+    }
+    target["spec"]["prefill"] = {"replicas": 1, "template": {"containers": [{"name": "main"}]}, "worker": {}}
+    main["name"] = "main"
+    before = ISVC.record(target, None)
+    assert set(before.companions or {}) == {"worker", "prefill", "prefill.worker"}
+    desired = ISVC.with_plan(before, FP8_PLAN)
+    promoted = jsonpatch.apply_patch(target, ISVC.patch(target, None, desired))
+    assert _main_env(promoted["spec"]["worker"]) == f"{BASE} {FP8}"
+    assert _main_env(promoted["spec"]["prefill"]["template"]) == FP8
+    assert _main_env(promoted["spec"]["prefill"]["worker"]) == FP8, "a main container added where the preset's is"
+    assert ISVC.record(promoted, None) == desired and not drift.differences(desired, ISVC.record(promoted, None))
+    assert "image" not in promoted["spec"]["worker"]["containers"][0], "the preset's image stays"
+    canary = ISVC.canary(POLICY, "c", target, make_policy(**ISVC_REF).spec, FP8_PLAN)
+    assert ISVC.record(canary, None) == desired, "the canary's every pod spec runs the plan"
+    assert canary["spec"]["prefill"]["replicas"] == 1 and ISVC.serving_selector(canary)[
+        "app.kubernetes.io/component"
+    ] == ("llminferenceservice-workload-leader")
+    restored = jsonpatch.apply_patch(promoted, ISVC.patch(promoted, None, before))
+    assert ISVC.record(restored, None) == before
+    edited = jsonpatch.apply_patch(promoted, [{"op": "add", "path": "/spec/prefill/template/containers/0/env/0/value",
+                                               "value": "--kv-cache-dtype auto"}])  # fmt: skip
+    found = drift.differences(desired, ISVC.record(edited, None))
+    assert [item.field for item in found] == ["prefill KVArguments", "prefill Env"]
