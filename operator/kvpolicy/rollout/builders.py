@@ -419,8 +419,11 @@ def _service(policy: PolicyRef, name: str, role: str, selector: Mapping[str, str
     }
 
 
-def canary_service(policy: PolicyRef, name: str, port: int) -> Obj:
-    return _service(policy, name, ROLE_CANARY, {**policy_labels(policy.name), CANARY_LABEL: name}, port)
+def canary_service(policy: PolicyRef, name: str, port: int, serving: Mapping[str, str] | None = None) -> Obj:
+    """The canary's serving pods (`serving`: labels only they carry among the canary's pods, where its workers carry
+    the canary label too)."""
+    selector = {**policy_labels(policy.name), CANARY_LABEL: name, **(serving or {})}
+    return _service(policy, name, ROLE_CANARY, selector, port)
 
 
 def baseline_service(policy: PolicyRef, selector: Mapping[str, str], port: int, name: str) -> Obj:

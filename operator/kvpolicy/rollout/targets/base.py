@@ -183,6 +183,10 @@ class ServingTarget(ABC):
         else what is still awaited. Label-selected traffic reaches the canary's ready pods at once."""
         return None
 
+    def routing_group(self, target: Mapping[str, Any]) -> str | None:
+        """The routing group the canary joins by weight (None: the kind has none, or the target is in none)."""
+        return None
+
     def step_weight(self, name: str, target: Mapping[str, Any], share: int) -> int | str | None:
         """The canary's weight that gives it `share` percent of the traffic it joined, or why no weight can (a
         message); None where its share is not a weight the rollout steps (label-selected traffic: its replicas)."""
@@ -210,6 +214,11 @@ class ServingTarget(ABC):
     @abstractmethod
     def serving_selector(self, target: Mapping[str, Any]) -> dict[str, str]:
         """Labels selecting the target's serving pods: the baseline the gates probe and the analysis scrapes."""
+
+    def serving_labels(self, target: Mapping[str, Any]) -> dict[str, str]:
+        """Labels that tell a copy's serving pods from its other pods, where the kind cannot keep the canary's label
+        off those (KServe puts an LLMInferenceService's spec.labels on its workers too)."""
+        return {}
 
     @abstractmethod
     def rolled_out(self, target: Mapping[str, Any]) -> bool:

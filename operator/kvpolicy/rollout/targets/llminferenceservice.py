@@ -96,10 +96,12 @@ class LLMInferenceServiceTarget(ServingTarget):
         name = str(self.container(target, container).get("name") or "main")
         found: dict[str, Companion] = {}
         for role, keys in COMPANION_SPECS:
-            if keys[0] not in spec:
+            parent = spec.get(keys[0])
+            pod = parent if len(keys) == 1 else (parent or {}).get(keys[1])
+            # A worker pod spec makes a workload multi-node: only one the spec names is a companion. A prefill
+            # workload's template may be left to the preset, which runs vLLM there all the same.
+            if parent is None or (keys[-1] == "worker" and pod is None):
                 continue
-            parent = spec[keys[0]] or {}
-            pod = parent.get(keys[1]) if len(keys) > 1 else parent
             containers = list((pod or {}).get("containers") or [])
             index = next((i for i, item in enumerate(containers) if item.get("name") == name), None)
             found[role] = Companion("/spec/" + "/".join(keys), containers, index, name, spec_exists=pod is not None)
@@ -166,8 +168,12 @@ class LLMInferenceServiceTarget(ServingTarget):
         wanted = f"weight {weight}" if weight is not None else "a weight"
         return f"waiting for routing group {group} to list {name} with {wanted} (status.router.group.members)"
 
-    def step_weight(self, name: str, target: Mapping[str, Any], share: int) -> int | str | None:
+    def routing_group(self, target: Mapping[str, Any]) -> str | None:
         group = _route(target).get("group")
+        return str(group) if group is not None else None
+
+    def step_weight(self, name: str, target: Mapping[str, Any], share: int) -> int | str | None:
+        group = self.routing_group(target)
         if group is None:
             return None
         # Weights are proportional: the canary's share is w / (w + the other serving members' weights).
@@ -201,8 +207,12 @@ class LLMInferenceServiceTarget(ServingTarget):
         return [Patch(self.object_kind, str(canary["metadata"]["name"]), _STOP)]
 
     def serving_selector(self, target: Mapping[str, Any]) -> dict[str, str]:
+        return {NAME_LABEL: str(target["metadata"]["name"]), **self.serving_labels(target)}
+
+    def serving_labels(self, target: Mapping[str, Any]) -> dict[str, str]:
+        # The decode leaders (or single-node pods) serve; prefill pods and workers carry spec.labels too.
         multi_node = "worker" in (target.get("spec") or {})
-        return {NAME_LABEL: str(target["metadata"]["name"]), COMPONENT_LABEL: LEADER if multi_node else WORKLOAD}
+        return {COMPONENT_LABEL: LEADER if multi_node else WORKLOAD}
 
     def rolled_out(self, target: Mapping[str, Any]) -> bool:
         status = target.get("status") or {}
