@@ -8,6 +8,7 @@ import jsonpatch
 import pytest
 from kvpolicy.api.v1alpha1 import KVCacheDtype, Plan, PodTemplateRecord
 from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.gates import accuracy, latency_probe
 from kvpolicy.rollout.targets.deployment import DeploymentTarget
 from operator_helpers import CONFIG, TARGET_ARGS, make_policy, target_deployment
 
@@ -149,7 +150,7 @@ def test_gate_job_is_single_shot_with_a_deadline_and_a_termination_message() -> 
             name="llama-fp8-accuracy-g1",
             role=b.ROLE_GATE,
             image="kvpolicy:1",
-            command=b.accuracy_command(spec, "http://c:8000", "http://b:8000"),
+            command=accuracy.command(spec, "http://c:8000", "http://b:8000"),
             timeout_seconds=3600,
             resources=CONFIG.gate_resources,
             pod_placement={},
@@ -167,9 +168,9 @@ def test_gate_job_is_single_shot_with_a_deadline_and_a_termination_message() -> 
 
 def test_latency_probe_sweeps_at_least_three_lengths_up_to_the_longest() -> None:
     spec = make_policy(**{"workload.maxContextTokens": 32768, "workload.typicalContextTokens": 8192}).spec
-    assert b.latency_lengths(spec) == [2048, 8192, 32768]
-    command = b.latency_command(spec, "http://c:8000", "http://b:8000")
+    assert latency_probe.lengths(spec) == [2048, 8192, 32768]
+    command = latency_probe.command(spec, "http://c:8000", "http://b:8000")
     start = command.index("--workload-lengths") + 1
     assert command[start : start + 2] == ["8192", "32768"]
     full = make_policy(**{"workload.typicalContextTokens": 131072}).spec
-    assert b.latency_lengths(full) == [8184, 32736, 130944], "the longest leaves room for the answer"
+    assert latency_probe.lengths(full) == [8184, 32736, 130944], "the longest leaves room for the answer"

@@ -16,7 +16,16 @@ from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 GROUP = "kvpolicy.dev"
@@ -233,8 +242,25 @@ class Phase(StrEnum):
 TERMINAL_PHASES = frozenset({Phase.HELD_BF16, Phase.PROMOTED, Phase.ROLLED_BACK})
 
 
+class AnalysisPhase(StrEnum):
+    """The one verdict every gate comes to, Job gate and metrics check alike (after Argo Rollouts' AnalysisPhase): the
+    step, the analysis and `kubectl kvpolicy` decide by it. Status keeps each gate's own word for it (`GateVerdict`)."""
+
+    RUNNING = "Running"
+    SUCCESSFUL = "Successful"
+    FAILED = "Failed"
+    INCONCLUSIVE = "Inconclusive"  # measured, but the evidence cannot tell
+    ERROR = "Error"  # could not measure: the Job ended without a verdict, the metrics provider could not answer
+
+    @property
+    def conclusive(self) -> bool:
+        return self in (AnalysisPhase.SUCCESSFUL, AnalysisPhase.FAILED)
+
+
 class GateVerdict(StrEnum):
-    """What a gate Job reported (its GateReport), or Running while it runs. Error: it ended without a verdict."""
+    """What a gate said, in its own word, as status shows it: a gate Job's report (Pass/Fail/Inconclusive for the
+    accuracy gate, Safe/Unsafe for the GPU preflight, Pass/Breach for the latency probe; Error: it ended without one;
+    Running while it runs), or a metrics check (Pass, Breach, NoData, ProviderUnavailable). `phase` is what it means."""
 
     RUNNING = "Running"
     PASS = "Pass"
@@ -244,19 +270,55 @@ class GateVerdict(StrEnum):
     UNSAFE = "Unsafe"
     INCONCLUSIVE = "Inconclusive"
     ERROR = "Error"
-
-
-class VerdictKind(StrEnum):
-    """A latency analysis check's verdict."""
-
-    PASS = "Pass"
-    BREACH = "Breach"
     NO_DATA = "NoData"
     PROVIDER_UNAVAILABLE = "ProviderUnavailable"
 
     @property
+    def phase(self) -> AnalysisPhase:
+        return _VERDICT_PHASES[self]
+
+    @property
     def conclusive(self) -> bool:
-        return self in (VerdictKind.PASS, VerdictKind.BREACH)
+        return self.phase.conclusive
+
+
+# The words a metrics check says (status.latency.last.verdict), and those a gate Job's record says.
+CHECK_VERDICTS = (GateVerdict.PASS, GateVerdict.BREACH, GateVerdict.NO_DATA, GateVerdict.PROVIDER_UNAVAILABLE)
+JOB_VERDICTS = tuple(v for v in GateVerdict if v not in (GateVerdict.NO_DATA, GateVerdict.PROVIDER_UNAVAILABLE))
+
+
+def _only(allowed: tuple[GateVerdict, ...]) -> BeforeValidator:
+    """Admit only these words (the field's CRD enum says the same)."""
+    quoted = [f"'{verdict.value}'" for verdict in allowed]
+    expected = f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+    def check(value: Any) -> Any:
+        if value not in allowed:
+            raise ValueError(f"Input should be {expected}")
+        return value
+
+    return BeforeValidator(check)
+
+
+CheckVerdictWord = Annotated[
+    GateVerdict, _only(CHECK_VERDICTS), Field(json_schema_extra={"enum": [v.value for v in CHECK_VERDICTS]})
+]
+JobVerdictWord = Annotated[
+    GateVerdict, _only(JOB_VERDICTS), Field(json_schema_extra={"enum": [v.value for v in JOB_VERDICTS]})
+]
+
+_VERDICT_PHASES = {
+    GateVerdict.RUNNING: AnalysisPhase.RUNNING,
+    GateVerdict.PASS: AnalysisPhase.SUCCESSFUL,
+    GateVerdict.SAFE: AnalysisPhase.SUCCESSFUL,
+    GateVerdict.FAIL: AnalysisPhase.FAILED,
+    GateVerdict.BREACH: AnalysisPhase.FAILED,
+    GateVerdict.UNSAFE: AnalysisPhase.FAILED,
+    GateVerdict.INCONCLUSIVE: AnalysisPhase.INCONCLUSIVE,
+    GateVerdict.NO_DATA: AnalysisPhase.INCONCLUSIVE,
+    GateVerdict.ERROR: AnalysisPhase.ERROR,
+    GateVerdict.PROVIDER_UNAVAILABLE: AnalysisPhase.ERROR,
+}
 
 
 class DecisionResult(StrEnum):
@@ -1262,7 +1324,7 @@ class Condition(_Model):
 class GateResult(_Model):
     """A finished (or running) gate: accuracy, GPU preflight or latency probe."""
 
-    verdict: GateVerdict = Field(description="Pass, Fail, Breach, Safe, Unsafe, Inconclusive, Error (or Running).")
+    verdict: JobVerdictWord = Field(description="Pass, Fail, Breach, Safe, Unsafe, Inconclusive, Error (or Running).")
     reason: str = ""
     message: str = ""
     job: str | None = None
@@ -1277,7 +1339,7 @@ class GateResult(_Model):
 
 
 class LatencyCheck(_Model):
-    verdict: VerdictKind = Field(description="Pass, Breach, NoData or ProviderUnavailable.")
+    verdict: CheckVerdictWord = Field(description="Pass, Breach, NoData or ProviderUnavailable.")
     reason: str = ""
     message: str = ""
     ratios: dict[str, float] = Field(default_factory=dict, description="e.g. ttft_p95: canary/baseline.")

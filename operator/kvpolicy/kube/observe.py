@@ -40,7 +40,7 @@ from kvpolicy.kube.executor import resource_for
 from kvpolicy.kube.references import ReferenceReader, prometheus_credentials
 from kvpolicy.planning.gpu import PRESENT_LABEL, gpu_facts, required_affinity_admits
 from kvpolicy.rollout import builders as b
-from kvpolicy.rollout.job_gates import PHASE_GATES
+from kvpolicy.rollout.gates import PHASE_GATES
 from kvpolicy.rollout.metric_checks import check_due, checks_for, needs_baseline
 from kvpolicy.rollout.ownership import governing_policy
 from kvpolicy.rollout.rules import rollout_hash

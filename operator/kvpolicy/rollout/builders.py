@@ -540,85 +540,8 @@ def api_key_env(spec: KVPolicySpec) -> list[Obj]:
     return [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
-def _api_key_args(spec: KVPolicySpec) -> list[str]:
+def api_key_args(spec: KVPolicySpec) -> list[str]:
     return ["--api-key-env", API_KEY_ENV] if spec.vllm_auth is not None else []
-
-
-def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]:
-    accuracy = spec.gates.accuracy
-    return [
-        "kvpolicy",
-        "gate",
-        "accuracy",
-        "--canary",
-        canary_url,
-        "--baseline",
-        baseline_url,
-        "--length",
-        str(spec.capped_accuracy_length),
-        "--model",
-        spec.model.served_model_name,
-        "--min-recovery",
-        accuracy.min_recovery,
-        "--confidence",
-        accuracy.confidence,
-        "--max-samples",
-        str(accuracy.max_samples),
-        "--baseline-floor",
-        accuracy.baseline_floor,
-        *_api_key_args(spec),
-    ]
-
-
-def latency_lengths(spec: KVPolicySpec) -> list[int]:
-    """Prompt lengths the latency probe fits its curves over (at least three): spread up to the longest prompt."""
-    longest = spec.capped_accuracy_length
-    lengths = {max(1, longest // 16), max(1, longest // 4), min(spec.workload.typical_tokens, longest), longest}
-    return sorted(lengths)
-
-
-def latency_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]:
-    latency = spec.gates.latency
-    longest = spec.capped_accuracy_length
-    workload = sorted({min(spec.workload.typical_tokens, longest), longest})
-    return [
-        "kvpolicy",
-        "gate",
-        "latency",
-        "--canary",
-        canary_url,
-        "--baseline",
-        baseline_url,
-        "--model",
-        spec.model.served_model_name,
-        "--lengths",
-        *[str(length) for length in latency_lengths(spec)],
-        "--workload-lengths",
-        *[str(length) for length in workload],
-        "--ttft-max-ratio",
-        latency.ttft_max_ratio,
-        "--itl-max-ratio",
-        latency.itl_max_ratio,
-        *_api_key_args(spec),
-    ]
-
-
-def preflight_command(spec: KVPolicySpec, probe_backend: str) -> list[str]:
-    """The probe measures the attention the canary will run (`probe_backend`, see attention.PROBE_BACKENDS) up to
-    the full context the gates vouch for: it sends no prompt, so it needs no room for an answer (hence the uncapped
-    `accuracy_length`)."""
-    return [
-        "python",
-        "-m",
-        "kvkernels.probe",
-        "--backend",
-        probe_backend,
-        "--max-len",
-        str(spec.accuracy_length),
-        "--head-dim",
-        str(spec.model.head_dim),
-        "--json",
-    ]
 
 
 def pod_placement(pod_spec: Mapping[str, Any]) -> Obj:

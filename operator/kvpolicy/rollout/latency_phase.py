@@ -11,6 +11,7 @@ from kvpolicy.analysis.model import AnalysisState, Verdict
 from kvpolicy.analysis.verdicts import next_analysis_state
 from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import (
+    AnalysisPhase,
     ConditionStatus,
     ConditionType,
     GateResult,
@@ -21,10 +22,10 @@ from kvpolicy.api.v1alpha1 import (
     RoutingGroupStatus,
     RoutingGroupTraffic,
     Traffic,
-    VerdictKind,
 )
 from kvpolicy.rollout import traffic_router, traffic_share
-from kvpolicy.rollout.job_gates import LATENCY_PROBE, Then
+from kvpolicy.rollout.gates.job import Then
+from kvpolicy.rollout.gates.latency_probe import LATENCY_PROBE
 from kvpolicy.rollout.rules import latency_gate_config
 from kvpolicy.rollout.step_types import Obj, Patch, parse_timestamp, timestamp
 from kvpolicy.rollout.tick import Tick, advance, deadline_rollback, rollback, run_job, watch_capacity
@@ -190,7 +191,7 @@ def _live(t: Tick) -> None:
         state, outcome = next_analysis_state(config, analysis_state(latency), verdict, t.now)
         record_check(latency, state, verdict, t.now)
         traffic_share.record(t, verdict)
-        if verdict.kind == VerdictKind.BREACH and outcome.action != AnalysisAction.ROLLBACK:
+        if verdict.phase is AnalysisPhase.FAILED and outcome.action != AnalysisAction.ROLLBACK:
             t.event("Warning", Reason.LATENCY_BREACH, outcome.message)
         if outcome.action == AnalysisAction.PROMOTE:
             t.condition(GATE, ConditionStatus.TRUE, outcome.reason, outcome.message)

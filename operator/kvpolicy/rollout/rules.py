@@ -19,7 +19,8 @@ from kvpolicy.api.v1alpha1 import (
     parse_decimal,
 )
 from kvpolicy.rollout.conditions import condition_holds
-from kvpolicy.rollout.job_gates import GATE_OF_PHASE, LATENCY_PROBE
+from kvpolicy.rollout.gates import GATE_OF_PHASE
+from kvpolicy.rollout.gates.latency_probe import LATENCY_PROBE
 from kvpolicy.rollout.step_types import parse_timestamp
 
 # Spec fields that steer a running rollout, or say how its decision is applied and watched, rather than define what

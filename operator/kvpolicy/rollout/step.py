@@ -5,7 +5,7 @@ is idempotent (deterministic names, create-if-absent, patches computed from what
 after a crash or an operator restart repeats nothing harmful and loses nothing.
 
 The phases (`Phase` in the API) are handled here, except the Job gates' (gate_phase.py, one table entry each in
-job_gates.py) and LatencyAnalysis (latency_phase.py); `Tick` and the transitions are in tick.py, the spec-derived rules
+gates/) and LatencyAnalysis (latency_phase.py); `Tick` and the transitions are in tick.py, the spec-derived rules
 in rules.py. Metrics checks (metric_checks.py) are reacted to by their stage: VERIFY ones here, before any gate.
 """
 
@@ -18,6 +18,7 @@ from kvpolicy.analysis.checks import Stage, Verification
 from kvpolicy.analysis.model import Verdict
 from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import (
+    AnalysisPhase,
     CanaryRef,
     ConditionStatus,
     ConditionType,
@@ -29,14 +30,14 @@ from kvpolicy.api.v1alpha1 import (
     Parallelism,
     Phase,
     PodTemplateRecord,
-    VerdictKind,
 )
 from kvpolicy.planning.gpu import planning_change
 from kvpolicy.planning.planner import bf16_cause, plan
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout import drift, traffic_router
 from kvpolicy.rollout.gate_phase import job_gate_phase
-from kvpolicy.rollout.job_gates import PHASE_GATES, JobGate
+from kvpolicy.rollout.gates import PHASE_GATES
+from kvpolicy.rollout.gates.job import JobGate
 from kvpolicy.rollout.latency_phase import latency_analysis
 from kvpolicy.rollout.rules import rollout_hash
 from kvpolicy.rollout.step_types import (
@@ -203,13 +204,13 @@ def _verify(t: Tick, verification: Verification, verdict: Verdict) -> bool:
     """One VERIFY check's verdict: a pass records its evidence, a breach rolls back, and no data waits up to
     progressDeadlineSeconds."""
     condition = verification.condition
-    if verdict.kind is VerdictKind.PASS:
+    if verdict.phase is AnalysisPhase.SUCCESSFUL:
         if verdict.evidence is not None:
             verdict.evidence.record(t.status)
         t.condition(condition, ConditionStatus.TRUE, verdict.reason, verdict.message)
         t.event("Normal", verification.passed_event, verdict.message)
         return True
-    if verdict.kind is VerdictKind.BREACH:
+    if verdict.phase is AnalysisPhase.FAILED:
         t.condition(condition, ConditionStatus.FALSE, verdict.reason, verdict.message)
         rollback(t, verdict.reason, verdict.message)
         return False

@@ -30,7 +30,8 @@ from kvpolicy.api.v1alpha1 import (
 from kvpolicy.gate_programs.report import read_report
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.conditions import condition_holds, find_condition, set_condition
-from kvpolicy.rollout.job_gates import JOB_GATES, PHASE_GATES, JobGate, JobInputs
+from kvpolicy.rollout.gates import JOB_GATES, PHASE_GATES
+from kvpolicy.rollout.gates.job import JobGate, JobInputs
 from kvpolicy.rollout.step_types import (
     Action,
     Create,

@@ -41,7 +41,8 @@ from kvpolicy.notify import metrics
 from kvpolicy.notify.notifier import Notifier
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.conditions import set_condition
-from kvpolicy.rollout.job_gates import JOB_GATES, finished_gates
+from kvpolicy.rollout.gates import JOB_GATES, finished_gates
+from kvpolicy.rollout.metric_checks import taken_checks
 from kvpolicy.rollout.rules import phase_deadline
 from kvpolicy.rollout.step import step
 from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult, parse_timestamp, timestamp
@@ -323,6 +324,8 @@ class Reconciler:
                 done.baseline_score,
                 gate.min_recovery(policy.spec),
             )
+        for taken in taken_checks(before, after, observations.checks):
+            metrics.count_gate_result(taken.check.name, taken.verdict.kind)
         for gate in JOB_GATES:
             if gate.result(after) is None:
                 metrics.clear_gate(namespace, name, gate.name)
