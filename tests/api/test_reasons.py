@@ -165,6 +165,112 @@ def test_the_reason_literal_check_catches_a_spelled_or_built_reason() -> None:
     assert _reason_literals(built) == [(1, "f'No{side.role.capitalize()}Series'")]
 
 
+# Parameters and fields that carry a reason code: a function, dataclass, model or exception taking one is a place a
+# reason is passed (events, conditions, decisions, Judgement and Decided, gate results and reports, verdicts,
+# outcomes, exceptions that carry a reason, the planner's say/refuse, a restart's warning, a check's waiting reason).
+REASON_PARAMETERS = {"reason", "code", "waiting_reason", "passed_event", "warning"}
+# Whose `reason` is a sentence saying why, not a code: the attention table's backends and the choice among them.
+SENTENCE_REASONS = {"Backend", "Choice"}
+
+
+def _reason_sinks(root: Path) -> dict[str, set[int]]:
+    """Every callable of the package that takes a reason: its name, and the positions of its reason arguments."""
+    sinks: dict[str, set[int]] = {}
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name != "__init__":
+                names = [argument.arg for argument in (*node.args.posonlyargs, *node.args.args)]
+                skip = 1 if names[:1] in (["self"], ["cls"]) else 0
+                positions = {index - skip for index, name in enumerate(names) if name in REASON_PARAMETERS}
+            elif isinstance(node, ast.ClassDef) and node.name not in SENTENCE_REASONS:
+                init = next(
+                    (item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None
+                )
+                if init is not None:
+                    names = [argument.arg for argument in init.args.args][1:]
+                else:
+                    names = [
+                        item.target.id
+                        for item in node.body
+                        if isinstance(item, ast.AnnAssign)
+                        and isinstance(item.target, ast.Name)
+                        and "ClassVar" not in ast.unparse(item.annotation)
+                    ]
+                positions = {index for index, name in enumerate(names) if name in REASON_PARAMETERS}
+            else:
+                continue
+            if positions:
+                sinks.setdefault(node.name, set()).update(positions)
+    return sinks
+
+
+def _spelled(argument: ast.expr) -> bool:
+    """Whether an argument writes a reason out as text (a literal, an f-string, a concatenation, a format) instead of
+    naming a member or passing one on. An empty string is no reason."""
+    if isinstance(argument, ast.IfExp):
+        return _spelled(argument.body) or _spelled(argument.orelse)
+    if isinstance(argument, ast.BoolOp):
+        return any(_spelled(value) for value in argument.values)
+    if isinstance(argument, ast.BinOp):
+        return _spelled(argument.left) or _spelled(argument.right)
+    if isinstance(argument, ast.Call) and isinstance(argument.func, ast.Attribute):
+        return argument.func.attr in ("format", "join", "capitalize", "title")
+    return isinstance(argument, ast.JoinedStr) or (
+        isinstance(argument, ast.Constant) and bool(argument.value) and isinstance(argument.value, str)
+    )
+
+
+def _spelled_reasons(tree: ast.AST, sinks: dict[str, set[int]]) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if name in SENTENCE_REASONS:
+            continue
+        arguments = [node.args[index] for index in sorted(sinks.get(name, ())) if index < len(node.args)]
+        arguments += [keyword.value for keyword in node.keywords if keyword.arg in REASON_PARAMETERS]
+        found += [(node.lineno, ast.unparse(argument)) for argument in arguments if _spelled(argument)]
+    return found
+
+
+def test_every_reason_passed_names_a_member_of_the_reasons_module() -> None:
+    """Wherever the operator passes a reason, it names a member of api/reasons.py (or passes one on): never a
+    literal or a built string, whether or not the text is a known reason (that is the test above)."""
+    sinks = _reason_sinks(PACKAGE)
+    assert {"Event", "condition", "set_condition", "rollback", "decide", "Judgement", "Decided", "GateResult"} <= set(
+        sinks
+    )
+    assert {"Verdict", "Outcome", "ProviderUnavailableError", "GateReport", "problem", "say"} <= set(sinks)
+    offenders = {
+        f"{name}:{line} {source}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if not (name := path.relative_to(PACKAGE).as_posix()).startswith("api/")
+        for line, source in _spelled_reasons(ast.parse(path.read_text()), sinks)
+    }
+    assert offenders == set()
+
+
+def test_the_reason_argument_check_catches_a_reason_written_out_in_any_call() -> None:
+    sinks = {"event": {1}, "Judgement": {2}, "Decided": {0}, "ProviderUnavailableError": {0}, "Verdict": {1}}
+    source = """
+t.event("Warning", "SomethingOdd", message)
+t.event("Normal", Reason.PROMOTED, "promoted")
+Judgement(Then.ADVANCE, ConditionStatus.TRUE, f"{gate}Passed", message)
+judgement = Judgement(Then.ROLLBACK, ConditionStatus.FALSE, result.reason, message, decision=Decided("Bad" + x, m))
+raise ProviderUnavailableError(AnalysisReason.QUERY_REJECTED if rejected else "Down", message)
+Verdict(kind, reason="{}Breach".format(metric), message="")
+GateResult(verdict=verdict, reason="", message="no reason yet")
+"""
+    assert sorted(_spelled_reasons(ast.parse(source), sinks)) == [
+        (2, "'SomethingOdd'"),
+        (4, "f'{gate}Passed'"),
+        (5, "'Bad' + x"),
+        (6, "AnalysisReason.QUERY_REJECTED if rejected else 'Down'"),
+        (7, "'{}Breach'.format(metric)"),
+    ]
+
+
 # Values the controller must never spell as string literals in a comparison.
 CONTRACT_VALUES = ALL_REASONS | {*Phase, *GateVerdict, *DecisionResult}
 

@@ -77,7 +77,10 @@ def test_log_mode_prints_a_line_per_milestone_only(make_policy: Any) -> None:
     display.update(progress_of([make_policy("llama-longdoc", running)], NOW))
     more = {"phase": "AccuracyGate", "accuracy": {"verdict": "Running", "samples": 30}}
     display.update(progress_of([make_policy("llama-longdoc", more)], NOW))
-    decided = {"phase": "Promoted", "decision": {"result": "Promoted", "reason": "GatesPassed", "time": "t"}}
+    decided = {
+        "phase": "Promoted",
+        "decision": {"result": "Promoted", "reason": "GatesPassed", "time": "2026-11-30T10:00:00Z"},
+    }
     display.update(progress_of([make_policy("llama-longdoc", decided)], NOW))
     lines = stream.getvalue().splitlines()
     assert lines == [

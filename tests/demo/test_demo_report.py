@@ -43,7 +43,11 @@ def _statuses() -> dict[str, dict[str, Any]]:
                 "lengthTokens": 131072,
                 "samples": 40,
             },
-            "decision": {"result": "RolledBack", "reason": "AccuracyRecoveryBelowMinimum", "time": "t"},
+            "decision": {
+                "result": "RolledBack",
+                "reason": "AccuracyRecoveryBelowMinimum",
+                "time": "2026-11-30T10:00:00Z",
+            },
         },
         "support-chat": {"phase": "AccuracyGate", "message": "waiting for the gate"},
     }

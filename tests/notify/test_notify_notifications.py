@@ -87,7 +87,9 @@ def test_a_cloudevent_carries_the_phase_change_and_a_stable_id() -> None:
 
 
 def test_slack_and_teams_payloads_say_what_was_decided() -> None:
-    decision = Decision(result="Promoted", reason="GatesPassed", message="llama runs FP8 KV", time="t")
+    decision = Decision(
+        result="Promoted", reason="GatesPassed", message="llama runs FP8 KV", time="2026-12-01T10:00:00Z"
+    )
     notice = Notice(NotificationEvent.DECIDED, Phase.PROMOTED, Phase.PROMOTED, "3-0a1b2c", "done", AT, decision)
     slack, _ = payload(WebhookFormat.SLACK, notice, SOURCE)
     assert slack["text"].startswith(f"*KVPolicy {NAMESPACE}/llama-fp8: Promoted (GatesPassed)*")
@@ -191,7 +193,7 @@ async def test_receivers_only_get_the_events_they_ask_for() -> None:
     with loopback_receivers() as hooks:
         api = api_with_secrets(hooks)
         notifier = Notifier(api, settings=FAST)
-        decision = Decision(result="RolledBack", reason="Aborted", message="aborted", time="t")
+        decision = Decision(result="RolledBack", reason="Aborted", message="aborted", time="2026-12-01T10:00:00Z")
         decided = Notice(NotificationEvent.DECIDED, Phase.ROLLING_BACK, Phase.PLANNING, "3-0a1b2c", "m", AT, decision)
         only_decisions = {**receiver("ok", "Slack"), "events": ["Decided"]}
         notifier.submit(make_policy(notifications=[only_decisions]), [*phase_changes(2), decided])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TextIO
 
 from kvpolicy.api.v1alpha1 import GateVerdict, KVPolicy, Phase
@@ -34,16 +34,6 @@ class PolicyProgress:
         return (self.phase, self.step, self.done)
 
 
-def _parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
 def policy_progress(policy: KVPolicy, now: datetime, gate_prompts: int | None = None) -> PolicyProgress:
     """Where one policy stands; `gate_prompts` is how many NIAH prompts the running accuracy gate has had answered
     (the operator learns the gate's sample count only when it ends)."""
@@ -64,7 +54,7 @@ def policy_progress(policy: KVPolicy, now: datetime, gate_prompts: int | None = 
         detail = f"accuracy gate: {samples}/{limit} NIAH prompts at {length:,} tokens{profile}"
         return PolicyProgress(name, phase, "accuracy gate", detail, min(1.0, samples / limit), False)
     latency = status.latency
-    started = _parse_time(latency.started_at) if latency else None
+    started = latency.started_at if latency else None
     if phase == LATENCY_PHASE and latency is not None and started is not None:
         bake = policy.spec.rollout.bake_seconds
         elapsed = max(0.0, (now - started).total_seconds())

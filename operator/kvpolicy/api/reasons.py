@@ -1,5 +1,6 @@
 """Every reason code kvpolicy writes, in one place: conditions, events and decisions (`Reason`, `DecisionReason`),
-the planner's reasons (`PlanCode`), the gate tools' reports (`GateReason`) and the latency checks (`AnalysisReason`).
+the planner's reasons (`PlanCode`), the gate tools' reports (`GateReason`), the latency checks (`AnalysisReason`) and
+API requests that got no answer (`RequestReason`).
 
 The README's reason tables and the alert runbooks are checked against these enums (tests/api/test_reasons.py): a
 reason they name must exist here, and every decision reason must be documented there.
@@ -219,6 +220,18 @@ class AnalysisReason(StrEnum):
     ANALYSIS_STALLED = "AnalysisStalled"
 
 
+class RequestReason(StrEnum):
+    """Why a request to the API server got no answer from it (`ApiError` code 0; the API server's own reasons, such as
+    `Conflict` or `NotFound`, come with its answer), or why the API probe failed: the `reason` label of
+    kvpolicy_reconcile_errors_total and kvpolicy_api_probe_failures_total."""
+
+    CONNECTION_ERROR = "ConnectionError"
+    TIMEOUT = "Timeout"
+    WATCH_FAILED = "WatchFailed"
+    CREDENTIALS_UNAVAILABLE = "CredentialsUnavailable"  # the kubeconfig's or service account's token cannot be read
+    NOT_LEADER = "NotLeader"  # a write this replica refused to send: it does not hold the leader Lease
+
+
 # Planner causes that make a plan BF16, most specific first: the first present names the HeldBF16 decision.
 BF16_CAUSES = (
     PlanCode.UNKNOWN_GPU,
@@ -247,7 +260,9 @@ ANALYSIS_ROLLBACK_REASONS = frozenset(
 # Every reason a decision may carry: the README must document each one.
 DECISION_REASONS: frozenset[str] = frozenset({*DecisionReason, *BF16_CAUSES, *ANALYSIS_ROLLBACK_REASONS})
 
-ALL_REASONS: frozenset[str] = frozenset({*Reason, *DecisionReason, *PlanCode, *GateReason, *AnalysisReason})
+ALL_REASONS: frozenset[str] = frozenset(
+    {*Reason, *DecisionReason, *PlanCode, *GateReason, *AnalysisReason, *RequestReason}
+)
 
 # Latency check reasons that say a credential the spec references cannot be used: worth a Warning event at once.
 CREDENTIAL_PROBLEMS = frozenset(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Self
@@ -21,6 +22,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     Strict,
     ValidationInfo,
     field_validator,
@@ -1374,14 +1376,40 @@ class GpuFacts(_Model):
         return None
 
 
-class Condition(_Model):
+def _utc(value: Any) -> Any:
+    """A status timestamp as the API stores it (RFC 3339) or as the operator makes it: zone-less is UTC, and it keeps
+    the milliseconds the API keeps, so a status the step made equals the one it reads back."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)  # "Invalid isoformat string: ..." for anything else
+    if not isinstance(value, datetime):
+        return value
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+def _rfc3339(moment: datetime) -> str:
+    """RFC 3339 in UTC with milliseconds and 'Z': phase deadlines of a few seconds stay exact."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# A moment in status: a timezone-aware datetime in the model, RFC 3339 text in the API (the CRD says date-time).
+Timestamp = Annotated[datetime, BeforeValidator(_utc), PlainSerializer(_rfc3339, return_type=str, when_used="json")]
+
+
+class _Status(_Model):
+    # Assignments are validated too: a moment assigned as the step's clock or as text is kept as the API keeps it.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_assignment=True)
+
+
+class Condition(_Status):
     """metav1.Condition."""
 
     type: str
     status: str = Field(pattern=r"^(True|False|Unknown)$")
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
     message: str = ""
-    last_transition_time: str
+    last_transition_time: Timestamp
     observed_generation: int | None = None
 
 
@@ -1413,7 +1441,7 @@ class LengthProfileResult(_Model):
     negative_buckets: int = Field(default=0, description="Buckets where the canary scores below the baseline.")
 
 
-class GateResult(_Model):
+class GateResult(_Status):
     """A finished (or running) gate: accuracy, GPU preflight or latency probe."""
 
     verdict: JobVerdictWord = Field(description="Pass, Fail, Breach, Safe, Unsafe, Inconclusive, Error (or Running).")
@@ -1428,10 +1456,10 @@ class GateResult(_Model):
     recovery_low: float | None = None
     recovery_high: float | None = None
     profile: LengthProfileResult | None = Field(default=None, description="The accuracy gate's length profile.")
-    finished_at: str | None = None
+    finished_at: Timestamp | None = None
 
 
-class LatencyCheck(_Model):
+class LatencyCheck(_Status):
     verdict: CheckVerdictWord = Field(description="Pass, Breach, NoData or ProviderUnavailable.")
     reason: str = ""
     message: str = ""
@@ -1441,17 +1469,17 @@ class LatencyCheck(_Model):
     )
     canary_requests: int | None = None
     baseline_requests: int | None = None
-    at: str | None = None
+    at: Timestamp | None = None
 
 
-class LatencyAnalysis(_Model):
-    started_at: str | None = None
+class LatencyAnalysis(_Status):
+    started_at: Timestamp | None = None
     checks: int = 0
     passes: int = 0
     breaches: int = 0
     inconclusive: int = 0
     consecutive_failures: int = 0
-    inconclusive_since: str | None = None
+    inconclusive_since: Timestamp | None = None
     last: LatencyCheck | None = None
     probe: GateResult | None = Field(default=None, description="The latency probe Job (Synthetic traffic).")
 
@@ -1490,10 +1518,10 @@ class Difference(_Model):
         return f"{self.field}: {self.expected} -> {self.observed}"
 
 
-class Drift(_Model):
+class Drift(_Status):
     """The target no longer runs what the policy decided (or what its rollout was gated on)."""
 
-    detected_at: str
+    detected_at: Timestamp
     rollout_id: str | None = Field(default=None, description="The rollout whose decision the target left.")
     differences: list[Difference] = Field(default_factory=list, max_length=16)
 
@@ -1522,7 +1550,7 @@ class RouteRuleRecord(_Model):
     )
 
 
-class TrafficStatus(_Model):
+class TrafficStatus(_Status):
     """traffic InferencePool: where the rollout has the users' traffic, and how to put the route back."""
 
     route: str = Field(description="The HTTPRoute the rollout steps.")
@@ -1535,7 +1563,7 @@ class TrafficStatus(_Model):
     mirroring: bool = Field(default=False, description="In the mirror phase, before the first step.")
     step: int = Field(default=0, description="Index of the current step in spec.rollout.inferencePool.steps.")
     weight: int = Field(default=0, description="The canary's intended share of the route's traffic now, percent.")
-    shifted_at: str | None = Field(default=None, description="When the route was seen at this step's weight.")
+    shifted_at: Timestamp | None = Field(default=None, description="When the route was seen at this step's weight.")
     original: list[RouteRuleRecord] | None = Field(
         default=None, description="The route's rules as they were before the first edit; restored at the end."
     )
@@ -1546,20 +1574,20 @@ class TrafficStatus(_Model):
     )
 
 
-class RoutingGroupStatus(_Model):
+class RoutingGroupStatus(_Status):
     """A canary in the target's routing group: the step it is at and the weight that gives it the step's share."""
 
     group: str = Field(description="The routing group (spec.router.route.group of the target).")
     step: int = Field(default=0, description="Index of the current step in spec.rollout.routingGroup.steps.")
     share_percent: int = Field(default=0, description="The share of the group's traffic this step gives the canary.")
     weight: int = Field(default=0, description="The canary's weight for that share beside the other members'.")
-    since: str | None = Field(default=None, description="When the canary was first asked for this step's weight.")
-    confirmed_at: str | None = Field(
+    since: Timestamp | None = Field(default=None, description="When the canary was first asked for this step's weight.")
+    confirmed_at: Timestamp | None = Field(
         default=None, description="When the group's status listed the canary at this weight: the step counts."
     )
 
 
-class TrafficShare(_Model):
+class TrafficShare(_Status):
     """The canary's share of the requests, as intended and as its own and the baseline's counters measured it over
     the latest analysis check's window (vllm:request_success_total)."""
 
@@ -1570,16 +1598,16 @@ class TrafficShare(_Model):
     canary_requests: float = 0.0
     baseline_requests: float = 0.0
     window_seconds: float = 0.0
-    at: str
+    at: Timestamp
 
 
-class Decision(_Model):
+class Decision(_Status):
     result: DecisionResult = Field(description="Promoted, RolledBack or HeldBF16.")
     reason: str
     message: str = ""
     generation: int | None = None
     kv_cache_dtype: str | None = None
-    time: str
+    time: Timestamp
 
 
 class Parallelism(_Model):
@@ -1610,10 +1638,10 @@ class CanaryRef(_Model):
 
 
 class KVPolicyStatus(_Model):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", validate_assignment=True)
 
     phase: Phase | None = None
-    phase_entered_at: str | None = None
+    phase_entered_at: Timestamp | None = None
     observed_generation: int | None = None
     message: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
@@ -1633,7 +1661,7 @@ class KVPolicyStatus(_Model):
     rollout_run: int | None = Field(
         default=None, description="Runs of a rollout at this generation so far (drift and retries run it again)."
     )
-    rollout_started_at: str | None = Field(default=None, description="When the current rollout started planning.")
+    rollout_started_at: Timestamp | None = Field(default=None, description="When the current rollout started planning.")
     rollout_id: str | None = Field(
         default=None,
         description="Identifies the current rollout (<generation>-<hash>); approvals and retries name it, so they "

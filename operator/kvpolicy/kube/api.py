@@ -21,6 +21,7 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient, AppsV1Api, BatchV1Api, CoreV1Api, CustomObjectsApi
 
 from kvpolicy import __version__
+from kvpolicy.api.reasons import RequestReason
 from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
 from kvpolicy.kube.login import ClusterLogin, CredentialsError
 
@@ -330,7 +331,7 @@ class KubernetesApi:
                         raise _api_error(int(event["object"].get("code") or 0), json.dumps(event["object"]))
                     yield str(event["type"]), event["object"]
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as error:
-            raise ApiError(0, "WatchFailed", f"watch {resource.plural}: {_describe(error)}") from error
+            raise ApiError(0, RequestReason.WATCH_FAILED, f"watch {resource.plural}: {_describe(error)}") from error
 
     # --- calling the generated API ----------------------------------------------------------------------------
 
@@ -378,7 +379,7 @@ class KubernetesApi:
                     sent = response.request_info.headers.get("Authorization", "")
             except (aiohttp.ClientError, TimeoutError) as error:
                 what = f"{verb} {resource.plural}"
-                raise ApiError(0, "ConnectionError", f"{what}: {_describe(error)}") from error
+                raise ApiError(0, RequestReason.CONNECTION_ERROR, f"{what}: {_describe(error)}") from error
             if status == 401 and attempt == 0:
                 await self._reload_credentials(sent.removeprefix("Bearer ") or None)
                 continue
@@ -394,7 +395,7 @@ class KubernetesApi:
         try:
             await self.login.refresh(rejected_token)
         except CredentialsError as error:  # e.g. an exec plugin whose identity provider is down: worth retrying
-            raise ApiError(0, "CredentialsUnavailable", str(error)) from error
+            raise ApiError(0, RequestReason.CREDENTIALS_UNAVAILABLE, str(error)) from error
 
 
 def _describe(error: BaseException) -> str:

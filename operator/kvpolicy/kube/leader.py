@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, V1Lease, V1LeaseSpec, V1ObjectMeta
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from kvpolicy.api.reasons import RequestReason
 from kvpolicy.kube.api import ApiError, FieldEquals, KubeApi, PatchType, Resource
 from kvpolicy.kube.login import ClusterLogin
 
@@ -392,7 +393,7 @@ class NotLeaderError(ApiError):
 
     def __init__(self, what: str) -> None:
         # Code 0, no HTTP answer: retryable, so a policy's loop backs off instead of failing while kopf stops.
-        super().__init__(0, "NotLeader", f"{what} not sent: this replica does not hold the leader Lease")
+        super().__init__(0, RequestReason.NOT_LEADER, f"{what} not sent: this replica does not hold the leader Lease")
 
 
 class LeaderFencedApi:

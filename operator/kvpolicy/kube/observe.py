@@ -41,6 +41,7 @@ from kvpolicy.kube.executor import resource_for
 from kvpolicy.kube.references import ReferenceReader, prometheus_credentials
 from kvpolicy.planning.gpu import PRESENT_LABEL, gpu_facts, required_affinity_admits
 from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.conditions import object_condition
 from kvpolicy.rollout.gates import PHASE_GATES
 from kvpolicy.rollout.metric_checks import check_due, checks_for, needs_baseline
 from kvpolicy.rollout.ownership import TARGET_NAME_PATH, governing_policy
@@ -75,16 +76,9 @@ PHASE_NEEDS: dict[Phase, frozenset[str]] = {
 }
 
 
-def _condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
-    for condition in (obj.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == type_:
-            return dict(condition)
-    return None
-
-
 def pod_view(pod: Mapping[str, Any]) -> PodView:
-    ready = _condition(pod, "Ready")
-    scheduled = _condition(pod, "PodScheduled")
+    ready = object_condition(pod, "Ready")
+    scheduled = object_condition(pod, "PodScheduled")
     unschedulable = None
     if scheduled and scheduled.get("status") == "False" and scheduled.get("reason") == POD_UNSCHEDULABLE:
         unschedulable = str(scheduled.get("message") or POD_UNSCHEDULABLE)
@@ -113,7 +107,7 @@ def not_starting(pod: Mapping[str, Any]) -> str | None:
 def job_view(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> JobView:
     """A Job's outcome: its conditions, and how its latest finished pod ended (exit code, reason, termination
     message); while it runs, why its pod cannot start, if it cannot."""
-    complete, failed = _condition(job, "Complete"), _condition(job, "Failed")
+    complete, failed = object_condition(job, "Complete"), object_condition(job, "Failed")
     exit_code: int | None = None
     reason: str | None = None
     message: str | None = None
@@ -142,7 +136,7 @@ def job_view(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> JobVi
 
 
 def _finished(job: Mapping[str, Any]) -> bool:
-    return any((_condition(job, type_) or {}).get("status") == "True" for type_ in ("Complete", "Failed"))
+    return any((object_condition(job, type_) or {}).get("status") == "True" for type_ in ("Complete", "Failed"))
 
 
 def live(objects: Sequence[Obj]) -> list[Obj]:

@@ -55,9 +55,10 @@ _PHASE_ICONS = {
 }
 
 
-def age(since: str | None, now: datetime) -> str:
-    """kubectl's ages (apimachinery's HumanDuration): 42s, 3m12s, 65m, 3h3m, 8h, 2d7h, 9d."""
-    moment = parse_timestamp(since)
+def age(since: datetime | str | None, now: datetime) -> str:
+    """kubectl's ages (apimachinery's HumanDuration): 42s, 3m12s, 65m, 3h3m, 8h, 2d7h, 9d. `since` as status has it,
+    or as another object's metadata and an event's RFC 3339 text."""
+    moment = parse_timestamp(since) if isinstance(since, str) else since
     if moment is None:
         return "-"
     seconds = max(0, int((now - moment).total_seconds()))
@@ -264,7 +265,7 @@ def _latency_lines(parsed: Parsed, now: datetime) -> list[str]:
             f"{'':16}last {last.verdict.value} {age(last.at, now)} ago: {ratios or last.reason} ({limits}{requests})"
         )
         if not passed and status.phase == Phase.LATENCY_ANALYSIS:
-            started = parse_timestamp(latency.started_at)
+            started = latency.started_at
             if started is not None:
                 baked = (now - started).total_seconds()
                 left = max(0, spec.rollout.bake_seconds - int(baked))
@@ -351,7 +352,12 @@ def _events(events: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
     recent = sorted(events, key=_event_order)[-EVENTS_SHOWN:]
     rows = [["AGE", "TYPE", "REASON", "MESSAGE"]]
     rows += [
-        [age(_event_time(e), now), str(e.get("type", "")), str(e.get("reason", "")), cut(str(e.get("message", "")))]
+        [
+            age(_event_time(e), now),
+            str(e.get("type", "")),
+            str(e.get("reason", "")),
+            cut(str(e.get("message", ""))),
+        ]
         for e in recent
     ]
     return ["Events:", *table(rows, "  ")] if recent else ["Events:          <none>"]

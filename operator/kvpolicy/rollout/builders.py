@@ -33,7 +33,6 @@ MANAGED_BY = "kvpolicy"
 ROLE_CANARY = "canary"
 ROLE_BASELINE = "baseline"
 ROLE_GATE = "gate"
-ROLE_PREFLIGHT = "preflight"
 
 DEFAULT_SERVING_PORT = 8000
 # vLLM flags the plan owns: stripped from the target's arguments before the plan's are appended.
@@ -521,10 +520,6 @@ def with_one_gpu(resources: Obj) -> Obj:
 def image_pull_secrets(pod_spec: Mapping[str, Any]) -> list[Obj]:
     secrets: list[Obj] = pod_spec.get("imagePullSecrets") or []
     return copy.deepcopy(secrets)
-
-
-# The probe's GPU toolchains (Triton, CUDA) cache compiled kernels under $HOME, which the read-only root cannot hold.
-PREFLIGHT_ENV: list[Obj] = [{"name": "HOME", "value": SCRATCH_DIR}]
 
 
 # The gate tools read the servers' API key from this variable, which the gate Job sets from spec.vllmAuth's Secret:

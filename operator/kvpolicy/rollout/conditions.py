@@ -1,9 +1,11 @@
 """The one place that sets and looks up a `metav1.Condition` in a status's list (the step, the reconciler, the
-kubectl plugin)."""
+kubectl plugin), and that reads one of another object's (a pod's, a target's) as the API gives it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
 
 from kvpolicy.api.v1alpha1 import Condition, ConditionStatus, ConditionType
 
@@ -14,7 +16,7 @@ def set_condition(
     status: ConditionStatus,
     reason: str,
     message: str,
-    now: str,
+    now: datetime,
     generation: int,
 ) -> Condition | None:
     """Set one condition in place; its lastTransitionTime moves only when its status does. Returns the condition it
@@ -54,3 +56,9 @@ def condition_holds(
     """Whether the condition of this type is set, with this status."""
     found = find_condition(conditions, type_)
     return found is not None and found.status == status
+
+
+def object_condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    """The condition of this type in another object's status (a pod's `Ready`, a target's), as the API gives it."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return next((condition for condition in conditions if condition.get("type") == type_), None)

@@ -27,7 +27,7 @@ from kvpolicy.rollout import traffic_router, traffic_share
 from kvpolicy.rollout.gates.job import Then
 from kvpolicy.rollout.gates.latency_probe import LATENCY_PROBE
 from kvpolicy.rollout.rules import latency_gate_config
-from kvpolicy.rollout.step_types import Obj, Patch, parse_timestamp, timestamp
+from kvpolicy.rollout.step_types import Obj, Patch
 from kvpolicy.rollout.tick import Tick, advance, deadline_rollback, rollback, run_job, watch_capacity
 
 GATE = ConditionType.LATENCY_GATE_PASSED
@@ -37,7 +37,7 @@ def _passed(t: Tick, reason: str, message: str) -> None:
     """The latency evidence is good: promote once the bake window has passed."""
     latency = t.status.latency
     assert latency is not None and latency.started_at is not None
-    started = parse_timestamp(latency.started_at) or t.now
+    started = latency.started_at or t.now
     remaining = t.spec.rollout.bake_seconds - (t.now - started).total_seconds()
     if remaining > 0:
         t.condition(GATE, ConditionStatus.UNKNOWN, Reason.BAKING, f"{message}; {remaining:.0f} s of bake left")
@@ -82,9 +82,9 @@ def _at_step_weight(t: Tick, target: Obj, canary: Obj) -> bool:
     if weight is None:
         return True
     if group.since is None:
-        group = group.model_copy(update={"since": timestamp(t.now)})
+        group = group.model_copy(update={"since": t.now})
     t.status.routing_group = group
-    asked = parse_timestamp(group.since) or t.now
+    asked = group.since or t.now
     late = (t.now - asked).total_seconds() > t.spec.rollout.progress_deadline_seconds
     if isinstance(weight, str):
         t.status.message = weight
@@ -104,7 +104,7 @@ def _at_step_weight(t: Tick, target: Obj, canary: Obj) -> bool:
             rollback(t, DecisionReason.PROGRESS_DEADLINE_EXCEEDED, f"canary {name} ({awaited})")
         return False
     if group.confirmed_at is None:
-        group.confirmed_at = timestamp(t.now)
+        group.confirmed_at = t.now
         where = f"canary {name} at weight {weight}: {share}% of routing group {group.group} (step {group.step + 1} of "
         t.event("Normal", Reason.TRAFFIC_SHIFTED, f"{where}{len(steps)}), confirmed by its status")
     return True
@@ -141,7 +141,7 @@ def _synthetic(t: Tick) -> None:
 
 def analysis_state(latency: LatencyAnalysis) -> AnalysisState:
     """The analysis as the status keeps it."""
-    started = parse_timestamp(latency.started_at)
+    started = latency.started_at
     assert started is not None
     last = latency.last
     return AnalysisState(
@@ -151,8 +151,8 @@ def analysis_state(latency: LatencyAnalysis) -> AnalysisState:
         breaches=latency.breaches,
         inconclusive=latency.inconclusive,
         consecutive_breaches=latency.consecutive_failures,
-        inconclusive_since=parse_timestamp(latency.inconclusive_since),
-        last_check_at=parse_timestamp(last.at) if last else None,
+        inconclusive_since=latency.inconclusive_since,
+        last_check_at=last.at if last else None,
         last_verdict=last.verdict if last else None,
         last_reason=last.reason if last else None,
     )
@@ -165,7 +165,7 @@ def record_check(latency: LatencyAnalysis, state: AnalysisState, verdict: Verdic
     latency.breaches = state.breaches
     latency.inconclusive = state.inconclusive
     latency.consecutive_failures = state.consecutive_breaches
-    latency.inconclusive_since = timestamp(state.inconclusive_since) if state.inconclusive_since else None
+    latency.inconclusive_since = state.inconclusive_since
     latency.last = LatencyCheck(
         verdict=verdict.kind,
         reason=verdict.reason,
@@ -175,7 +175,7 @@ def record_check(latency: LatencyAnalysis, state: AnalysisState, verdict: Verdic
         values=dict(verdict.values),
         canary_requests=int(verdict.canary.requests) if verdict.canary else None,
         baseline_requests=int(verdict.baseline.requests) if verdict.baseline else None,
-        at=timestamp(now),
+        at=now,
     )
 
 
@@ -213,7 +213,7 @@ def _live(t: Tick) -> None:
         else:
             t.condition(GATE, ConditionStatus.UNKNOWN, outcome.reason, outcome.message)
         t.status.message = outcome.message
-    last = parse_timestamp(latency.last.at) if latency.last else None
+    last = latency.last.at if latency.last else None
     due = (last + timedelta(seconds=config.interval_seconds) - t.now).total_seconds() if last else 0.0
     # A check that was due but not made (no analyser) must not spin: look again after the usual poll.
     t.requeue = due if due > 0 else t.config.poll_seconds
@@ -244,7 +244,7 @@ def latency_analysis(t: Tick) -> None:
             return
         if joining and not _at_step_weight(t, target, canary):
             return
-        latency.started_at = timestamp(t.now)
+        latency.started_at = t.now
         if joining and t.status.routing_group is not None and t.status.routing_group.step > 0:
             pass  # a later step of a routing group: its TrafficShifted event said so
         elif joining:

@@ -21,7 +21,6 @@ from kvpolicy.api.v1alpha1 import (
 from kvpolicy.rollout.conditions import condition_holds
 from kvpolicy.rollout.gates import GATE_OF_PHASE
 from kvpolicy.rollout.gates.latency_probe import LATENCY_PROBE
-from kvpolicy.rollout.step_types import parse_timestamp
 
 # Spec fields that steer a running rollout, or say how its decision is applied and watched, rather than define what
 # is gated: changing them must not restart the analysis (nor must notifications). A field added with a default must be
@@ -80,14 +79,14 @@ def latency_check_due(policy: KVPolicy, now: datetime) -> bool:
         return False
     if status.latency is None or status.latency.started_at is None:
         return False
-    last = parse_timestamp(status.latency.last.at) if status.latency.last else None
+    last = status.latency.last.at if status.latency.last else None
     return last is None or now >= last + timedelta(seconds=policy.spec.gates.latency.interval_seconds)
 
 
 def phase_deadline(policy: KVPolicy) -> datetime | None:
     """When the current phase must be over (the RolloutStuck alert fires past it); None for phases that may hold."""
     status, spec = policy.status, policy.spec
-    entered = parse_timestamp(status.phase_entered_at)
+    entered = status.phase_entered_at
     if entered is None or status.phase is None or is_paused(policy):
         return None
     phase = status.phase

@@ -49,7 +49,6 @@ from kvpolicy.rollout.step_types import (
     Patch,
     StepConfig,
     StepResult,
-    timestamp,
 )
 from kvpolicy.rollout.tick import (
     CANARY_PHASES,
@@ -484,7 +483,7 @@ def _watch_drift(t: Tick) -> None:
     summary = drift.describe(found)
     changed = t.status.drift is None or t.status.drift.differences != found
     if changed:
-        t.status.drift = Drift(detected_at=timestamp(t.now), rollout_id=t.status.rollout_id, differences=found)
+        t.status.drift = Drift(detected_at=t.now, rollout_id=t.status.rollout_id, differences=found)
     decided = t.status.decision.result.value if t.status.decision else t.phase.value
     reevaluate = _on_drift(t) == OnDrift.REEVALUATE and not t.spec.rollout.paused and current is not None
     if reevaluate:
@@ -556,7 +555,7 @@ def step(policy: KVPolicy, obs: Observations, config: StepConfig) -> StepResult:
         t.requeue = 0
         return t.result()
     if t.status.rollout_id is None:  # a rollout started by an operator that did not name rollouts
-        started = t.status.rollout_started_at or timestamp(t.now)
+        started = t.status.rollout_started_at or t.now
         t.status.rollout_id = rollout_id(t.ref.uid, t.status.rollout_generation or t.generation, spec_hash, started)
     if (
         t.phase == Phase.ROLLED_BACK
@@ -606,7 +605,7 @@ def step(policy: KVPolicy, obs: Observations, config: StepConfig) -> StepResult:
         cleared = "spec.rollout.paused was cleared"
         t.condition(ConditionType.PAUSED, ConditionStatus.FALSE, Reason.RESUMED, cleared)
         t.event("Normal", Reason.ROLLOUT_RESUMED, f"resuming phase {phase.value}; its deadline starts again")
-        t.status.phase_entered_at = timestamp(t.now)
+        t.status.phase_entered_at = t.now
 
     if phase in CANARY_PHASES and not _still_gated(t):
         return t.result()

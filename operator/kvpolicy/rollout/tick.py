@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 from kvpolicy.api.reasons import DecisionReason, Reason
@@ -44,7 +45,6 @@ from kvpolicy.rollout.step_types import (
     Observations,
     StepConfig,
     StepResult,
-    parse_timestamp,
     timestamp,
 )
 from kvpolicy.rollout.targets import target_kind
@@ -104,9 +104,7 @@ class Tick:
 
     def condition(self, type_: ConditionType, status: ConditionStatus, reason: str, message: str = "") -> bool:
         """Set a condition; True when its status changed (a transition worth an event)."""
-        previous = set_condition(
-            self.status.conditions, type_, status, reason, message, timestamp(self.now), self.generation
-        )
+        previous = set_condition(self.status.conditions, type_, status, reason, message, self.now, self.generation)
         return previous is None or previous.status != status
 
     def condition_is(self, type_: ConditionType, status: ConditionStatus) -> bool:
@@ -119,7 +117,7 @@ class Tick:
     def enter(self, phase: Phase) -> None:
         previous = self.status.phase
         self.status.phase = phase
-        self.status.phase_entered_at = timestamp(self.now)
+        self.status.phase_entered_at = self.now
         if previous != phase:
             self.noted.append(
                 _Noted(NotificationEvent.PHASE_CHANGED, phase, previous, self.status.rollout_id, len(self.events))
@@ -143,7 +141,7 @@ class Tick:
         return self.status.phase or Phase.PLANNING
 
     def phase_age(self) -> float:
-        entered = parse_timestamp(self.status.phase_entered_at) or self.now
+        entered = self.status.phase_entered_at or self.now
         return (self.now - entered).total_seconds()
 
     def decide(self, result: DecisionResult, reason: str, message: str) -> None:
@@ -153,7 +151,7 @@ class Tick:
             message=message,
             generation=self.generation,
             kv_cache_dtype=KVCacheDtype.FP8 if result == DecisionResult.PROMOTED else KVCacheDtype.BF16,
-            time=timestamp(self.now),
+            time=self.now,
         )
         self.status.decision = decision
         self.status.history = [*self.status.history, decision][-HISTORY_LIMIT:]
@@ -267,9 +265,11 @@ class Tick:
 # ------------------------------------------------------------------------------------------------------ transitions
 
 
-def rollout_id(uid: str, generation: int, spec_hash: str, started_at: str) -> str:
-    """`<generation>-<6 hex>`: names one rollout; a rollout run again (even at the same generation) gets another."""
-    digest = hashlib.sha256(f"{uid}/{generation}/{spec_hash}/{started_at}".encode()).hexdigest()[:6]
+def rollout_id(uid: str, generation: int, spec_hash: str, started_at: datetime) -> str:
+    """`<generation>-<6 hex>`: names one rollout; a rollout run again (even at the same generation) gets another.
+    The start is hashed as status writes it (RFC 3339), so an id stays what earlier operators made of it."""
+    started = timestamp(started_at)
+    digest = hashlib.sha256(f"{uid}/{generation}/{spec_hash}/{started}".encode()).hexdigest()[:6]
     return f"{generation}-{digest}"
 
 
@@ -301,7 +301,6 @@ def restart(t: Tick, spec_hash: str, why: str, warning: Reason | None = None, *,
         reason = Reason.ANALYSIS_RESTARTED if t.phase not in TERMINAL_PHASES else Reason.ROLLOUT_RESTARTED
         t.event("Normal", reason, why)
     run = (previous.rollout_run or 1) + 1 if previous.rollout_generation == t.generation else 1
-    started = timestamp(t.now)
     t.status = previous.model_copy(
         update={
             "plan": None,
@@ -313,8 +312,6 @@ def restart(t: Tick, spec_hash: str, why: str, warning: Reason | None = None, *,
             "spec_hash": spec_hash,
             "rollout_generation": t.generation,
             "rollout_run": run,
-            "rollout_started_at": started,
-            "rollout_id": rollout_id(t.ref.uid, t.generation, spec_hash, started),
             "target_base": None,
             "target_decided": None,
             "advice": None,
@@ -324,6 +321,8 @@ def restart(t: Tick, spec_hash: str, why: str, warning: Reason | None = None, *,
             "previous_template": None if target_changed else previous.previous_template,
         }
     )
+    t.status.rollout_started_at = t.now  # an assignment: kept as status keeps it (milliseconds)
+    t.status.rollout_id = rollout_id(t.ref.uid, t.generation, spec_hash, t.status.rollout_started_at)
     for gate in PHASE_GATES:
         gate.set_result(t.status, None)
     t.status.message = why
@@ -454,6 +453,6 @@ def run_job(t: Tick, gate: JobGate) -> GateResult | None:
 
 def _recorded(t: Tick, gate: JobGate, view: JobView, job: str) -> GateResult:
     result = gate.record(t.spec, view, read_report(view.termination_message))
-    result.finished_at = timestamp(t.now)
+    result.finished_at = t.now
     result.job = job
     return result

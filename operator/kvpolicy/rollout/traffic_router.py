@@ -21,7 +21,7 @@ from kvpolicy.api.v1alpha1 import (
     Traffic,
     TrafficStatus,
 )
-from kvpolicy.rollout.step_types import Create, Kind, Obj, Patch, timestamp
+from kvpolicy.rollout.step_types import Create, Kind, Obj, Patch
 from kvpolicy.rollout.tick import Tick, rollback
 from kvpolicy.rollout.traffic_routes import (
     RouteShapeError,
@@ -145,7 +145,7 @@ def shifted(t: Tick) -> bool:
         t.requeue = t.config.poll_seconds
         return False
     traffic.advice = None
-    traffic.shifted_at = timestamp(t.now)
+    traffic.shifted_at = t.now
     step = "mirror phase" if traffic.mirroring else f"step {traffic.step + 1} of {len(spec.steps)}"
     t.condition(TRAFFIC, ConditionStatus.TRUE, Reason.TRAFFIC_SHIFTED, f"{where} ({step})")
     t.event("Normal", Reason.TRAFFIC_SHIFTED, f"{where} ({step})")

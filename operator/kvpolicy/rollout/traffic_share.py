@@ -15,7 +15,6 @@ import math
 from kvpolicy.analysis.model import Verdict
 from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import ConditionStatus, ConditionType, Traffic, TrafficShare
-from kvpolicy.rollout.step_types import timestamp
 from kvpolicy.rollout.tick import Tick
 
 CONDITION = ConditionType.TRAFFIC_SHARE_AS_INTENDED
@@ -83,7 +82,7 @@ def record(t: Tick, verdict: Verdict) -> None:
         canary_requests=round(canary, 3),
         baseline_requests=round(baseline, 3),
         window_seconds=round(verdict.canary.window_seconds, 3),
-        at=timestamp(t.now),
+        at=t.now,
     )
     status, reason, message = judge(intended, canary, baseline)
     if t.condition(CONDITION, status, reason, message) and status == ConditionStatus.FALSE:

@@ -45,7 +45,7 @@ from kvpolicy.rollout.gates import JOB_GATES, finished_gates
 from kvpolicy.rollout.metric_checks import taken_checks
 from kvpolicy.rollout.rules import phase_deadline
 from kvpolicy.rollout.step import step
-from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult, parse_timestamp, timestamp
+from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult
 from kvpolicy.rollout.targets import target_kind
 from kvpolicy.rollout.traffic_routes import restore_actions
 
@@ -337,7 +337,7 @@ class Reconciler:
         if observations.governed_by is not None:
             return None
         conditions, generation = result.status.conditions, int(policy.metadata.get("generation") or 1)
-        now = timestamp(observations.now)
+        now = observations.now
         if not rejected:
             set_condition(conditions, ConditionType.READY, ConditionStatus.TRUE, Reason.RECONCILED, "", now, generation)
             return None
@@ -355,7 +355,7 @@ class Reconciler:
         generation = int(raw["metadata"].get("generation") or 1)
         now = self.clock()
         status = ConditionStatus.FALSE
-        previous = set_condition(conditions, ConditionType.READY, status, reason, message, timestamp(now), generation)
+        previous = set_condition(conditions, ConditionType.READY, status, reason, message, now, generation)
         if previous is None or (previous.status, previous.reason, previous.message) != (status, reason, message):
             await post_events(self.api, raw, [Event("Warning", reason, message)], now)
         else:
@@ -382,7 +382,7 @@ class Reconciler:
         metrics.set_policies_by_phase(self._phase_counts)
         if after.decision is not None and after.decision != before.decision:
             metrics.record_decision(after.decision.result, after.decision.reason, namespace, name)
-            started = parse_timestamp(after.rollout_started_at)
+            started = after.rollout_started_at
             if started is not None:
                 elapsed = (observations.now - started).total_seconds()
                 metrics.observe_rollout_duration(elapsed, after.decision.result)

@@ -34,6 +34,7 @@ from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from kvpolicy.api.reasons import RequestReason
 from kvpolicy.kube.leader import KubernetesLeaseStore, LeaderElection, LeaderElector
 from kvpolicy.kube.login import ClusterLogin
 from kvpolicy.notify import metrics
@@ -85,9 +86,9 @@ def probe_failure(error: BaseException) -> str:
     if isinstance(error, ApiException):
         return str(error.status)
     if isinstance(error, TimeoutError):
-        return "Timeout"
+        return RequestReason.TIMEOUT
     if isinstance(error, aiohttp.ClientError | OSError):
-        return "ConnectionError"
+        return RequestReason.CONNECTION_ERROR
     return type(error).__name__
 
 

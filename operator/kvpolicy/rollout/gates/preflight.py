@@ -20,7 +20,11 @@ from kvpolicy.planning.attention import PROBE_BACKENDS
 from kvpolicy.planning.planner import GATE_PREFLIGHT
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.gates.job import Decided, JobGate, JobInputs, Judgement, Then, no_verdict, readable
-from kvpolicy.rollout.step_types import Event, JobView
+from kvpolicy.rollout.step_types import Event, JobView, Obj
+
+ROLE = "preflight"  # the Job's role label
+# The probe's GPU toolchains (Triton, CUDA) cache compiled kernels under $HOME, which the read-only root cannot hold.
+ENV: list[Obj] = [{"name": "HOME", "value": b.SCRATCH_DIR}]
 
 
 def command(spec: KVPolicySpec, probe_backend: str) -> list[str]:
@@ -61,14 +65,14 @@ def _preflight_job(inputs: JobInputs) -> b.GateJob:
     assert backend is not None, "a plan without a probe backend skips the preflight Job (_preflight_not_probed)"
     return b.GateJob(
         name=inputs.name,
-        role=b.ROLE_PREFLIGHT,
+        role=ROLE,
         image=inputs.spec.gates.gpu_preflight.image or inputs.config.probe_image,
         command=command(inputs.spec, backend),
         timeout_seconds=inputs.spec.rollout.progress_deadline_seconds,
         resources=b.with_one_gpu(inputs.config.preflight_resources),
         pod_placement=b.pod_placement(inputs.pod_spec),
         image_pull_secrets=b.image_pull_secrets(inputs.pod_spec),
-        env=b.PREFLIGHT_ENV,
+        env=ENV,
     )
 
 

@@ -33,6 +33,7 @@ from typing import Any
 from kvpolicy.api.v1alpha1 import KVPolicySpec, Parallelism, Plan, TargetKind
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.builders import R
+from kvpolicy.rollout.conditions import object_condition
 from kvpolicy.rollout.step_types import Action, CustomKind, Patch
 from kvpolicy.rollout.targets.base import Companion, Obj, ServingTarget
 
@@ -217,5 +218,5 @@ class LLMInferenceServiceTarget(ServingTarget):
     def rolled_out(self, target: Mapping[str, Any]) -> bool:
         status = target.get("status") or {}
         generation = int((target.get("metadata") or {}).get("generation") or 0)
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        ready = (object_condition(target, "Ready") or {}).get("status") == "True"
         return ready and int(status.get("observedGeneration") or 0) >= generation
