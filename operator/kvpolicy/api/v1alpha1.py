@@ -925,6 +925,29 @@ class InferencePoolTraffic(_Model):
     )
 
 
+class RoutingGroupTraffic(_Model):
+    """A target in a routing group of its own kind (a KServe LLMInferenceService's `spec.router.route.group`): the
+    canary joins the group at weight 1, then takes the share each step names."""
+
+    rules = (
+        Rule(
+            cel="self.steps.all(s, self.steps.exists_one(t, t == s))",
+            message="rollout.routingGroup.steps must not repeat a share",
+            check=lambda m: len(set(m.steps)) == len(m.steps),
+        ),
+    )
+
+    steps: list[Annotated[Int, Field(ge=1, le=99)]] = Field(
+        default_factory=lambda: [10, 50],
+        min_length=1,
+        max_length=MAX_TRAFFIC_STEPS,
+        description="The canary's share of the group's traffic in percent at each step, taken in ascending order: "
+        "its weight is set so that it gets that share beside the other members' weights, and a step counts once "
+        "the target's status.router.group lists the canary at that weight. Each step runs the latency analysis for "
+        "bakeSeconds; after the last the target is promoted.",
+    )
+
+
 class RolloutSpec(_Model):
     """How the canary is run, held, approved, aborted, retried, applied, and what a drifted target does."""
 
@@ -959,6 +982,11 @@ class RolloutSpec(_Model):
     )
     inference_pool: InferencePoolTraffic | None = Field(
         default=None, description="The HTTPRoute and InferencePool of traffic InferencePool."
+    )
+    routing_group: RoutingGroupTraffic | None = Field(
+        default=None,
+        description="traffic ReplicaRatio on a target in a KServe routing group: the canary's share at each step "
+        "(unset: 10% then 50%).",
     )
     paused: Bool = Field(
         default=False, description="Hold the rollout where it is (a drifted target is then only reported)."
@@ -1428,7 +1456,7 @@ class LatencyAnalysis(_Model):
     probe: GateResult | None = Field(default=None, description="The latency probe Job (Synthetic traffic).")
 
 
-class PodTemplateRecord(_Model):
+class ContainerRecord(_Model):
     """A vLLM container's serving configuration: its image, command, arguments and env, exactly."""
 
     image: str
@@ -1437,10 +1465,24 @@ class PodTemplateRecord(_Model):
     env: list[dict[str, Any]] | None = None
 
 
+class PodTemplateRecord(ContainerRecord):
+    """The target's serving configuration: its vLLM container's, and those of the other vLLM containers that hold the
+    same model's KV cache and must change with it (a mixed group would pair two KV-cache formats)."""
+
+    companions: dict[str, ContainerRecord] | None = Field(
+        default=None,
+        description="The target's other vLLM containers, by role: a LeaderWorkerSet's `worker`; an "
+        "LLMInferenceService's `worker`, `prefill` and `prefill.worker`. Unset: it has none.",
+    )
+
+
 class Difference(_Model):
     """One way the target's serving configuration differs from what the policy expected."""
 
-    field: str = Field(description="Image, Command, KVArguments, Arguments or Env.")
+    field: str = Field(
+        description="Image, Command, KVArguments, Arguments or Env; a companion container's are prefixed with its "
+        "role (`worker KVArguments`)."
+    )
     expected: str
     observed: str
 
@@ -1501,6 +1543,19 @@ class TrafficStatus(_Model):
         default=None,
         description="applyMode Advisory: the JSON patch (RFC 6902) the route needs for this step, for a GitOps "
         "repository to take (`kubectl patch httproute --type json -p ...`).",
+    )
+
+
+class RoutingGroupStatus(_Model):
+    """A canary in the target's routing group: the step it is at and the weight that gives it the step's share."""
+
+    group: str = Field(description="The routing group (spec.router.route.group of the target).")
+    step: int = Field(default=0, description="Index of the current step in spec.rollout.routingGroup.steps.")
+    share_percent: int = Field(default=0, description="The share of the group's traffic this step gives the canary.")
+    weight: int = Field(default=0, description="The canary's weight for that share beside the other members'.")
+    since: str | None = Field(default=None, description="When the canary was first asked for this step's weight.")
+    confirmed_at: str | None = Field(
+        default=None, description="When the group's status listed the canary at this weight: the step counts."
     )
 
 
@@ -1599,6 +1654,14 @@ class KVPolicyStatus(_Model):
     )
     traffic_share: TrafficShare | None = Field(
         default=None, description="The canary's share of the users' requests, intended and measured."
+    )
+    routing_group: RoutingGroupStatus | None = Field(
+        default=None, description="A target in a routing group: where the canary's weight is."
+    )
+    retained_canary: str | None = Field(
+        default=None,
+        description="A promoted canary kept stopped as a way back (an LLMInferenceService with "
+        "serving.kserve.io/stop: its GPUs freed, its configuration at hand); the next rollout deletes it.",
     )
 
 
