@@ -7,8 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FAST
-from gate_fakes import MODEL, run_gate
+from gate_fakes import FAST, MODEL, run_gate
 from kvpolicy.gate_programs.report import GateReport, read_report, render
 from kvpolicy_dev.sim import start_simulator_subprocess
 
