@@ -12,10 +12,10 @@ baseline_floor at this length cannot judge a canary: that is inconclusive (Basel
 and so is a pass or fail the baseline's score so far is below the floor for. At the sample cap it is inconclusive. An
 endpoint that keeps failing makes the result inconclusive, never a pass.
 
-With a length profile (`buckets` > 1, length_profile) every round also sends the same sample at the shorter bucket
-lengths, beside the prompt at N and at the same time; only the prompts at N feed the stopping rule, so the decision
-comes after as many of them as without a profile. The report adds each bucket's scores, the AUC across them and the
-systematic-shift test, read when the gate stops.
+With a length profile (`length_buckets` > 1; see length_profile) every round also sends the same sample at the
+shorter bucket lengths, beside the prompt at N and at the same time; only the prompts at N feed the stopping rule, so
+the decision comes after as many of them as without a profile. The report adds each bucket's scores, the AUC across
+them and the systematic-shift test, read when the gate stops.
 """
 
 from __future__ import annotations
