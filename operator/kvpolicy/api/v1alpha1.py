@@ -47,6 +47,10 @@ _DECIMAL_RE = re.compile(DECIMAL_PATTERN)
 MAX_TOKENS = 16_777_216  # 2^24: ten times the longest context served today (10M tokens)
 MAX_DURATION_SECONDS = 604_800  # one week
 MAX_CANARY_REPLICAS = 64
+# The accuracy gate's length profile: at most this many buckets, each at least this long (a shorter one holds the
+# needles and the question with little haystack around them).
+MAX_PROFILE_BUCKETS = 6
+MIN_PROFILE_BUCKET_TOKENS = 1024
 MAX_RATIO = 100  # latency ratios: a canary 100x slower than its baseline is beyond any useful limit
 DECIMAL_MAX_LENGTH = 24
 # metadata.name of a custom resource: a DNS-1123 subdomain, as the API server validates it.
@@ -179,6 +183,14 @@ class LatencyProvider(StrEnum):
 class OnInconclusive(StrEnum):
     HOLD = "Hold"
     ROLLBACK = "Rollback"
+
+
+class OnSystematicShift(StrEnum):
+    """What the accuracy gate's length profile does with a canary below the baseline at every length (Flagger and
+    Argo Rollouts let users choose what an analysis finding does; so does this)."""
+
+    WARN = "Warn"
+    FAIL = "Fail"
 
 
 class Traffic(StrEnum):
@@ -546,6 +558,29 @@ class ImagesSpec(_Model):
     )
 
 
+class LengthProfile(_Model):
+    """Sample shorter lengths beside the gate's own, to see a shift that one length hides."""
+
+    buckets: Int = Field(
+        default=1,
+        ge=1,
+        le=MAX_PROFILE_BUCKETS,
+        description="Context-length buckets the gate samples: its length halved buckets - 1 times up to its length "
+        "(4: length/8, /4, /2 and the length itself), each answering the same prompts, one per bucket per round. The "
+        "decision stays the sequential one at the gate's length, after as many of its prompts as without a profile; "
+        "the shorter buckets add their prompts beside them (4 buckets: 1.875x the prompt tokens). 1: the gate's "
+        "length alone. The gate reports each bucket's scores, an AUC across them, and a systematic shift: the canary "
+        "below the baseline in every bucket, shown by a sign test on the paired needles. The shortest bucket must be "
+        f"at least {MIN_PROFILE_BUCKET_TOKENS} tokens.",
+    )
+    on_systematic_shift: OnSystematicShift = Field(
+        default=OnSystematicShift.WARN,
+        description="Warn: a passing gate passes, with a SystematicShift Warning event and the finding in its "
+        "condition (calibrate the KV scales). Fail: a systematic shift rolls back (AccuracySystematicShift) even when "
+        "the decision at the gate's length passes.",
+    )
+
+
 class AccuracyGate(_Model):
     """Long-context needle-in-a-haystack gate, run as a Job before the canary takes any traffic."""
 
@@ -599,6 +634,9 @@ class AccuracyGate(_Model):
     )
     timeout_seconds: Int = Field(
         default=3600, ge=1, le=MAX_DURATION_SECONDS, description="Deadline for the gate Job (at most a week)."
+    )
+    length_profile: LengthProfile = Field(
+        default_factory=LengthProfile, description="Shorter lengths sampled beside the gate's own (off: 1 bucket)."
     )
 
 
@@ -1140,6 +1178,13 @@ class NotificationSpec(_Model):
     )
 
 
+# The gate's length in CEL (`KVPolicySpec.accuracy_length`), and 2^(buckets - 1): CEL has no power operator.
+_CEL_ACCURACY_LENGTH = (
+    "(has(self.gates.accuracy.lengthTokens) ? self.gates.accuracy.lengthTokens : self.workload.maxContextTokens)"
+)
+_CEL_HALVINGS = f"{[2**k for k in range(MAX_PROFILE_BUCKETS)]}[self.gates.accuracy.lengthProfile.buckets - 1]"
+
+
 class KVPolicySpec(_Model):
     rules = (
         Rule(
@@ -1158,6 +1203,25 @@ class KVPolicySpec(_Model):
             ),
             values=lambda m: f"{m.gates.accuracy.length_tokens} > {m.model.max_model_len}",
             values_cel="string(self.gates.accuracy.lengthTokens) + ' > ' + string(self.model.maxModelLen)",
+        ),
+        Rule(
+            cel="!has(self.gates) || !has(self.gates.accuracy) || !has(self.gates.accuracy.lengthProfile) "
+            "|| !has(self.gates.accuracy.lengthProfile.buckets) || self.gates.accuracy.lengthProfile.buckets == 1 "
+            f"|| {_CEL_ACCURACY_LENGTH} / {MIN_PROFILE_BUCKET_TOKENS} >= {_CEL_HALVINGS}",
+            message=f"gates.accuracy.lengthProfile.buckets halves the gate length (lengthTokens, else "
+            f"workload.maxContextTokens) buckets - 1 times: the shortest bucket must be at least "
+            f"{MIN_PROFILE_BUCKET_TOKENS} tokens",
+            check=lambda m: (
+                m.gates.accuracy.length_profile.buckets == 1
+                or m.accuracy_length >> (m.gates.accuracy.length_profile.buckets - 1) >= MIN_PROFILE_BUCKET_TOKENS
+            ),
+            values=lambda m: (
+                f"{m.gates.accuracy.length_profile.buckets} buckets of {m.accuracy_length} tokens: the shortest is "
+                f"{m.accuracy_length >> (m.gates.accuracy.length_profile.buckets - 1)}"
+            ),
+            values_cel=f"string(self.gates.accuracy.lengthProfile.buckets) + ' buckets of ' + "
+            f"string({_CEL_ACCURACY_LENGTH}) + ' tokens: the shortest is ' + "
+            f"string({_CEL_ACCURACY_LENGTH} / {_CEL_HALVINGS})",
         ),
         Rule(
             cel="!has(self.model.slidingWindow) || !has(self.model.slidingWindow.layers) "
@@ -1321,6 +1385,34 @@ class Condition(_Model):
     observed_generation: int | None = None
 
 
+class LengthBucketResult(_Model):
+    """One bucket of the accuracy gate's length profile: its paired needles (canaryOnly / baselineOnly: the needles
+    one side answered and the other missed)."""
+
+    length_tokens: int
+    prompts: int
+    needles: int
+    canary_score: float | None = None
+    baseline_score: float | None = None
+    recovery: float | None = None
+    canary_only: int = 0
+    baseline_only: int = 0
+
+
+class LengthProfileResult(_Model):
+    """The accuracy gate's length profile (gates.accuracy.lengthProfile): per bucket, shortest first; the AUC of
+    each side's score over log2(length) (the mean score per doubling of length) and their ratio; and the sign test
+    of a systematic shift (the canary below the baseline in every bucket, shown at the gate's confidence)."""
+
+    buckets: list[LengthBucketResult] = Field(default_factory=list)
+    canary_auc: float | None = None
+    baseline_auc: float | None = None
+    auc_recovery: float | None = None
+    systematic_shift: bool = False
+    shift_p_value: float | None = Field(default=None, description="One-sided sign test over the discordant needles.")
+    negative_buckets: int = Field(default=0, description="Buckets where the canary scores below the baseline.")
+
+
 class GateResult(_Model):
     """A finished (or running) gate: accuracy, GPU preflight or latency probe."""
 
@@ -1335,6 +1427,7 @@ class GateResult(_Model):
     recovery: float | None = None
     recovery_low: float | None = None
     recovery_high: float | None = None
+    profile: LengthProfileResult | None = Field(default=None, description="The accuracy gate's length profile.")
     finished_at: str | None = None
 
 

@@ -33,6 +33,7 @@ from kvpolicy.kube.api import (
     PODS,
     SERVICES,
     ApiError,
+    FieldEquals,
     KubeApi,
     label_selector,
 )
@@ -42,7 +43,7 @@ from kvpolicy.planning.gpu import PRESENT_LABEL, gpu_facts, required_affinity_ad
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.gates import PHASE_GATES
 from kvpolicy.rollout.metric_checks import check_due, checks_for, needs_baseline
-from kvpolicy.rollout.ownership import governing_policy
+from kvpolicy.rollout.ownership import TARGET_NAME_PATH, governing_policy
 from kvpolicy.rollout.rules import rollout_hash
 from kvpolicy.rollout.step_types import JobView, Observations, PodView
 from kvpolicy.rollout.targets import target_kind
@@ -276,8 +277,10 @@ class Observer:
         # Before a rollout's first write, ownership is read from a list holding every write made before this
         # policy's spec: a cache a moment behind could miss a policy created at the same time for the same target.
         since = {"metadata": policy.metadata} if phase == Phase.PLANNING else None
-        peers = await self.api.list_objects(KVPOLICIES, namespace, since=since)
-        governed_by = governing_policy(policy.metadata, policy.spec.target_ref.name, peers)
+        target_name = policy.spec.target_ref.name
+        claims = FieldEquals(TARGET_NAME_PATH, target_name)
+        peers = await self.api.list_objects(KVPOLICIES, namespace, since=since, where=claims)
+        governed_by = governing_policy(policy.metadata, target_name, peers)
         if governed_by is not None:  # nothing else matters until that policy is gone, but a route of ours to restore
             route, pools, pickers = await self._traffic_objects(policy, phase)
             return Observations(now=now, governed_by=governed_by, route=route, pools=pools, pickers=pickers)
