@@ -151,6 +151,7 @@ def test_an_llminferenceservice_canary_enters_its_group_at_weight_1_and_is_stepp
     assert weights[:3] == [1, 12, 100], weights
     assert driver.phase == "Promoted", driver.reasons()
     assert driver.reasons().count("TrafficShifted") == 2
+    assert driver.reasons().count("TrafficJoined") == 1 and "LatencyAnalysisStarted" not in driver.reasons()
     assert driver.world.target is not None and "--kv-cache-dtype fp8" in _additional(driver.world.target)
     assert driver.world.target["spec"]["template"]["containers"][0]["image"] != TARGET_IMAGE
     # Kept as a way back, stopped: KServe frees its GPUs and routes nothing to it.

@@ -245,11 +245,11 @@ def latency_analysis(t: Tick) -> None:
         if joining and not _at_step_weight(t, target, canary):
             return
         latency.started_at = t.now
-        if joining and t.status.routing_group is not None and t.status.routing_group.step > 0:
-            pass  # a later step of a routing group: its TrafficShifted event said so
-        elif joining:
-            joined = f"canary {t.canary.deployment} now serves a share of the users' traffic"
-            t.event("Normal", Reason.TRAFFIC_JOINED, joined)
+        later_step = t.status.routing_group is not None and t.status.routing_group.step > 0
+        if joining:
+            if not later_step:  # a later step of a routing group: its TrafficShifted event said so
+                joined = f"canary {t.canary.deployment} now serves a share of the users' traffic"
+                t.event("Normal", Reason.TRAFFIC_JOINED, joined)
         elif not routed:  # a routed canary's TrafficShifted event said where the traffic goes
             t.event(
                 "Normal",
