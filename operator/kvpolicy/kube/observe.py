@@ -304,7 +304,14 @@ class Observer:
         # The canary's pods, and the gate Jobs' (their termination messages, or why they cannot start).
         all_pods = await self.api.list_objects(PODS, namespace, by_policy) if needs & {"pods", "jobs"} else []
         pods = live(all_pods) if "pods" in needs else []
-        canary_pods = tuple(pod_view(pod) for pod in pods if b.CANARY_LABEL in (pod["metadata"].get("labels") or {}))
+        # Of the canary's pods, those that serve (a multi-node LLMInferenceService's workers carry its labels too).
+        serving = kind.serving_labels(target) if target is not None else {}
+        canary_pods = tuple(
+            pod_view(pod)
+            for pod in pods
+            if b.CANARY_LABEL in (labels := pod["metadata"].get("labels") or {})
+            and all(labels.get(key) == value for key, value in serving.items())
+        )
         services: frozenset[str] = frozenset()
         if "services" in needs:
             services_found = live(await self.api.list_objects(SERVICES, namespace, by_policy))
