@@ -296,11 +296,13 @@ async def test_a_status_write_does_not_count_as_a_change_of_the_ownership_cache(
         touched = informer._touched
         monkeypatch.setattr(informer, "_touched", lambda: touches.append(None) or touched())
         await scripted.events.put(("MODIFIED", claim("a", "model", phase="HeldBF16")))
+        await scripted.events.put(("BOOKMARK", {"metadata": {"resourceVersion": "3"}}))  # no name: only a version
         await scripted.events.put(("ADDED", claim("b", "model")))
         await until(lambda: len(informer.select({})) == 2, "the addition")
         assert len(touches) == 1, "the status write changed nothing"
         await scripted.events.put(("MODIFIED", claim("a", "model", generation=2)))
         await until(lambda: informer.holds(claim("a", "model", generation=2)), "the spec change")
         assert len(touches) == 2
+        assert informer.synced, "the watch went on"
     finally:
         await informer.stop()

@@ -162,11 +162,10 @@ class Informer:
         events = self.api.watch(self.resource, self.namespace, self.label_key or "", version, WATCH_SECONDS)
         async for event_type, obj in events:
             version = str(obj["metadata"]["resourceVersion"])
-            key = self._key(obj)
             if event_type == "DELETED":
-                self._drop(key)
+                self._drop(self._key(obj))
             elif event_type in ("ADDED", "MODIFIED"):
-                kept = self.keep(obj)
+                key, kept = self._key(obj), self.keep(obj)
                 if self._objects.get(key) == kept:  # a change to what is not kept (a policy's status): nothing to do
                     continue
                 self._put(key, kept)
