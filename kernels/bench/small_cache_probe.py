@@ -3,20 +3,16 @@
     PYTHONPATH=kernels:SITE python kernels/bench/small_cache_probe.py --out DIR
 
 For the sweep's head_dim-128 shapes of 1-4 sequences of 32k-64k (the ones under 1.3x FA3 FP8 in the second pass), a
-few larger ones and the ragged batches: our decode step (graph replay, do_bench median, L2 cleared) with
-  - "default": as the package runs it;
-  - "reduce-32": the reduce reading 32 splits at a time (the chunking before this pass, in the one-pass kernel);
-  - "early-pages": the kernel built with EARLY_PAGES=1 (the prologue's page ids read without waiting for seq_lens);
-  - "device": `MmaDecodeConfig(plan_on_device=True)`; "device-uniform": the same built with UNIFORM_PLAN=1 (the
-    block's planned work passed through redux.sync, so ptxas holds it in uniform registers);
-  - "two-blocks", "two-blocks-s2": built for two resident blocks an SM (MIN_BLOCKS=2: 128 registers, some spilled),
-    3 and 2 copy stages (head_dim 128 only);
-the partial kernel alone for default and early-pages, every output checked against float64, and FA3 FP8 at its best
-(decode_sweep.measure_fa3). Writes DIR/probe.json and prints one line a shape.
+few larger ones and the ragged batches: our decode step (graph replay, do_bench median, L2 cleared) for each of
+VARIANTS (a config, -D values added to the kernel's build, and the reduce's chunk of splits), the partial kernel alone
+for two of them, every output checked against float64, and FA3 FP8 at its best (decode_sweep.measure_fa3). Writes
+DIR/probe.json and prints one line a shape.
 
-The builds' -D switches (EARLY_PAGES, UNIFORM_PLAN, MIN_BLOCKS) were in the kernel source for run 1 of 2026-12-02's
-third pass (bench/results/2026-12-02-h200-issue27-s3-run1-probe.*) and removed after it, none having gained: without
-them those variants build the default kernel.
+Run 1 of 2026-12-02's third pass (bench/results/2026-12-02-h200-issue27-s3-run1-probe.*) timed, beside the default:
+the reduce reading 32 splits at a time ("reduce-32"), the prologue's page ids read without waiting for seq_lens
+(EARLY_PAGES=1), the device plan with its work passed through redux.sync (UNIFORM_PLAN=1), and two resident blocks an
+SM (MIN_BLOCKS=2, 3 and 2 stages). None of those -D switches gained and they were removed from the kernel source;
+VARIANTS now holds the partial stores of the second pass (STAGED_STORES=0) and the device plan.
 """
 
 from __future__ import annotations
@@ -53,6 +49,8 @@ LARGER = [
     Shape((16384,) * 64, 64, 8),
     Shape((131072,) * 2, 64, 8, 256),
     Shape((32768,), 32, 8, 256),
+    Shape((65536,) * 8, 8, 4, 256),
+    Shape((32768,) * 2, 128, 8, 128),
 ]
 _original_defines = _decode_mma.defines
 _original_reduce_shape = decode.reduce_shape
@@ -81,12 +79,8 @@ def variant(extra: dict[str, int], reduce_splits: int | None = None) -> Iterator
 
 VARIANTS: dict[str, tuple[dict[str, int], int | None, MmaDecodeConfig]] = {
     "default": ({}, None, MmaDecodeConfig()),
-    "reduce-32": ({}, 32, MmaDecodeConfig()),
-    "early-pages": ({"EARLY_PAGES": 1}, None, MmaDecodeConfig()),
+    "unstaged": ({"STAGED_STORES": 0}, None, MmaDecodeConfig()),
     "device": ({}, None, MmaDecodeConfig(plan_on_device=True)),
-    "device-uniform": ({"UNIFORM_PLAN": 1}, None, MmaDecodeConfig(plan_on_device=True)),
-    "two-blocks": ({"MIN_BLOCKS": 2}, None, MmaDecodeConfig()),
-    "two-blocks-s2": ({"MIN_BLOCKS": 2}, None, MmaDecodeConfig(stages=2)),
 }
 
 
@@ -99,15 +93,13 @@ def measure(shape: Shape, seed: int, with_fa3: bool) -> dict[str, Any]:
     entry: dict[str, Any] = {"kv_bytes": shape.kv_bytes}
     qk = qk_log2_scale(shape.head_dim, None, 1.0, 1.0)
     for name, (extra, reduce_splits, config) in VARIANTS.items():
-        if "MIN_BLOCKS" in extra and shape.head_dim == 256:
-            continue  # 128 registers a thread: head_dim 256 spills heavily
         with variant(extra, reduce_splits):
             try:
                 result: dict[str, Any] = sweep.errors(
                     sweep.ours_fn(q, cache, max_len, out_dtype=torch.float32, config=config)(), ref
                 )
                 result["graph"] = sweep.bench_us(sweep.capture(sweep.ours_fn(q, cache, max_len, config=config)).replay)
-                if name in ("default", "early-pages"):
+                if name in ("default", "unstaged"):
                     partials: Callable[[], Any] = partial(
                         _mma_partials, q, cache, max_len, AccumulationMode.TWO_LEVEL, qk, None, config
                     )

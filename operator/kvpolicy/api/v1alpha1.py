@@ -49,6 +49,10 @@ _DECIMAL_RE = re.compile(DECIMAL_PATTERN)
 MAX_TOKENS = 16_777_216  # 2^24: ten times the longest context served today (10M tokens)
 MAX_DURATION_SECONDS = 604_800  # one week
 MAX_CANARY_REPLICAS = 64
+# The accuracy gate's length profile: at most this many buckets, each at least this long (a shorter one holds the
+# needles and the question with little haystack around them).
+MAX_PROFILE_BUCKETS = 6
+MIN_PROFILE_BUCKET_TOKENS = 1024
 MAX_RATIO = 100  # latency ratios: a canary 100x slower than its baseline is beyond any useful limit
 DECIMAL_MAX_LENGTH = 24
 # metadata.name of a custom resource: a DNS-1123 subdomain, as the API server validates it.
@@ -181,6 +185,14 @@ class LatencyProvider(StrEnum):
 class OnInconclusive(StrEnum):
     HOLD = "Hold"
     ROLLBACK = "Rollback"
+
+
+class OnSystematicShift(StrEnum):
+    """What the accuracy gate's length profile does with a canary below the baseline at every length (Flagger and
+    Argo Rollouts let users choose what an analysis finding does; so does this)."""
+
+    WARN = "Warn"
+    FAIL = "Fail"
 
 
 class Traffic(StrEnum):
@@ -548,6 +560,29 @@ class ImagesSpec(_Model):
     )
 
 
+class LengthProfile(_Model):
+    """Sample shorter lengths beside the gate's own, to see a shift that one length hides."""
+
+    buckets: Int = Field(
+        default=1,
+        ge=1,
+        le=MAX_PROFILE_BUCKETS,
+        description="Context-length buckets the gate samples: its length halved buckets - 1 times up to its length "
+        "(4: length/8, /4, /2 and the length itself), each answering the same prompts, one per bucket per round. The "
+        "decision stays the sequential one at the gate's length, after as many of its prompts as without a profile; "
+        "the shorter buckets add their prompts beside them (4 buckets: 1.875x the prompt tokens). 1: the gate's "
+        "length alone. The gate reports each bucket's scores, an AUC across them, and a systematic shift: the canary "
+        "below the baseline in every bucket, shown by a sign test on the paired needles. The shortest bucket must be "
+        f"at least {MIN_PROFILE_BUCKET_TOKENS} tokens.",
+    )
+    on_systematic_shift: OnSystematicShift = Field(
+        default=OnSystematicShift.WARN,
+        description="Warn: a passing gate passes, with a SystematicShift Warning event and the finding in its "
+        "condition (calibrate the KV scales). Fail: a systematic shift rolls back (AccuracySystematicShift) even when "
+        "the decision at the gate's length passes.",
+    )
+
+
 class AccuracyGate(_Model):
     """Long-context needle-in-a-haystack gate, run as a Job before the canary takes any traffic."""
 
@@ -601,6 +636,9 @@ class AccuracyGate(_Model):
     )
     timeout_seconds: Int = Field(
         default=3600, ge=1, le=MAX_DURATION_SECONDS, description="Deadline for the gate Job (at most a week)."
+    )
+    length_profile: LengthProfile = Field(
+        default_factory=LengthProfile, description="Shorter lengths sampled beside the gate's own (off: 1 bucket)."
     )
 
 
@@ -889,6 +927,29 @@ class InferencePoolTraffic(_Model):
     )
 
 
+class RoutingGroupTraffic(_Model):
+    """A target in a routing group of its own kind (a KServe LLMInferenceService's `spec.router.route.group`): the
+    canary joins the group at weight 1, then takes the share each step names."""
+
+    rules = (
+        Rule(
+            cel="self.steps.all(s, self.steps.exists_one(t, t == s))",
+            message="rollout.routingGroup.steps must not repeat a share",
+            check=lambda m: len(set(m.steps)) == len(m.steps),
+        ),
+    )
+
+    steps: list[Annotated[Int, Field(ge=1, le=99)]] = Field(
+        default_factory=lambda: [10, 50],
+        min_length=1,
+        max_length=MAX_TRAFFIC_STEPS,
+        description="The canary's share of the group's traffic in percent at each step, taken in ascending order: "
+        "its weight is set so that it gets that share beside the other members' weights, and a step counts once "
+        "the target's status.router.group lists the canary at that weight. Each step runs the latency analysis for "
+        "bakeSeconds; after the last the target is promoted.",
+    )
+
+
 class RolloutSpec(_Model):
     """How the canary is run, held, approved, aborted, retried, applied, and what a drifted target does."""
 
@@ -923,6 +984,11 @@ class RolloutSpec(_Model):
     )
     inference_pool: InferencePoolTraffic | None = Field(
         default=None, description="The HTTPRoute and InferencePool of traffic InferencePool."
+    )
+    routing_group: RoutingGroupTraffic | None = Field(
+        default=None,
+        description="traffic ReplicaRatio on a target in a KServe routing group: the canary's share at each step "
+        "(unset: 10% then 50%).",
     )
     paused: Bool = Field(
         default=False, description="Hold the rollout where it is (a drifted target is then only reported)."
@@ -1114,6 +1180,13 @@ class NotificationSpec(_Model):
     )
 
 
+# The gate's length in CEL (`KVPolicySpec.accuracy_length`), and 2^(buckets - 1): CEL has no power operator.
+_CEL_ACCURACY_LENGTH = (
+    "(has(self.gates.accuracy.lengthTokens) ? self.gates.accuracy.lengthTokens : self.workload.maxContextTokens)"
+)
+_CEL_HALVINGS = f"{[2**k for k in range(MAX_PROFILE_BUCKETS)]}[self.gates.accuracy.lengthProfile.buckets - 1]"
+
+
 class KVPolicySpec(_Model):
     rules = (
         Rule(
@@ -1132,6 +1205,25 @@ class KVPolicySpec(_Model):
             ),
             values=lambda m: f"{m.gates.accuracy.length_tokens} > {m.model.max_model_len}",
             values_cel="string(self.gates.accuracy.lengthTokens) + ' > ' + string(self.model.maxModelLen)",
+        ),
+        Rule(
+            cel="!has(self.gates) || !has(self.gates.accuracy) || !has(self.gates.accuracy.lengthProfile) "
+            "|| !has(self.gates.accuracy.lengthProfile.buckets) || self.gates.accuracy.lengthProfile.buckets == 1 "
+            f"|| {_CEL_ACCURACY_LENGTH} / {MIN_PROFILE_BUCKET_TOKENS} >= {_CEL_HALVINGS}",
+            message=f"gates.accuracy.lengthProfile.buckets halves the gate length (lengthTokens, else "
+            f"workload.maxContextTokens) buckets - 1 times: the shortest bucket must be at least "
+            f"{MIN_PROFILE_BUCKET_TOKENS} tokens",
+            check=lambda m: (
+                m.gates.accuracy.length_profile.buckets == 1
+                or m.accuracy_length >> (m.gates.accuracy.length_profile.buckets - 1) >= MIN_PROFILE_BUCKET_TOKENS
+            ),
+            values=lambda m: (
+                f"{m.gates.accuracy.length_profile.buckets} buckets of {m.accuracy_length} tokens: the shortest is "
+                f"{m.accuracy_length >> (m.gates.accuracy.length_profile.buckets - 1)}"
+            ),
+            values_cel=f"string(self.gates.accuracy.lengthProfile.buckets) + ' buckets of ' + "
+            f"string({_CEL_ACCURACY_LENGTH}) + ' tokens: the shortest is ' + "
+            f"string({_CEL_ACCURACY_LENGTH} / {_CEL_HALVINGS})",
         ),
         Rule(
             cel="!has(self.model.slidingWindow) || !has(self.model.slidingWindow.layers) "
@@ -1321,6 +1413,34 @@ class Condition(_Status):
     observed_generation: int | None = None
 
 
+class LengthBucketResult(_Model):
+    """One bucket of the accuracy gate's length profile: its paired needles (canaryOnly / baselineOnly: the needles
+    one side answered and the other missed)."""
+
+    length_tokens: int
+    prompts: int
+    needles: int
+    canary_score: float | None = None
+    baseline_score: float | None = None
+    recovery: float | None = None
+    canary_only: int = 0
+    baseline_only: int = 0
+
+
+class LengthProfileResult(_Model):
+    """The accuracy gate's length profile (gates.accuracy.lengthProfile): per bucket, shortest first; the AUC of
+    each side's score over log2(length) (the mean score per doubling of length) and their ratio; and the sign test
+    of a systematic shift (the canary below the baseline in every bucket, shown at the gate's confidence)."""
+
+    buckets: list[LengthBucketResult] = Field(default_factory=list)
+    canary_auc: float | None = None
+    baseline_auc: float | None = None
+    auc_recovery: float | None = None
+    systematic_shift: bool = False
+    shift_p_value: float | None = Field(default=None, description="One-sided sign test over the discordant needles.")
+    negative_buckets: int = Field(default=0, description="Buckets where the canary scores below the baseline.")
+
+
 class GateResult(_Status):
     """A finished (or running) gate: accuracy, GPU preflight or latency probe."""
 
@@ -1335,6 +1455,7 @@ class GateResult(_Status):
     recovery: float | None = None
     recovery_low: float | None = None
     recovery_high: float | None = None
+    profile: LengthProfileResult | None = Field(default=None, description="The accuracy gate's length profile.")
     finished_at: Timestamp | None = None
 
 
@@ -1363,7 +1484,7 @@ class LatencyAnalysis(_Status):
     probe: GateResult | None = Field(default=None, description="The latency probe Job (Synthetic traffic).")
 
 
-class PodTemplateRecord(_Model):
+class ContainerRecord(_Model):
     """A vLLM container's serving configuration: its image, command, arguments and env, exactly."""
 
     image: str
@@ -1372,10 +1493,24 @@ class PodTemplateRecord(_Model):
     env: list[dict[str, Any]] | None = None
 
 
+class PodTemplateRecord(ContainerRecord):
+    """The target's serving configuration: its vLLM container's, and those of the other vLLM containers that hold the
+    same model's KV cache and must change with it (a mixed group would pair two KV-cache formats)."""
+
+    companions: dict[str, ContainerRecord] | None = Field(
+        default=None,
+        description="The target's other vLLM containers, by role: a LeaderWorkerSet's `worker`; an "
+        "LLMInferenceService's `worker`, `prefill` and `prefill.worker`. Unset: it has none.",
+    )
+
+
 class Difference(_Model):
     """One way the target's serving configuration differs from what the policy expected."""
 
-    field: str = Field(description="Image, Command, KVArguments, Arguments or Env.")
+    field: str = Field(
+        description="Image, Command, KVArguments, Arguments or Env; a companion container's are prefixed with its "
+        "role (`worker KVArguments`)."
+    )
     expected: str
     observed: str
 
@@ -1436,6 +1571,19 @@ class TrafficStatus(_Status):
         default=None,
         description="applyMode Advisory: the JSON patch (RFC 6902) the route needs for this step, for a GitOps "
         "repository to take (`kubectl patch httproute --type json -p ...`).",
+    )
+
+
+class RoutingGroupStatus(_Status):
+    """A canary in the target's routing group: the step it is at and the weight that gives it the step's share."""
+
+    group: str = Field(description="The routing group (spec.router.route.group of the target).")
+    step: int = Field(default=0, description="Index of the current step in spec.rollout.routingGroup.steps.")
+    share_percent: int = Field(default=0, description="The share of the group's traffic this step gives the canary.")
+    weight: int = Field(default=0, description="The canary's weight for that share beside the other members'.")
+    since: Timestamp | None = Field(default=None, description="When the canary was first asked for this step's weight.")
+    confirmed_at: Timestamp | None = Field(
+        default=None, description="When the group's status listed the canary at this weight: the step counts."
     )
 
 
@@ -1534,6 +1682,14 @@ class KVPolicyStatus(_Model):
     )
     traffic_share: TrafficShare | None = Field(
         default=None, description="The canary's share of the users' requests, intended and measured."
+    )
+    routing_group: RoutingGroupStatus | None = Field(
+        default=None, description="A target in a routing group: where the canary's weight is."
+    )
+    retained_canary: str | None = Field(
+        default=None,
+        description="A promoted canary kept stopped as a way back (an LLMInferenceService with "
+        "serving.kserve.io/stop: its GPUs freed, its configuration at hand); the next rollout deletes it.",
     )
 
 

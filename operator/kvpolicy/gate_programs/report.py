@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from kvpolicy.api.reasons import GateReason
-from kvpolicy.api.v1alpha1 import AnalysisPhase, GateVerdict
+from kvpolicy.api.v1alpha1 import AnalysisPhase, GateVerdict, LengthProfileResult
 
 TERMINATION_LOG_ENV = "KVPOLICY_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
@@ -50,6 +50,7 @@ class GateReport(BaseModel):
     recovery: float | None = None
     recovery_low: float | None = None
     recovery_high: float | None = None
+    profile: LengthProfileResult | None = None  # the accuracy gate's length profile, when it sampled one
 
     @classmethod
     def problem(cls, reason: GateReason, message: str) -> GateReport:

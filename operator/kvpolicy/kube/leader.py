@@ -32,7 +32,7 @@ from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, V1Lease, V1L
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from kvpolicy.api.reasons import RequestReason
-from kvpolicy.kube.api import ApiError, KubeApi, PatchType, Resource
+from kvpolicy.kube.api import ApiError, FieldEquals, KubeApi, PatchType, Resource
 from kvpolicy.kube.login import ClusterLogin
 
 logger = logging.getLogger(__name__)
@@ -413,9 +413,14 @@ class LeaderFencedApi:
         return await self.api.get(resource, namespace, name)
 
     async def list_objects(
-        self, resource: Resource, namespace: str | None, label_selector: str = "", since: Obj | None = None
+        self,
+        resource: Resource,
+        namespace: str | None,
+        label_selector: str = "",
+        since: Obj | None = None,
+        where: FieldEquals | None = None,
     ) -> list[Obj]:
-        return await self.api.list_objects(resource, namespace, label_selector, since)
+        return await self.api.list_objects(resource, namespace, label_selector, since, where)
 
     async def create(self, resource: Resource, namespace: str, body: Obj) -> bool:
         self._check(f"create {resource.plural}")

@@ -23,6 +23,7 @@ from kvpolicy.api.v1alpha1 import (
     KVPolicySpec,
     KVPolicyStatus,
     LatencyAnalysis,
+    LengthProfileResult,
     OnDrift,
     Phase,
     Plan,
@@ -204,6 +205,33 @@ def _job_gate_line(name: str, result: GateResult | None, planned: bool, max_samp
     return " ".join(parts)
 
 
+def _score(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def profile_lines(profile: LengthProfileResult, indent: str = "    ") -> list[str]:
+    """The accuracy gate's length profile: its AUC and shift finding, then one row per bucket (shared with the
+    demo's report)."""
+    shift = (
+        f"{WARNING} systematic shift: canary below baseline in {profile.negative_buckets}/{len(profile.buckets)} "
+        f"buckets (sign test p {profile.shift_p_value or 0:.2g}): calibrate the KV scales"
+        if profile.systematic_shift
+        else f"no systematic shift ({profile.negative_buckets}/{len(profile.buckets)} buckets below, sign test "
+        f"p {'-' if profile.shift_p_value is None else format(profile.shift_p_value, '.2g')})"
+    )
+    summary = (
+        f"{indent}Length profile: AUC canary {_score(profile.canary_auc)} / baseline {_score(profile.baseline_auc)} "
+        f"(recovery {_score(profile.auc_recovery)}); {shift}"
+    )
+    rows = [["TOKENS", "CANARY", "BASELINE", "RECOVERY", "PROMPTS", "CANARY-ONLY", "BASELINE-ONLY"]]
+    rows += [
+        [str(b.length_tokens), _score(b.canary_score), _score(b.baseline_score), _score(b.recovery), str(b.prompts),
+         str(b.canary_only), str(b.baseline_only)]
+        for b in profile.buckets
+    ]  # fmt: skip
+    return [summary, *table(rows, indent + "  ")]
+
+
 def _latency_lines(parsed: Parsed, now: datetime) -> list[str]:
     spec, status = parsed.spec, parsed.status
     latency: LatencyAnalysis | None = status.latency
@@ -372,6 +400,9 @@ def render_get(raw: Mapping[str, Any], events: Sequence[Mapping[str, Any]], now:
     for gate in PHASE_GATES:
         cap = gate.sample_cap(spec) if spec is not None else None
         lines.append(_job_gate_line(gate.label, gate.result(status), gate.label in gates, cap))
+        result = gate.result(status)
+        if result is not None and result.profile is not None:
+            lines += profile_lines(result.profile)
     lines += _latency_lines(parsed, now)
     lines += _traffic_lines(parsed, now)
     if status.decision is not None:

@@ -132,7 +132,8 @@ def _ensure_canary_objects(t: Tick) -> None:
     if t.observed_canary is None:
         t.add(Create(t.target_kind.object_kind, t.target_kind.canary(t.ref, name, target, t.spec, t.plan)))
     if t.canary.service not in t.obs.services:
-        t.add(Create(Kind.SERVICE, b.canary_service(t.ref, t.canary.service, port)))
+        serving = t.target_kind.serving_labels(target)
+        t.add(Create(Kind.SERVICE, b.canary_service(t.ref, t.canary.service, port, serving)))
     baseline = t.baseline_service_name()
     if baseline not in t.obs.services:
         selector = t.target_kind.serving_selector(target)
@@ -319,14 +320,20 @@ def _still_gated(t: Tick) -> bool:
     return True
 
 
-def _remove_children(t: Tick) -> bool:
-    """Put the user's route back (traffic InferencePool), then delete the canary, its pool, its Services and any gate
-    Job still running; True when nothing is left."""
+def _remove_children(t: Tick, *, promoted: bool) -> bool:
+    """Put the user's route back (traffic InferencePool), then delete the canary (after a promotion, where its kind
+    keeps it as a way back, stop it instead: status.retainedCanary), its pool, its Services and any gate Job still
+    running; True when nothing is left to do."""
     gone = traffic_router.release(t)
     if t.obs.canary is not None:
-        for action in t.target_kind.retire(t.obs.canary["metadata"]["name"]):
+        name = t.obs.canary["metadata"]["name"]
+        kept = t.target_kind.keep_after_promotion(t.obs.canary) if promoted else None
+        for action in t.target_kind.retire(name) if kept is None else kept:
             t.add(action)
-        gone = False
+        if kept == []:
+            t.status.retained_canary = name
+        else:
+            gone = False
     for service in sorted(t.obs.services):
         t.add(Delete(Kind.SERVICE, service))
         gone = False
@@ -359,7 +366,7 @@ def _promoting(t: Tick) -> None:
         _await_adoption(t, target, current, desired)
         return
     patched = _converge_target(t, desired)
-    removed = _remove_children(t)
+    removed = _remove_children(t, promoted=True)
     if patched and removed:
         message = f"{t.spec.target_ref.name} runs FP8 KV ({' '.join(desired.args or desired.command or [])})"
         _promoted(t, desired, DecisionReason.GATES_PASSED, message)
@@ -388,7 +395,7 @@ def _await_adoption(t: Tick, target: Obj, current: PodTemplateRecord, desired: P
     """Advisory: publish the change, free the canary's GPUs, and count the rollout as promoted once the target's pods
     all run the change."""
     _advise(t, desired)
-    removed = _remove_children(t)
+    removed = _remove_children(t, promoted=True)
     adopted = not drift.differences(desired, current)
     if adopted and t.target_kind.rolled_out(target) and removed:
         message = (
@@ -415,7 +422,7 @@ def _bf16_configuration(t: Tick, current: PodTemplateRecord) -> PodTemplateRecor
 def _rolling_back(t: Tick) -> None:
     current = _observed(t)
     restored = current is None or _converge_target(t, _bf16_configuration(t, current))
-    removed = _remove_children(t)
+    removed = _remove_children(t, promoted=False)
     if restored and removed:
         decision = t.status.decision
         reason = decision.reason if decision else Reason.ROLLED_BACK

@@ -12,6 +12,7 @@ from kvpolicy.api.v1alpha1 import (
     GateVerdict,
     KVPolicySpec,
     KVPolicyStatus,
+    OnSystematicShift,
     Phase,
 )
 from kvpolicy.gate_programs.report import GateReport
@@ -43,6 +44,8 @@ def command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]
         str(accuracy.max_samples),
         "--baseline-floor",
         accuracy.baseline_floor,
+        "--length-buckets",
+        str(accuracy.length_profile.buckets),
         *b.api_key_args(spec),
     ]
 
@@ -72,6 +75,7 @@ def _accuracy_record(spec: KVPolicySpec, view: JobView, report: GateReport) -> G
         recovery=report.recovery,
         recovery_low=report.recovery_low,
         recovery_high=report.recovery_high,
+        profile=report.profile,
     )
 
 
@@ -95,9 +99,31 @@ def _recovery_text(result: GateResult, min_recovery: str) -> str:
     )
 
 
+def _shift_judgement(spec: KVPolicySpec, result: GateResult, text: str) -> Judgement:
+    """A pass whose length profile shows a systematic shift. The decision at the gate's length is the gate's (a
+    pass); what the shift does is the user's choice (lengthProfile.onSystematicShift): Warn passes with a Warning
+    event and the finding in the condition, Fail rolls back."""
+    profile = result.profile
+    assert profile is not None and profile.systematic_shift
+    finding = (
+        f"{text}, but the canary is below the baseline in all {len(profile.buckets)} length buckets (sign test "
+        f"p = {profile.shift_p_value}, AUC recovery {profile.auc_recovery}): a systematic shift, as uncalibrated KV "
+        f"scales give; calibrate them (an LLM-Compressor checkpoint with KV scales, kvCache.scales Calibrated: vLLM "
+        f"0.32 has no --calculate-kv-scales)"
+    )
+    event = Event("Warning", Reason.SYSTEMATIC_SHIFT, finding)
+    if spec.gates.accuracy.length_profile.on_systematic_shift == OnSystematicShift.FAIL:
+        decided = Decided(DecisionReason.ACCURACY_SYSTEMATIC_SHIFT, finding)
+        return Judgement(Then.ROLLBACK, ConditionStatus.FALSE, Reason.SYSTEMATIC_SHIFT, finding, event, decided)
+    return Judgement(Then.ADVANCE, ConditionStatus.TRUE, Reason.SYSTEMATIC_SHIFT, finding, event)
+
+
 def _accuracy_judge(spec: KVPolicySpec, result: GateResult) -> Judgement:
     text = _recovery_text(result, spec.gates.accuracy.min_recovery)
-    if result.verdict.phase is AnalysisPhase.SUCCESSFUL:
+    passed = result.verdict.phase is AnalysisPhase.SUCCESSFUL
+    if passed and result.profile is not None and result.profile.systematic_shift:
+        return _shift_judgement(spec, result, text)
+    if passed:
         event = Event("Normal", Reason.ACCURACY_GATE_PASSED, text)
         return Judgement(Then.ADVANCE, ConditionStatus.TRUE, Reason.RECOVERY_ABOVE_MINIMUM, text, event)
     if result.verdict.phase is AnalysisPhase.FAILED:
