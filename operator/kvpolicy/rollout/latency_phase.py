@@ -82,7 +82,8 @@ def _at_step_weight(t: Tick, target: Obj, canary: Obj) -> bool:
     if weight is None:
         return True
     if group.since is None:
-        group = group.model_copy(update={"since": t.now})
+        group = group.model_copy()
+        group.since = t.now
     t.status.routing_group = group
     asked = group.since or t.now
     late = (t.now - asked).total_seconds() > t.spec.rollout.progress_deadline_seconds
