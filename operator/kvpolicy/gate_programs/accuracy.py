@@ -36,7 +36,7 @@ from kvpolicy.api.v1alpha1 import (
 )
 from kvpolicy.credentials import CredentialsError, CredentialsSource
 from kvpolicy.gate_programs import length_profile, niah
-from kvpolicy.gate_programs.client import GateError, VllmClient, open_session
+from kvpolicy.gate_programs.client import RETRY_DELAYS_S, GateError, VllmClient, open_session
 from kvpolicy.gate_programs.length_profile import Bucket, Profile
 from kvpolicy.gate_programs.stats import Evidence, PairedCounts, RecoveryBounds
 
@@ -61,7 +61,7 @@ class AccuracyOptions:
     task: niah.NiahTask = niah.NiahTask.MULTIKEY
     needles: int = 8
     asked: int = 8
-    retry_delays_s: tuple[float, ...] = (0.2, 0.5, 1.0)
+    retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S
     length_buckets: int = CRD_DEFAULTS.length_profile.buckets
 
     @property

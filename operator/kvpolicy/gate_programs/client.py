@@ -25,7 +25,10 @@ from kvpolicy.credentials import Credentials, CredentialsError
 from kvpolicy.http_errors import connection_problem, status_text
 
 T = TypeVar("T")
-RETRY_DELAYS_S = (0.2, 0.5, 1.0)
+# 7.5 s in all: long enough to ride out a baseline pod replaced under the gate (a user's edit rolling the target: the
+# request in flight fails and the Service's endpoints move to the new, already ready pod), short enough that a dead
+# endpoint still ends the gate in seconds.
+RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0)
 log = logging.getLogger(__name__)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from kvpolicy.api.reasons import GateReason
 from kvpolicy.api.v1alpha1 import LatencyGate, parse_decimal
 from kvpolicy.credentials import CredentialsError, CredentialsSource
-from kvpolicy.gate_programs.client import GateError, VllmClient, open_session
+from kvpolicy.gate_programs.client import RETRY_DELAYS_S, GateError, VllmClient, open_session
 from kvpolicy.gate_programs.niah import FILLER
 
 # The CRD's ratio limits are the probe's defaults: one source.
@@ -37,7 +37,7 @@ class LatencyOptions:
     itl_max_ratio: float = parse_decimal(CRD_DEFAULTS.itl_max_ratio)
     time_scale: float = 1.0
     request_timeout_seconds: float = 600.0
-    retry_delays_s: tuple[float, ...] = (0.2, 0.5, 1.0)
+    retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S
 
 
 @dataclass(frozen=True)
