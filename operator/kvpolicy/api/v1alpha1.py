@@ -865,6 +865,16 @@ class RolloutSpec(_Model):
     )
     abort: Bool = Field(default=False, description="Abort and roll back to BF16.")
     approval: Approval = Field(default=Approval.AUTOMATIC, description="Manual holds before promotion.")
+    approval_timeout_seconds: Int = Field(
+        default=86_400,
+        ge=1,
+        le=MAX_DURATION_SECONDS,
+        description="With Manual approval: how long a rollout may wait in AwaitingApproval (at most a week). Past "
+        "it the rollout is rolled back (ApprovalTimedOut): an unapproved change is never promoted, and its canary "
+        "stops holding GPUs and serving users (`kubectl kvpolicy retry` runs it again). While it waits the latency "
+        "analysis keeps checking a canary that serves users, and an approval promotes only on a passing check made "
+        "within the last two gates.latency.intervalSeconds.",
+    )
     approved_rollout: str | None = Field(
         default=None,
         pattern=ROLLOUT_ID_PATTERN,
@@ -1052,6 +1062,17 @@ class NotificationSpec(_Model):
 
 class KVPolicySpec(_Model):
     rules = (
+        Rule(
+            cel="!has(self.rollout) || !has(self.rollout.approvalTimeoutSeconds) || !has(self.gates) "
+            "|| !has(self.gates.latency) || !has(self.gates.latency.intervalSeconds) "
+            "|| self.rollout.approvalTimeoutSeconds >= 2 * self.gates.latency.intervalSeconds",
+            message="rollout.approvalTimeoutSeconds must be at least twice gates.latency.intervalSeconds (an approval "
+            "promotes only on a passing latency check made within two intervals)",
+            check=lambda m: m.rollout.approval_timeout_seconds >= 2 * m.gates.latency.interval_seconds,
+            values=lambda m: f"{m.rollout.approval_timeout_seconds} < 2 * {m.gates.latency.interval_seconds}",
+            values_cel="string(self.rollout.approvalTimeoutSeconds) + ' < 2 * ' "
+            "+ string(self.gates.latency.intervalSeconds)",
+        ),
         Rule(
             cel="self.workload.maxContextTokens <= self.model.maxModelLen",
             message="workload.maxContextTokens must not exceed model.maxModelLen",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from kvpolicy.analysis.model import Action as AnalysisAction
-from kvpolicy.analysis.model import AnalysisState, Verdict
+from kvpolicy.analysis.model import AnalysisState, Outcome, Verdict
 from kvpolicy.analysis.verdicts import next_analysis_state
 from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import (
@@ -120,18 +120,58 @@ def record_check(latency: LatencyAnalysis, state: AnalysisState, verdict: Verdic
     )
 
 
+def _fold(t: Tick, verdict: Verdict) -> Outcome:
+    """One check's verdict folded into the analysis the status keeps; what the analysis says to do next."""
+    latency = t.status.latency
+    assert latency is not None
+    if verdict.needs_attention and (latency.last is None or latency.last.reason != verdict.reason):
+        # Waiting will not fix it (a rejected query, an unusable credential): say so once, as it appears.
+        t.event("Warning", verdict.reason, verdict.message)
+    state, outcome = next_analysis_state(latency_gate_config(t.spec), analysis_state(latency), verdict, t.now)
+    record_check(latency, state, verdict, t.now)
+    traffic_share.record(t, verdict)
+    return outcome
+
+
+def _next_check_in(t: Tick) -> float:
+    """Seconds until the next check is due; a check that was due but not made (no analyser) must not spin: look
+    again after the usual poll."""
+    latency = t.status.latency
+    last = parse_timestamp(latency.last.at) if latency is not None and latency.last else None
+    interval = t.spec.gates.latency.interval_seconds
+    due = (last + timedelta(seconds=interval) - t.now).total_seconds() if last else 0.0
+    return due if due > 0 else t.config.poll_seconds
+
+
+def background_analysis(t: Tick) -> bool:
+    """AwaitingApproval with live traffic: the canary keeps serving its share of the users, so the analysis keeps
+    checking it (Argo Rollouts' background analysis). Breaches up to consecutiveFailureLimit and a stall past the
+    inconclusive deadline with onInconclusive Rollback roll back as they would during the analysis; a pass keeps the
+    gate's condition True. False when it rolled back. Sets the requeue to the next check."""
+    verdict = t.obs.analysis_verdict()
+    if verdict is not None:
+        outcome = _fold(t, verdict)
+        waiting = "while awaiting approval"
+        if outcome.action == AnalysisAction.ROLLBACK:
+            t.condition(GATE, ConditionStatus.FALSE, outcome.reason, f"{waiting}: {outcome.message}")
+            rollback(t, outcome.reason, f"{waiting}: {outcome.message}")
+            return False
+        if verdict.kind == VerdictKind.PASS:
+            t.condition(GATE, ConditionStatus.TRUE, outcome.reason, f"{waiting}: {verdict.message}")
+        else:
+            if verdict.kind == VerdictKind.BREACH:
+                t.event("Warning", Reason.LATENCY_BREACH, f"{waiting}: {outcome.message}")
+            t.condition(GATE, ConditionStatus.UNKNOWN, outcome.reason, f"{waiting}: {outcome.message}")
+    t.requeue = min(t.requeue, _next_check_in(t))
+    return True
+
+
 def _live(t: Tick) -> None:
     latency = t.status.latency
     assert latency is not None
-    config = latency_gate_config(t.spec)
     verdict = t.obs.analysis_verdict()
     if verdict is not None:
-        if verdict.needs_attention and (latency.last is None or latency.last.reason != verdict.reason):
-            # Waiting will not fix it (a rejected query, an unusable credential): say so once, as it appears.
-            t.event("Warning", verdict.reason, verdict.message)
-        state, outcome = next_analysis_state(config, analysis_state(latency), verdict, t.now)
-        record_check(latency, state, verdict, t.now)
-        traffic_share.record(t, verdict)
+        outcome = _fold(t, verdict)
         if verdict.kind == VerdictKind.BREACH and outcome.action != AnalysisAction.ROLLBACK:
             t.event("Warning", Reason.LATENCY_BREACH, outcome.message)
         if outcome.action == AnalysisAction.PROMOTE:
@@ -154,10 +194,7 @@ def _live(t: Tick) -> None:
         else:
             t.condition(GATE, ConditionStatus.UNKNOWN, outcome.reason, outcome.message)
         t.status.message = outcome.message
-    last = parse_timestamp(latency.last.at) if latency.last else None
-    due = (last + timedelta(seconds=config.interval_seconds) - t.now).total_seconds() if last else 0.0
-    # A check that was due but not made (no analyser) must not spin: look again after the usual poll.
-    t.requeue = due if due > 0 else t.config.poll_seconds
+    t.requeue = _next_check_in(t)
 
 
 def latency_analysis(t: Tick) -> None:
