@@ -538,6 +538,16 @@ class AccuracyGate(_Model):
     timeout_seconds: Int = Field(
         default=3600, ge=1, le=MAX_DURATION_SECONDS, description="Deadline for the gate Job (at most a week)."
     )
+    baseline_requests_per_minute: Int | None = Field(
+        default=None,
+        ge=1,
+        le=60_000,
+        description="Most prompts a minute the gate sends to the production pods behind the baseline Service, evenly "
+        "spaced (each is a full-length prompt, lengthTokens long: a prefill of the workload's longest context on a "
+        "pod serving users). Unset: no limit (each sample's questions go out together). A limit makes the gate take "
+        "at least (prompts sent / this) minutes: keep timeoutSeconds above it (the default gate asks 8 questions per "
+        "sample, up to maxSamples samples).",
+    )
 
 
 class LatencyGate(_Model):

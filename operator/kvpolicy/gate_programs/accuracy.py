@@ -26,6 +26,7 @@ from kvpolicy.api.v1alpha1 import AccuracyGate, parse_decimal
 from kvpolicy.credentials import CredentialsError, CredentialsSource
 from kvpolicy.gate_programs import niah
 from kvpolicy.gate_programs.client import GateError, VllmClient, open_session
+from kvpolicy.gate_programs.pacing import paced
 from kvpolicy.gate_programs.stats import Evidence, PairedCounts, RecoveryBounds
 
 ANSWER_TOKENS = 64
@@ -50,6 +51,7 @@ class AccuracyOptions:
     needles: int = 8
     asked: int = 8
     retry_delays_s: tuple[float, ...] = (0.2, 0.5, 1.0)
+    baseline_requests_per_minute: int | None = CRD_DEFAULTS.baseline_requests_per_minute
 
 
 @dataclass(frozen=True)
@@ -339,6 +341,8 @@ async def run_accuracy_gate(
             )
 
         try:
-            return await _evaluate(options, client(options.canary), client(options.baseline), on_progress)
+            # The baseline is production: its prompts keep the policy's pace (pacing.py).
+            baseline = paced(client(options.baseline), options.baseline_requests_per_minute)
+            return await _evaluate(options, client(options.canary), baseline, on_progress)
         except GateError as error:
             return _result(options, "Inconclusive", error.reason, str(error))

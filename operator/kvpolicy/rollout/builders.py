@@ -364,17 +364,12 @@ def canary_deployment(
         "spec": {
             "replicas": spec.rollout.canary_replicas,
             "selector": {"matchLabels": {**policy_labels(policy.name), CANARY_LABEL: name}},
-            # Recreate: relabelling the canary to join the traffic must not need a second GPU for a surge pod.
+            # Recreate: a change of the canary's template must not need a second GPU for a surge pod (joining the
+            # traffic changes none: it labels the running pods).
             "strategy": {"type": "Recreate"},
             "template": template,
         },
     }
-
-
-def join_patch(policy: PolicyRef, name: str, target: Mapping[str, Any]) -> Obj:
-    """Merge patch giving the canary's pods the target's labels, so the target's Service sends them traffic."""
-    labels = canary_pod_labels(policy, name, template_labels(target), joined=True)
-    return {"spec": {"template": {"metadata": {"labels": labels}}}}
 
 
 def _service(policy: PolicyRef, name: str, role: str, selector: Mapping[str, str], port: int) -> Obj:
@@ -533,8 +528,14 @@ def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> 
         str(accuracy.max_samples),
         "--baseline-floor",
         accuracy.baseline_floor,
+        *_baseline_pace_args(spec),
         *_api_key_args(spec),
     ]
+
+
+def _baseline_pace_args(spec: KVPolicySpec) -> list[str]:
+    rate = spec.gates.accuracy.baseline_requests_per_minute
+    return ["--baseline-requests-per-minute", str(rate)] if rate is not None else []
 
 
 def latency_lengths(spec: KVPolicySpec) -> list[int]:
@@ -566,6 +567,9 @@ def latency_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> l
         latency.ttft_max_ratio,
         "--itl-max-ratio",
         latency.itl_max_ratio,
+        # Load matching: the canary carries what a baseline pod serves its users, per canary pod (latency.py).
+        "--canary-pods",
+        str(spec.rollout.canary_replicas),
         *_api_key_args(spec),
     ]
 

@@ -24,7 +24,7 @@ from kvpolicy.api.v1alpha1 import (
 from kvpolicy.rollout import traffic_router, traffic_share
 from kvpolicy.rollout.job_gates import LATENCY_PROBE, Then
 from kvpolicy.rollout.rules import latency_gate_config
-from kvpolicy.rollout.step_types import Patch, parse_timestamp, timestamp
+from kvpolicy.rollout.step_types import parse_timestamp, timestamp
 from kvpolicy.rollout.tick import Tick, advance, deadline_rollback, rollback, run_job, watch_capacity
 
 GATE = ConditionType.LATENCY_GATE_PASSED
@@ -197,17 +197,28 @@ def _live(t: Tick) -> None:
     t.requeue = _next_check_in(t)
 
 
+def keep_joined(t: Tick) -> int:
+    """ReplicaRatio: the writes that make the canary serve the users' traffic, while any is needed (a Deployment's
+    pod made later, after a crash, joins as it appears); how many were added."""
+    canary = t.observed_canary
+    if canary is None or t.obs.target is None:
+        return 0
+    actions = t.target_kind.join_actions(t.ref, t.canary.deployment, canary, t.obs.target, t.obs.canary_pods)
+    for action in actions:
+        t.add(action)
+    return len(actions)
+
+
 def latency_analysis(t: Tick) -> None:
     target = t.obs.target
     latency = t.status.latency
     assert target is not None and latency is not None
     joining = t.spec.rollout.traffic == Traffic.REPLICA_RATIO
     routed = t.spec.rollout.traffic == Traffic.INFERENCE_POOL
+    joins = keep_joined(t) if joining else 0
     if latency.started_at is None:
         canary = t.observed_canary
-        if joining and canary is not None and not t.target_kind.is_joined(canary, target):
-            join = t.target_kind.join_patch(t.ref, t.canary.deployment, target)
-            t.add(Patch(t.target_kind.object_kind, t.canary.deployment, join))
+        if joins:
             t.status.message = f"canary {t.canary.deployment} joining the Service(s) of {t.spec.target_ref.name}"
             return
         if canary is None or t.ready_canary_pods(joined=joining) < t.spec.rollout.canary_replicas:

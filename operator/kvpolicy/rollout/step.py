@@ -30,6 +30,7 @@ from kvpolicy.api.v1alpha1 import (
     Parallelism,
     Phase,
     PodTemplateRecord,
+    Traffic,
     VerdictKind,
 )
 from kvpolicy.planning.gpu import planning_change
@@ -38,7 +39,7 @@ from kvpolicy.rollout import builders as b
 from kvpolicy.rollout import drift, traffic_router
 from kvpolicy.rollout.gate_phase import job_gate_phase
 from kvpolicy.rollout.job_gates import PHASE_GATES, JobGate
-from kvpolicy.rollout.latency_phase import background_analysis, latency_analysis
+from kvpolicy.rollout.latency_phase import background_analysis, keep_joined, latency_analysis
 from kvpolicy.rollout.rules import rollout_hash, stale_evidence, uses_live_analysis
 from kvpolicy.rollout.step_types import (
     Create,
@@ -236,6 +237,8 @@ def _awaiting_approval(t: Tick) -> None:
     (background_analysis); an approval promotes only on fresh evidence (rules.stale_evidence); past
     rollout.approvalTimeoutSeconds the rollout rolls back."""
     t.requeue = t.config.idle_seconds
+    if t.spec.rollout.traffic == Traffic.REPLICA_RATIO:
+        keep_joined(t)
     if uses_live_analysis(t.spec, t.plan) and not background_analysis(t):
         return
     rollout = t.status.rollout_id
