@@ -22,6 +22,14 @@ $(VENV)/.installed: pyproject.toml dev/pyproject.toml kernels/pyproject.toml
 	$(BIN)/python -c 'import vllm.entrypoints.launchers.cli_args'
 	touch $@
 
+# `make demo` runs simulators: it needs neither torch nor vLLM, so it gets the light install (the operator and the dev
+# tools, about 60 packages); `make test` adds the rest to the same .venv.
+$(VENV)/.installed-demo: pyproject.toml dev/pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e . -e ./dev
+	touch $@
+
 prometheus:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
 	  echo "installing Debian's prometheus"; \
@@ -53,8 +61,9 @@ pytest: $(VENV)/.installed
 test-realmodel: $(VENV)/.installed tools
 	$(BIN)/pytest -m longgate $(PYTEST_ARGS)
 
-# The whole rollout loop on this machine (emulated cluster, simulated GPU pools, Prometheus); DEMO_ARGS=--fast etc.
-demo: $(VENV)/.installed prometheus
+# The whole rollout loop on this machine (emulated cluster, simulated GPU pools, Prometheus); DEMO_ARGS=--fast, --keep
+# (leave it up to try kubectl and `kubectl kvpolicy` on it) etc.
+demo: $(VENV)/.installed-demo prometheus
 	$(BIN)/kvpolicy demo $(DEMO_ARGS)
 
 # The same scenarios with real vLLM CPU servers serving a real model (SmolLM2-135M-Instruct, kvpolicy_dev.models) on

@@ -6,7 +6,13 @@ the sequential gate stops by `sequential_decision`, the fixed run scores 100 pro
 recovery reaches min_recovery. Wall time: `run_accuracy_gate` over loopback HTTP against `kvpolicy sim` child
 processes (time scale 0.001). Emulator speed: one query row of `attention_row` at 128k, head_dim 128.
 
-Run: .venv/bin/python bench/gate_efficiency.py [--seeds 20] [--wall-runs 3]
+Length profile (--only profile): the same answer model, the gate at 128k with and without a 4-bucket profile (16k,
+32k, 64k, 128k), as `_evaluate` runs it: every bucket answers the round's sample, the decision reads the 128k bucket
+alone, the systematic-shift test is read at the stop. Per configuration: prompts at 128k per decision with and without
+the profile, whether every run decided alike after as many prompts, the prompt tokens per decision, and how often a
+systematic shift was flagged.
+
+Run: .venv/bin/python bench/gate_efficiency.py [--seeds 20] [--wall-runs 3] [--only profile --profile-seeds 200]
 """
 
 from __future__ import annotations
@@ -21,15 +27,17 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from kvpolicy.gate_programs import niah
+from kvpolicy.gate_programs import length_profile, niah
 from kvpolicy.gate_programs.accuracy import VERDICTS, AccuracyOptions, run_accuracy_gate, sequential_decision
-from kvpolicy.gate_programs.stats import Evidence
+from kvpolicy.gate_programs.stats import Evidence, PairedCounts
 from kvpolicy_dev.numerics import Accumulation, attention_row, quantize
-from kvpolicy_dev.sim import SimConfig, start_simulator_subprocess
+from kvpolicy_dev.sim import Gpu, SimConfig, start_simulator_subprocess
 from kvpolicy_dev.sim.accuracy import NumericsModel, answer_needles
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 FIXED_RUN = 100
+# A simulator starts in a second on an idle box; on a shared one under load it has taken more than 30 s.
+STARTUP_S = 180.0
 
 
 @dataclass(frozen=True)
@@ -113,9 +121,13 @@ def decision_table(seeds: int) -> list[str]:
     return rows
 
 
-async def timed_gate(canary: str, baseline: str, length: int, seed: int, fixed: bool) -> tuple[float, dict]:
+async def timed_gate(
+    canary: str, baseline: str, length: int, seed: int, fixed: bool, buckets: int = 1
+) -> tuple[float, dict]:
     samples = {"min_samples": FIXED_RUN, "max_samples": FIXED_RUN} if fixed else {}
-    options = AccuracyOptions(canary=canary, baseline=baseline, length=length, model=MODEL, seed=seed, **samples)
+    options = AccuracyOptions(
+        canary=canary, baseline=baseline, length=length, model=MODEL, seed=seed, length_buckets=buckets, **samples
+    )
     start = time.perf_counter()
     result = await run_accuracy_gate(options)
     return time.perf_counter() - start, result
@@ -129,13 +141,15 @@ def wall_table(runs: int) -> list[str]:
         "FP8 two-level": ["--kv-cache-dtype", "fp8", "--two-level-fix"],
     }
     rows = [
-        "| canary (128k) | sequential: prompts, wall s (median of runs) | fixed 100 prompts: wall s |",
-        "|---|---|---|",
+        "| canary (128k) | sequential: prompts, wall s (median of runs) | fixed 100 prompts: wall s "
+        f"| sequential with a {PROFILE_BUCKETS}-bucket length profile: prompts at 128k, wall s |",
+        "|---|---|---|---|",
     ]
     with contextlib.ExitStack() as stack:
-        baseline = stack.enter_context(start_simulator_subprocess(fast))
+        baseline = stack.enter_context(start_simulator_subprocess(fast, timeout_s=STARTUP_S))
         canaries = {
-            name: stack.enter_context(start_simulator_subprocess([*fast, *extra])) for name, extra in flags.items()
+            name: stack.enter_context(start_simulator_subprocess([*fast, *extra], timeout_s=STARTUP_S))
+            for name, extra in flags.items()
         }
         for name, url in canaries.items():
             asyncio.run(timed_gate(url, baseline, 131072, seed=999, fixed=False))  # warm the emulator caches
@@ -143,7 +157,16 @@ def wall_table(runs: int) -> list[str]:
             fixed_s, _ = asyncio.run(timed_gate(url, baseline, 131072, seed=0, fixed=True))
             seconds = statistics.median(t for t, _ in timings)
             prompts = statistics.median(result["samples"] for _, result in timings)
-            rows.append(f"| {name} | {prompts:.0f} prompts, {seconds:.1f} s | {fixed_s:.1f} s |")
+            profiled = [
+                asyncio.run(timed_gate(url, baseline, 131072, seed, fixed=False, buckets=PROFILE_BUCKETS))
+                for seed in range(runs)
+            ]
+            profiled_s = statistics.median(t for t, _ in profiled)
+            profiled_prompts = statistics.median(result["samples"] for _, result in profiled)
+            rows.append(
+                f"| {name} | {prompts:.0f} prompts, {seconds:.1f} s | {fixed_s:.1f} s "
+                f"| {profiled_prompts:.0f} prompts, {profiled_s:.1f} s |"
+            )
     return rows
 
 
@@ -165,11 +188,119 @@ def emulator_table() -> list[str]:
     return rows
 
 
+# ---------------------------------------------------------------------------------------------------- length profile
+
+PROFILE_LONGEST = 131072
+PROFILE_BUCKETS = 4
+SHIFTED = SimConfig(kv_cache_dtype="fp8", two_level_fix=True, kv_scale_error=0.30)
+
+
+@dataclass(frozen=True)
+class ProfileCase:
+    name: str
+    canary: SimConfig
+    baseline: SimConfig
+    systematic: bool | None  # the truth: below the baseline at every length? (None: a loss that grows with length)
+
+
+PROFILE_CASES = (
+    ProfileCase("KV scales 1.0: FP8 two-level, --kv-scale-error 0.30 (~2% lost at every length)", SHIFTED, SimConfig(),
+                True),
+    ProfileCase("identical pair: BF16 vs BF16", SimConfig(), SimConfig(), False),
+    # Both sides lose ~2% at every length, each its own needles (their seeds differ): discordant needles both ways,
+    # no shift. The sign test's false-flag rate is bounded by 1 - confidence here.
+    ProfileCase("identical noisy pair: both --kv-scale-error 0.30", SHIFTED, SHIFTED, False),
+    ProfileCase("H200 FP8 without two-level accumulation", SimConfig(kv_cache_dtype="fp8", gpu=Gpu.H200), SimConfig(),
+                None),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ProfileOutcome:
+    verdict: str
+    prompts: int
+    tokens: int
+    profile: length_profile.Profile | None
+
+
+async def _probabilities(config: SimConfig, lengths: tuple[int, ...]) -> list[tuple[float, float]]:
+    model = NumericsModel(config)
+    return [await model.retrieval_probability(length) for length in lengths]
+
+
+def simulate_profile(
+    lengths: tuple[int, ...], canary_p: list[tuple[float, float]], baseline_p: list[tuple[float, float]], seed: int
+) -> ProfileOutcome:
+    """One gate run at lengths[-1] with the shorter `lengths` beside it, as `_evaluate` runs them."""
+    options = AccuracyOptions(canary="", baseline="", length=lengths[-1], model=MODEL, seed=seed)
+    evidence = Evidence.start(options.min_recovery, options.baseline_floor, bounds=False)
+    shorter = [PairedCounts() for _ in lengths[:-1]]
+    prompts = 0
+    while True:
+        sample = niah.draw_sample(seed, prompts, options.needles, options.asked)
+        prompts += 1
+        needles = {needle.key: needle.value for needle in sample.needles}
+        for index, length in enumerate(lengths):
+            for question in sample.questions(options.task):
+                asked = tuple(needle.key for needle in question)
+                expected = tuple(needle.value for needle in question)
+                canary = answer_needles(needles, asked, length, *canary_p[index], seed=2 * seed)
+                baseline = answer_needles(needles, asked, length, *baseline_p[index], seed=2 * seed + 1)
+                for pair in zip(
+                    niah.matches_per_needle(canary, expected), niah.matches_per_needle(baseline, expected), strict=True
+                ):
+                    if index == len(lengths) - 1:
+                        evidence = evidence.add(*pair)
+                    else:
+                        shorter[index] = shorter[index].add(*pair)
+        reason = sequential_decision(evidence, prompts, options)
+        if reason is not None:
+            break
+    profile = None
+    if len(lengths) > 1:
+        buckets = [length_profile.Bucket(n, prompts, c) for n, c in zip(lengths, shorter, strict=False)]
+        buckets.append(length_profile.Bucket(lengths[-1], prompts, evidence.counts))
+        profile = length_profile.profile(buckets, 1 - options.confidence)
+    # Each question is its own request over the sample's haystack, so each prompt costs its length once per question.
+    tokens = prompts * len(sample.questions(options.task)) * sum(lengths)
+    return ProfileOutcome(VERDICTS.get(reason, "Inconclusive"), prompts, tokens, profile)
+
+
+def profile_table(seeds: int) -> list[str]:
+    lengths = length_profile.bucket_lengths(PROFILE_LONGEST, PROFILE_BUCKETS)
+    rows = [
+        f"| configuration (128k, {PROFILE_BUCKETS}-bucket profile {', '.join(str(n // 1024) + 'k' for n in lengths)}) "
+        "| Pass / Fail / Inconclusive | prompts at 128k per decision, alone: mean / max | with the profile: mean / max "
+        "| same verdict after as many prompts | prompt tokens per decision, profile / alone | flagged systematic |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for case in PROFILE_CASES:
+        canary_p = asyncio.run(_probabilities(case.canary, lengths))
+        baseline_p = asyncio.run(_probabilities(case.baseline, lengths))
+        alone = [simulate_profile(lengths[-1:], canary_p[-1:], baseline_p[-1:], seed) for seed in range(seeds)]
+        profiled = [simulate_profile(lengths, canary_p, baseline_p, seed) for seed in range(seeds)]
+        same = sum((a.verdict, a.prompts) == (p.verdict, p.prompts) for a, p in zip(alone, profiled, strict=True))
+        tally = {v: sum(p.verdict == v for p in profiled) for v in ("Pass", "Fail", "Inconclusive")}
+        flagged = [p for p in profiled if p.profile is not None and p.profile.shift.systematic]
+        flagged_passes = sum(p.verdict == "Pass" for p in flagged)
+        word = {True: "detected", False: "false flags", None: "flagged"}[case.systematic]
+        rows.append(
+            f"| {case.name} | {tally['Pass']} / {tally['Fail']} / {tally['Inconclusive']} "
+            f"| {statistics.mean(a.prompts for a in alone):.1f} / {max(a.prompts for a in alone)} "
+            f"| {statistics.mean(p.prompts for p in profiled):.1f} / {max(p.prompts for p in profiled)} "
+            f"| {same}/{seeds} "
+            f"| {statistics.mean(p.tokens for p in profiled) / statistics.mean(a.tokens for a in alone):.3f}x "
+            f"| {word} {len(flagged)}/{seeds} ({flagged_passes} of the {tally['Pass']} passes) |"
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--wall-runs", type=int, default=3)
-    parser.add_argument("--only", choices=["decisions", "emulator", "wall"], help="run one table")
+    parser.add_argument("--only", choices=["decisions", "emulator", "wall", "profile"], help="run one table")
+    parser.add_argument("--profile-seeds", type=int, default=200, help="seeds per configuration of the profile table")
     args = parser.parse_args()
     cores = os.cpu_count()
     print(f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {cores} cores, Python {platform.python_version()}")
@@ -178,6 +309,7 @@ def main() -> None:
         "decisions": lambda: decision_table(args.seeds),
         "emulator": emulator_table,
         "wall": lambda: wall_table(args.wall_runs),
+        "profile": lambda: profile_table(args.profile_seeds),
     }
     for name, table in tables.items():
         if args.only in (None, name):

@@ -24,12 +24,14 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -163,7 +165,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 @contextmanager
-def operator_process(cluster: ThreadedDevCluster, poll_seconds: float, log: IO[bytes]) -> Iterator[int]:
+def operator_process(
+    cluster: ThreadedDevCluster, poll_seconds: float, log: IO[bytes], profile: Path | None = None
+) -> Iterator[int]:
     env = {**os.environ, **cluster.environ(), "KVPOLICY_POLL_SECONDS": str(poll_seconds)}
     config = yaml.safe_load(Path(env["KUBECONFIG"]).read_text())
     config["users"][0]["user"]["token"] = OPERATOR  # the API server's write log tells the operator's writes apart
@@ -171,6 +175,8 @@ def operator_process(cluster: ThreadedDevCluster, poll_seconds: float, log: IO[b
         yaml.safe_dump(config, own)
     env["KUBECONFIG"] = own.name
     argv = [sys.executable, "-m", "kvpolicy", "run", "-n", NAMESPACE, "--liveness-port", "0", "--metrics-port", "0"]
+    if profile is not None:  # the same command under cProfile and tracemalloc (bench/operator_profile.py)
+        argv[1:4] = [str(Path(__file__).with_name("operator_profile.py")), str(profile)]
     operator = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         yield operator.pid
@@ -184,7 +190,25 @@ def operator_process(cluster: ThreadedDevCluster, poll_seconds: float, log: IO[b
         os.unlink(own.name)
 
 
-def run_once(count: int, waiting_fraction: float, poll_seconds: float, settle: float, give_up: float) -> dict[str, Any]:
+def operator_writes(cluster: ThreadedDevCluster, since: int) -> Counter[str]:
+    """The operator's writes after write number `since`, by method, resource and subresource."""
+    return Counter(
+        f"{write.method} {write.path.plural if write.path else '?'}"
+        + (f"/{write.path.subresource}" if write.path and write.path.subresource else "")
+        for write in cluster.writes()[since:]
+        if write.user == OPERATOR
+    )
+
+
+def run_once(
+    count: int,
+    waiting_fraction: float,
+    poll_seconds: float,
+    settle: float,
+    give_up: float,
+    profile: Path | None,
+    steady_only: bool = False,
+) -> dict[str, Any]:
     waiting = {index for index in range(count) if index < round(count * waiting_fraction)}
     decided = [index for index in range(count) if index not in waiting]
     pools = [NodePool("h200", "NVIDIA-H200"), NodePool("b200", "NVIDIA-B200"), NodePool(CPU_POOL, None)]
@@ -213,22 +237,36 @@ def run_once(count: int, waiting_fraction: float, poll_seconds: float, settle: f
 
         # 1. cold start
         since = len(cluster.writes())
-        with operator_process(cluster, poll_seconds, log) as pid:
+        with operator_process(cluster, poll_seconds, log, profile) as pid:
             sampler = RssSampler(pid)
+
+            def snapshot() -> None:  # tracemalloc's snapshot of the operator (--profile), between the stages
+                if profile is not None:
+                    os.kill(pid, signal.SIGUSR1)
+                    time.sleep(5)
+
             result["cold_start_seconds"] = round(wait_until("cold start", all_written(since), give_up), 1)
             result["cold_start_peak_rss_mib"] = sampler.peak()
             # 2. steady
             time.sleep(settle)
             result["steady_rss_mib"] = mib(pid)
+            snapshot()
+            print(json.dumps(result), file=sys.stderr, flush=True)  # so far (a loaded box may not get further)
+            if steady_only:
+                result["operator_cpu_seconds"] = round(cpu_seconds(pid), 1)
+                return result
             # 3. delete all
             for index in range(count):
                 cluster.delete(*KVP, f"model-{index}", NAMESPACE)
             wait_until("deletion", lambda: not cluster.list(*KVP, NAMESPACE), give_up, every=2.0)
             time.sleep(settle)
             result["after_delete_rss_mib"] = mib(pid)
+            snapshot()
+            print(json.dumps(result), file=sys.stderr, flush=True)
             # 4. create at once, the operator running
             sampler.reset()
             since = len(cluster.writes())
+            operator_cpu, emulator_cpu = cpu_seconds(pid), time.process_time()
             created: dict[str, float] = {}
             for index in range(count):
                 cluster.create(policy(index, index in waiting))
@@ -241,7 +279,15 @@ def run_once(count: int, waiting_fraction: float, poll_seconds: float, settle: f
                 result[f"latency_{label}"] = round(percentile(latencies, q), 2)
             result["latency_max"] = round(max(latencies), 2)
             result["peak_rss_mib"] = sampler.peak()
+            # What the batch cost each side: the operator's process, and this one's (the emulated API server and
+            # kubelet, and this script's own polling of the write log).
+            result["batch_operator_cpu_ms_per_policy"] = round((cpu_seconds(pid) - operator_cpu) * 1e3 / count, 1)
+            result["batch_emulator_cpu_ms_per_policy"] = round((time.process_time() - emulator_cpu) * 1e3 / count, 1)
+            writes = operator_writes(cluster, since)
+            result["batch_operator_writes_per_policy"] = round(sum(writes.values()) / count, 2)
+            result["batch_operator_writes"] = dict(writes.most_common())
             result["rss_after_mib"] = mib(pid)
+            snapshot()
             result["operator_cpu_seconds"] = round(cpu_seconds(pid), 1)
             sampler.stop()
         log.seek(0)
@@ -273,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-seconds", type=float, default=5.0, help="KVPOLICY_POLL_SECONDS of the operator")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds before each steady RSS reading")
     parser.add_argument("--give-up-after", type=float, default=1200.0)
+    parser.add_argument("--steady-only", action="store_true", help="stop after the steady RSS (stages 1 and 2)")
+    parser.add_argument(
+        "--profile", type=Path, help="the operator under cProfile and tracemalloc (bench/operator_profile.py), into DIR"
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.waiting <= 1:
         parser.error(f"--waiting {args.waiting} is not a fraction between 0 and 1")
@@ -282,10 +332,13 @@ def main(argv: list[str] | None = None) -> int:
     print("| " + " | ".join(title for _, title in COLUMNS) + " |")
     print("|" + "---:|" * len(COLUMNS))
     for count in args.policies:
-        result = run_once(count, args.waiting, args.poll_seconds, args.settle, args.give_up_after)
+        profile = args.profile / str(count) if args.profile else None
+        result = run_once(
+            count, args.waiting, args.poll_seconds, args.settle, args.give_up_after, profile, args.steady_only
+        )
         result["load_average_after"] = round(os.getloadavg()[0], 1)
         print(json.dumps(result), file=sys.stderr, flush=True)
-        print("| " + " | ".join(str(result[key]) for key, _ in COLUMNS) + " |", flush=True)
+        print("| " + " | ".join(str(result.get(key, "-")) for key, _ in COLUMNS) + " |", flush=True)
     return 0
 
 

@@ -32,6 +32,7 @@ import fa3_peer
 import torch
 import triton
 from bench_kernels import environment
+from kvkernels import _decode_mma
 from kvkernels._decode_mma import sequence_splits
 from kvkernels.decode import (
     MmaDecodeConfig,
@@ -46,9 +47,23 @@ from kvkernels.quant import FP8_DTYPE
 from kvkernels.reference import paged_decode_reference, row_errors
 
 FA3_POWERS = (1, 2, 4, 8, 16, 32, 64, 128)
-# Our launch choices beside the default, each timed (graph replay) and checked at every shape: splits planned by the
-# kernel from seq_lens, each sequence by its own length.
-VARIANTS = {"device plan": MmaDecodeConfig(plan_on_device=True)}
+# Our launch choices beside the default, each timed (graph replay) and checked at every shape. A variant is a config
+# and -D values added to the build's (kernel_for caches each build apart). Run 2 of 2026-12-02's third pass timed splits
+# planned by the kernel from seq_lens ("device plan": MmaDecodeConfig(plan_on_device=True)) and partials stored
+# straight from the mma fragments ("unstaged stores": STAGED_STORES=0); run 3, 32-token tiles.
+VARIANTS: dict[str, tuple[MmaDecodeConfig, dict[str, int]]] = {
+    "tile 32": (MmaDecodeConfig(tile=32), {}),
+    "tile 32, 2 stages": (MmaDecodeConfig(tile=32, stages=2), {}),
+}
+_build_defines = _decode_mma.defines
+_extra_defines: dict[str, int] = {}
+
+
+def _defines(*args: Any, **kwargs: Any) -> dict[str, int]:
+    return {**_build_defines(*args, **kwargs), **_extra_defines}
+
+
+_decode_mma.defines = _defines
 # Our output against float64, per row (‖out - ref‖ / ‖ref‖): the kernel's products are f16 with fp32 sums, ~1e-5 at
 # worst (BENCHMARKS.md); FA3 FP8's own error is ~2e-3 in the mean.
 OURS_WORST_ROW_LIMIT = 1e-3
@@ -222,7 +237,8 @@ def measure_shape(shape: Shape, with_fa3: bool, seed: int) -> dict[str, Any]:
                     "splits": sorted(set(splits)) if len(set(splits)) <= 4 else [min(splits), max(splits)]}  # fmt: skip
     entry["ours"] = ours
     variants: dict[str, Any] = {}
-    for name, config in VARIANTS.items():
+    for name, (config, extra) in VARIANTS.items():
+        _extra_defines.update(extra)
         try:
             variant: dict[str, Any] = errors(ours_fn(q, cache, max_len, out_dtype=torch.float32, config=config)(), ref)
             variant["graph"] = bench_us(capture(ours_fn(q, cache, max_len, config=config)).replay)
@@ -232,6 +248,8 @@ def measure_shape(shape: Shape, with_fa3: bool, seed: int) -> dict[str, Any]:
                                "splits": sorted({min(variant_splits), max(variant_splits)})}  # fmt: skip
         except Exception as error:  # recorded: e.g. 4 stages of head_dim 256 exceed shared memory
             variant = {"error": f"{type(error).__name__}: {str(error)[:160]}"}
+        finally:
+            _extra_defines.clear()
         variants[name] = variant
     entry["variants"] = variants
     if with_fa3:

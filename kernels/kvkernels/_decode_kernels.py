@@ -112,15 +112,16 @@ def paged_decode_reduce_kernel(
     s_oh,
     BLOCK_D: tl.constexpr,
     SPLITS_BLOCK: tl.constexpr,
-    STATS_BLOCK: tl.constexpr,
     INDEXED: tl.constexpr,
 ):
     """Combines the splits of one (sequence, query head) for BLOCK_D output columns. Grid: (sequences, query heads,
     head_dim / BLOCK_D). INDEXED: the sequence's partials are rows [first, first + count) of [heads, rows, ...]
     buffers, (first, count) read from PartIndex[seq] (the CUDA kernel plans splits per sequence on the device);
-    else rows [0, num_splits) of the sequence's own [seqs, heads, splits, ...] slice. A first pass finds the largest
-    running max (STATS_BLOCK at a time: usually one load), a second weighs each split by exp2(its max - that),
-    SPLITS_BLOCK splits at a time so that any number of them stays in registers."""
+    else rows [0, num_splits) of the sequence's own [seqs, heads, splits, ...] slice. One pass, SPLITS_BLOCK splits
+    at a time, each split weighed by exp2(its max - the running max) and the sums so far rescaled when that max
+    grows: a chunk's maxima, sums and partials are loaded together, so a sequence whose splits fit one chunk (the
+    caller sizes it so) costs one round trip to memory; the two-pass form (maxima first) cost two, plus one per
+    32 splits, ~5 us of a 34 us decode step at 1 x 32k on an H200 (BENCHMARKS.md)."""
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     if INDEXED:
@@ -136,21 +137,22 @@ def paged_decode_reduce_kernel(
     stats = PartMax + stats_base
     sums = PartSum + stats_base
     parts = PartAcc + acc_base + offs_d[None, :]
-    m_max = tl.full([STATS_BLOCK], float("-inf"), tl.float32)
-    for start in range(0, count, STATS_BLOCK):
-        split = start + tl.arange(0, STATS_BLOCK)
-        m_max = tl.maximum(m_max, tl.load(stats + split, mask=split < count, other=float("-inf")))
-    overall = tl.max(m_max, 0)
     offs_p = tl.arange(0, SPLITS_BLOCK)
-    acc = tl.zeros([SPLITS_BLOCK, BLOCK_D], tl.float32)
-    l_sum = tl.zeros([SPLITS_BLOCK], tl.float32)
+    m_run = float("-inf")
+    l_run = 0.0
+    acc = tl.zeros([BLOCK_D], tl.float32)
     for start in range(0, count, SPLITS_BLOCK):
         split = start + offs_p
         ok = split < count
         # A split past the end of a short sequence saw no token: max -inf, weight 0.
         m = tl.load(stats + split, mask=ok, other=float("-inf"))
-        weight = tl.where(m > float("-inf"), tl.math.exp2(m - overall), 0.0)
-        l_sum += tl.load(sums + split, mask=ok, other=0.0) * weight
-        acc += tl.load(parts + split[:, None] * s_ap, mask=ok[:, None], other=0.0) * weight[:, None]
-    out = tl.sum(acc, 0) * (out_scale / tl.sum(l_sum, 0))
+        s = tl.load(sums + split, mask=ok, other=0.0)
+        part = tl.load(parts + split[:, None] * s_ap, mask=ok[:, None], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        rescale = tl.where(m_run > float("-inf"), tl.math.exp2(m_run - m_new), 0.0)
+        weight = tl.where(m > float("-inf"), tl.math.exp2(m - m_new), 0.0)
+        acc = acc * rescale + tl.sum(part * weight[:, None], 0)
+        l_run = l_run * rescale + tl.sum(s * weight, 0)
+        m_run = m_new
+    out = acc * (out_scale / l_run)
     tl.store(Out + seq * s_os + head * s_oh + offs_d, out.to(Out.dtype.element_ty))

@@ -33,13 +33,12 @@ __all__ = [
 MIN_GROUP_ROWS = 16
 # Split-KV programs to launch per multiprocessor when the caller names no target (best measured on an H200).
 PROGRAMS_PER_MULTIPROCESSOR = 16
-# The reduce kernel: output columns per program (more programs when few sequences have many splits) and splits read
-# at a time (all of them in registers at once spilled, and took 69 us for 528 splits of one sequence on an H200).
+# The reduce kernel reads a chunk of splits x columns at once: up to REDUCE_SPLITS splits (a plan of two waves of an
+# H200 in one chunk, so one round trip to memory), with columns narrowed from REDUCE_COLUMNS to keep the chunk at
+# REDUCE_ELEMENTS floats (32 registers a thread at 4 warps).
 REDUCE_COLUMNS = 32
-REDUCE_SPLITS = 32
-# The reduce's first pass (running maxima only, one float a split) reads this many splits at once: one load for any
-# plan of up to 4 waves of an H200.
-REDUCE_STATS = 1024
+REDUCE_SPLITS = 256
+REDUCE_ELEMENTS = 4096
 
 
 @dataclass(frozen=True)
@@ -166,15 +165,28 @@ def combine_partials(
         num_parts = max_parts if max_parts is not None else num_parts
         strides = (0, part_acc.stride(0), part_acc.stride(1), 0, part_max.stride(0))
     out = torch.empty(seqs, heads, head_dim, device=part_acc.device, dtype=out_dtype)
-    block_d = min(head_dim, REDUCE_COLUMNS)
-    splits = triton.next_power_of_2(num_parts)
+    splits_block, block_d = reduce_shape(num_parts, head_dim)
     paged_decode_reduce_kernel[(seqs, heads, head_dim // block_d)](
         part_acc, part_max, part_sum, part_index if part_index is not None else part_max, out, v_scale, num_parts,
         *strides, out.stride(0), out.stride(1),
-        BLOCK_D=block_d, SPLITS_BLOCK=min(splits, REDUCE_SPLITS), STATS_BLOCK=min(splits, REDUCE_STATS),
-        INDEXED=part_index is not None,
+        BLOCK_D=block_d, SPLITS_BLOCK=splits_block, INDEXED=part_index is not None,
     )  # fmt: skip
     return out
+
+
+def reduce_shape(
+    num_parts: int,
+    head_dim: int,
+    most_splits: int = REDUCE_SPLITS,
+    most_columns: int = REDUCE_COLUMNS,
+    elements: int = REDUCE_ELEMENTS,
+) -> tuple[int, int]:
+    """(splits, columns) the reduce kernel reads at once for `num_parts` splits a sequence: every split if at most
+    `most_splits` (one round trip), columns narrowed so the chunk stays within `elements` floats, never under 8
+    (a 32-byte sector of a partial row)."""
+    splits = min(triton.next_power_of_2(max(1, num_parts)), most_splits)
+    columns = max(8, min(head_dim, most_columns, elements // splits))
+    return splits, columns
 
 
 _mma_fallback_warned = False

@@ -6,7 +6,15 @@ products are checked on a GPU (test_gpu.py).
 
 import pytest
 import torch
-from kvkernels.decode import DecodeConfig, PagedKVCache, build_paged_cache, choose_num_splits, paged_decode
+from kvkernels.decode import (
+    DecodeConfig,
+    PagedKVCache,
+    build_paged_cache,
+    choose_num_splits,
+    combine_partials,
+    paged_decode,
+    reduce_shape,
+)
 from kvkernels.modes import AccumulationMode
 from kvkernels.quant import FP8_MAX, quantize_fp8
 from kvkernels.reference import gather_paged, paged_decode_reference, row_errors, value_spread
@@ -117,3 +125,31 @@ def test_rejects_invalid_inputs(device: str) -> None:
         paged_decode(q, strided, max_seq_len=130)
     with pytest.raises(ValueError, match="one values tensor per keys tensor"):
         build_paged_cache(keys, values[:1], PAGE)
+
+
+@pytest.mark.parametrize("splits", [5, 300])
+def test_reduce_merges_splits_in_chunks(device: str, splits: int) -> None:
+    """The reduce kernel against a float64 merge, with running maxima that grow from split to split (so what was
+    merged of an earlier chunk is rescaled when a later one brings a larger max), empty splits (max -inf, sum 0), and
+    (300) more splits than one chunk of the kernel holds."""
+    gen = torch.Generator().manual_seed(splits)
+    seqs, heads, head_dim = 2, 3, 64
+    acc = torch.randn(seqs, heads, splits, head_dim, generator=gen)
+    maxima = torch.linspace(-20.0, 20.0, splits).repeat(seqs, heads, 1)
+    maxima += torch.randn(seqs, heads, splits, generator=gen)
+    sums = torch.rand(seqs, heads, splits, generator=gen) + 0.5
+    maxima[..., 1::7], sums[..., 1::7], acc[..., 1::7, :] = float("-inf"), 0.0, 0.0
+    out = combine_partials(acc.to(device), maxima.to(device), sums.to(device), 0.5, torch.float32)
+    m64 = maxima.double()
+    weight = torch.where(m64 > float("-inf"), torch.exp2(m64 - m64.amax(-1, keepdim=True)), 0.0)
+    ref = (acc.double() * weight[..., None]).sum(-2) * (0.5 / (sums.double() * weight).sum(-1))[..., None]
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_reduce_reads_every_split_at_once_up_to_two_h200_waves() -> None:
+    assert reduce_shape(132, 128) == (256, 16)  # one wave of an H200: one chunk
+    assert reduce_shape(264, 128) == (256, 16)  # two waves: two chunks
+    assert reduce_shape(66, 256) == (128, 32)
+    assert reduce_shape(2, 128) == (2, 32)
+    assert reduce_shape(1, 256) == (1, 32)
+    assert reduce_shape(5000, 128, most_splits=1024) == (1024, 8)  # never under one 32-byte sector a row

@@ -21,7 +21,7 @@ from kvpolicy.analysis.model import LatencyGateConfig, ProviderUnavailableError,
 from kvpolicy.analysis.prometheus import PrometheusProvider
 from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.analysis.served import CANARY_CONFIG
-from kvpolicy.api.v1alpha1 import KVPolicy, VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict, KVPolicy
 from kvpolicy.credentials import CredentialsSource, SecretValue, TlsSource
 from kvpolicy.kube.api import SECRETS as SECRETS_RESOURCE
 from kvpolicy.kube.api import Resource
@@ -88,7 +88,7 @@ async def test_a_check_passes_through_the_proxy_with_a_token_tenant_ca_and_clien
     forwarded = proxied_prometheus.forwarded
     async with PrometheusProvider(proxied_prometheus.url, credentials=source.open()) as provider:
         verdict = await run_check(provider, CONFIG, pods("canary", "m-canary-0"), pods("baseline", "m-baseline-0"))
-    assert (verdict.kind, verdict.reason) == (VerdictKind.PASS, "WithinThresholds"), verdict.message
+    assert (verdict.kind, verdict.reason) == (GateVerdict.PASS, "WithinThresholds"), verdict.message
     assert proxied_prometheus.forwarded > forwarded  # the answers came through the proxy
 
 
@@ -256,12 +256,12 @@ async def test_the_operator_reads_the_credentials_from_secrets_and_picks_up_a_ro
         checks = (LATENCY, CANARY_CONFIG)
         for refused in await analyser.evaluate(policy, target, checks, canary, baseline):
             verdict = refused.verdict
-            assert (verdict.kind, verdict.reason) == (VerdictKind.PROVIDER_UNAVAILABLE, "PrometheusUnauthorized")
+            assert (verdict.kind, verdict.reason) == (GateVerdict.PROVIDER_UNAVAILABLE, "PrometheusUnauthorized")
             assert "the credentials sent were refused" in verdict.message and BODY_MARKER not in verdict.message
         api.put("prometheus-reader", token=TOKEN)  # the fixed (rotated) Secret
         now[0] = 31
         (latency,) = await analyser.evaluate(policy, target, (LATENCY,), canary, baseline)
-        assert (latency.verdict.kind, latency.verdict.reason) == (VerdictKind.PASS, "WithinThresholds"), latency
+        assert (latency.verdict.kind, latency.verdict.reason) == (GateVerdict.PASS, "WithinThresholds"), latency
         provider = await analyser.provider(policy)
         served = await provider.served(analyser.side(policy, target, "canary", canary))
         assert served.missing is None and served.configs, "vllm:cache_config_info through the proxy"

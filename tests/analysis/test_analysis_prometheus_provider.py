@@ -15,7 +15,7 @@ from aiohttp import web
 from kvpolicy.analysis.latency_check import run_check
 from kvpolicy.analysis.model import LatencyGateConfig, ProviderUnavailableError, SideSelector
 from kvpolicy.analysis.prometheus import PrometheusProvider, render_selector
-from kvpolicy.api.v1alpha1 import VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict
 from live_fleet import free_port  # a port nothing listens on
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -222,5 +222,5 @@ async def test_unreachable_prometheus_is_a_provider_unavailable_verdict() -> Non
     baseline = SideSelector("baseline", "llm", pods=("m-0",))
     async with PrometheusProvider(url) as provider:
         verdict = await run_check(provider, LatencyGateConfig(), CANARY, baseline)
-    assert (verdict.kind, verdict.reason) == (VerdictKind.PROVIDER_UNAVAILABLE, "PrometheusUnreachable")
+    assert (verdict.kind, verdict.reason) == (GateVerdict.PROVIDER_UNAVAILABLE, "PrometheusUnreachable")
     assert url in verdict.message

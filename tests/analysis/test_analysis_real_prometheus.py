@@ -16,7 +16,7 @@ from kvpolicy.analysis.model import Action, AnalysisState, LatencyGateConfig, Si
 from kvpolicy.analysis.prometheus import PrometheusProvider
 from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.analysis.verdicts import next_analysis_state
-from kvpolicy.api.v1alpha1 import VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict
 from live_fleet import LOADED_REQUESTS, Fleet, PrometheusServer, drive_load
 
 pytestmark = pytest.mark.prometheus
@@ -34,7 +34,7 @@ def pods(role: str, *names: str) -> SideSelector:
 BASELINE = pods("baseline", "m-baseline-0")
 
 
-async def check(fleet: Fleet, canary: str, config: LatencyGateConfig = CONFIG) -> tuple[VerdictKind, str, Verdict]:
+async def check(fleet: Fleet, canary: str, config: LatencyGateConfig = CONFIG) -> tuple[GateVerdict, str, Verdict]:
     async with PrometheusProvider(fleet.prometheus.url) as provider:
         verdict = await run_check(provider, config, pods("canary", canary), BASELINE)
     return verdict.kind, verdict.reason, verdict
@@ -42,7 +42,7 @@ async def check(fleet: Fleet, canary: str, config: LatencyGateConfig = CONFIG) -
 
 async def test_pass(fleet: Fleet) -> None:
     kind, reason, verdict = await check(fleet, "m-canary-0")
-    assert (kind, reason) == (VerdictKind.PASS, "WithinThresholds"), verdict
+    assert (kind, reason) == (GateVerdict.PASS, "WithinThresholds"), verdict
     # increase() extrapolates towards the window's edges, so it never counts fewer requests than were served.
     assert verdict.canary is not None and LOADED_REQUESTS <= verdict.canary.requests < 2 * LOADED_REQUESTS
     for metric, quantile in [("ttft", 0.5), ("ttft", 0.95), ("itl", 0.5), ("itl", 0.95)]:
@@ -58,7 +58,7 @@ async def test_breach(fleet: Fleet) -> None:
     kind, reason, verdict = await check(fleet, "m-slow-0")
     # ITL (~10 ms vs ~7 ms) straddles vLLM's first ITL bucket bound (10 ms): where a quantile resolves it breaches,
     # where it does not the means (1.5x) do, so both metrics breach.
-    assert (kind, reason) == (VerdictKind.BREACH, "LatencyRatioExceeded"), verdict
+    assert (kind, reason) == (GateVerdict.BREACH, "LatencyRatioExceeded"), verdict
     # ~73 ms vs ~48 ms TTFT land in the (60, 80] and (40, 60] ms buckets: the medians interpolate to 70 and 50 ms.
     assert verdict.ratio("ttft", 0.5) == pytest.approx(0.07 / 0.05)
 
@@ -71,26 +71,26 @@ async def test_decode_regression_inside_the_first_itl_bucket(fleet: Fleet) -> No
     # pass. They are unresolved now, and the means catch the regression.
     assert verdict.ratio("itl", 0.5) == pytest.approx(1.0) and verdict.ratio("itl", 0.95) == pytest.approx(1.0)
     assert all(not check.resolved and check.shared_bucket == (0.0, 0.01) for check in verdict.checks)
-    assert (kind, reason) == (VerdictKind.BREACH, "ITLRatioExceeded"), verdict.message
+    assert (kind, reason) == (GateVerdict.BREACH, "ITLRatioExceeded"), verdict.message
     assert verdict.mean_ratio("itl") == pytest.approx(1.3, rel=0.03)
     assert verdict.message.startswith("ITL p50 and p95 fall in one bucket (<= 10 ms) on both sides; compared means:")
 
 
 async def test_no_data_without_traffic(fleet: Fleet) -> None:
     kind, reason, verdict = await check(fleet, "m-idle-0")
-    assert (kind, reason) == (VerdictKind.NO_DATA, "TooFewCanaryRequests"), verdict
+    assert (kind, reason) == (GateVerdict.NO_DATA, "TooFewCanaryRequests"), verdict
     assert verdict.canary is not None and verdict.canary.series_found
     assert verdict.canary.ttft_mean_seconds is None and verdict.canary.itl_mean_seconds is None
 
 
 async def test_no_data_for_pods_prometheus_does_not_scrape(fleet: Fleet) -> None:
     kind, reason, verdict = await check(fleet, "m-canary-that-never-started")
-    assert (kind, reason) == (VerdictKind.NO_DATA, "NoCanarySeries"), verdict
+    assert (kind, reason) == (GateVerdict.NO_DATA, "NoCanarySeries"), verdict
 
 
 async def test_vllm_underscore_prefix_and_deprecated_itl(fleet: Fleet) -> None:
     kind, _, verdict = await check(fleet, "m-underscore-0")
-    assert kind is VerdictKind.PASS, verdict
+    assert kind is GateVerdict.PASS, verdict
     assert verdict.canary is not None and verdict.baseline is not None
     assert verdict.canary.itl_metric == "time_per_output_token_seconds"
     assert verdict.baseline.itl_metric == "inter_token_latency_seconds"
@@ -141,12 +141,12 @@ async def test_prometheus_stopped_mid_analysis(fleet: Fleet) -> None:
         async with PrometheusProvider(prometheus.url, timeout_seconds=2) as provider:
             first = await run_check(provider, config, pods("canary", canary.pod), BASELINE)
             state, outcome = next_analysis_state(config, state, first, now + timedelta(seconds=1))
-            assert (first.kind, outcome.action) == (VerdictKind.PASS, Action.CONTINUE), first
+            assert (first.kind, outcome.action) == (GateVerdict.PASS, Action.CONTINUE), first
             prometheus.stop()
             second = await run_check(provider, config, pods("canary", canary.pod), BASELINE)
             state, outcome = next_analysis_state(config, state, second, now + timedelta(seconds=2))
     finally:
         prometheus.stop()
-    assert (second.kind, second.reason) == (VerdictKind.PROVIDER_UNAVAILABLE, "PrometheusUnreachable")
+    assert (second.kind, second.reason) == (GateVerdict.PROVIDER_UNAVAILABLE, "PrometheusUnreachable")
     assert (outcome.action, outcome.reason) == (Action.CONTINUE, "PrometheusUnreachable")
     assert state.passes == 1 and state.inconclusive == 1 and state.inconclusive_since is not None

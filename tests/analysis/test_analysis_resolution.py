@@ -11,7 +11,7 @@ from fake_vllm import ITL_BUCKETS, TTFT_BUCKETS
 from kvpolicy.analysis.histogram import bucket_containing
 from kvpolicy.analysis.model import LatencyGateConfig, SideMetrics, describe_bucket
 from kvpolicy.analysis.verdicts import assess
-from kvpolicy.api.v1alpha1 import VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict
 
 CONFIG = LatencyGateConfig(ttft_max_ratio=1.2, itl_max_ratio=1.2, quantiles=(0.5, 0.95), min_requests=20)
 ITL_BOUNDS = (*ITL_BUCKETS, math.inf)
@@ -52,7 +52,7 @@ BASELINE = side("baseline")
         pytest.param(
             side("canary", itl=(0.0105, 0.026), ttft=(0.15, 0.3)),
             side("baseline", itl=(0.0095, 0.024)),
-            VerdictKind.BREACH,
+            GateVerdict.BREACH,
             "TTFTRatioExceeded",
             "canary TTFT p95 300.0 ms is 1.50x baseline 200.0 ms (max 1.20x)",
             id="resolved-quantile-breach",
@@ -61,7 +61,7 @@ BASELINE = side("baseline")
         pytest.param(
             side("canary", itl=(0.0102, 0.026), itl_mean=None),
             side("baseline", itl=(0.0095, 0.024), itl_mean=None),
-            VerdictKind.PASS,
+            GateVerdict.PASS,
             "WithinThresholds",
             "all 3 comparisons within thresholds",
             id="resolved-quantile-pass",
@@ -70,7 +70,7 @@ BASELINE = side("baseline")
         pytest.param(
             side("canary", itl_mean=0.0069),
             BASELINE,
-            VerdictKind.BREACH,
+            GateVerdict.BREACH,
             "ITLRatioExceeded",
             "ITL p50 and p95 fall in one bucket (<= 10 ms) on both sides; compared means: canary 6.9 ms vs baseline "
             "5.2 ms = 1.33x (max 1.20x)",
@@ -79,7 +79,7 @@ BASELINE = side("baseline")
         pytest.param(
             side("canary", itl_mean=0.0055),
             BASELINE,
-            VerdictKind.PASS,
+            GateVerdict.PASS,
             "WithinThresholds",
             "ITL p50 and p95 fall in one bucket (<= 10 ms) on both sides; compared means: canary 5.5 ms vs baseline "
             "5.2 ms = 1.06x (max 1.20x)",
@@ -90,7 +90,7 @@ BASELINE = side("baseline")
         pytest.param(
             side("canary", itl=(0.0083, 0.0098), itl_mean=0.0052),
             BASELINE,
-            VerdictKind.PASS,
+            GateVerdict.PASS,
             "WithinThresholds",
             "compared means: canary 5.2 ms vs baseline 5.2 ms = 1.00x",
             id="unresolved-ratio-is-no-breach",
@@ -98,7 +98,7 @@ BASELINE = side("baseline")
         pytest.param(
             side("canary", itl_mean=None),
             BASELINE,
-            VerdictKind.NO_DATA,
+            GateVerdict.NO_DATA,
             "MissingLatencyMean",
             "ITL p50 and p95 fall in one bucket (<= 10 ms) on both sides, and the canary has no ITL mean",
             id="mean-missing-canary",
@@ -106,7 +106,7 @@ BASELINE = side("baseline")
         pytest.param(
             side("canary"),
             side("baseline", itl_mean=None),
-            VerdictKind.NO_DATA,
+            GateVerdict.NO_DATA,
             "MissingLatencyMean",
             "and the baseline has no ITL mean",
             id="mean-missing-baseline",
@@ -115,7 +115,7 @@ BASELINE = side("baseline")
         pytest.param(
             side("canary", itl=(0.005, 0.03), itl_mean=0.0053),
             side("baseline", itl=(0.005, 0.02)),
-            VerdictKind.BREACH,
+            GateVerdict.BREACH,
             "ITLRatioExceeded",
             "canary ITL p95 30.0 ms is 1.50x baseline 20.0 ms (max 1.20x)",
             id="partly-resolved",
@@ -123,7 +123,7 @@ BASELINE = side("baseline")
         pytest.param(
             side("canary", itl=(0.005, 0.02), itl_mean=0.008),
             side("baseline", itl=(0.005, 0.015), itl_mean=0.006),
-            VerdictKind.BREACH,
+            GateVerdict.BREACH,
             "ITLRatioExceeded",
             "ITL p50 (<= 10 ms) and p95 (10-25 ms) fall in one bucket each on both sides; compared means",
             id="unresolved-in-two-buckets",
@@ -131,7 +131,7 @@ BASELINE = side("baseline")
         pytest.param(
             side("canary", ttft=(0.05, 0.059), ttft_mean=0.065, itl_mean=0.0069),
             side("baseline", ttft=(0.05, 0.059), ttft_mean=0.05),
-            VerdictKind.BREACH,
+            GateVerdict.BREACH,
             "LatencyRatioExceeded",
             "TTFT p50 and p95 fall in one bucket (40-60 ms) on both sides; compared means: canary 65.0 ms vs "
             "baseline 50.0 ms = 1.30x (max 1.20x); ITL p50 and p95",
@@ -140,7 +140,7 @@ BASELINE = side("baseline")
     ],
 )
 def test_assess_with_bucket_resolution(
-    canary: SideMetrics, baseline: SideMetrics, kind: VerdictKind, reason: str, message: str
+    canary: SideMetrics, baseline: SideMetrics, kind: GateVerdict, reason: str, message: str
 ) -> None:
     verdict = assess(CONFIG, canary, baseline)
     assert (verdict.kind, verdict.reason) == (kind, reason), verdict.message
@@ -166,20 +166,20 @@ def test_unresolved_ratios_are_kept_but_never_breach() -> None:
 def test_resolved_quantiles_need_no_mean() -> None:
     canary = side("canary", ttft=(0.15, 0.3), ttft_mean=None)
     verdict = assess(CONFIG, canary, side("baseline", ttft=(0.09, 0.2), ttft_mean=None))
-    assert (verdict.kind, verdict.reason) == (VerdictKind.BREACH, "TTFTRatioExceeded")
+    assert (verdict.kind, verdict.reason) == (GateVerdict.BREACH, "TTFTRatioExceeded")
     assert verdict.mean_ratio("ttft") is None
 
 
 def test_metric_without_threshold_needs_no_mean() -> None:
     verdict = assess(LatencyGateConfig(itl_max_ratio=None, min_requests=20), side("canary", itl_mean=None), BASELINE)
-    assert verdict.kind is VerdictKind.PASS and verdict.mean_ratio("itl") is None
+    assert verdict.kind is GateVerdict.PASS and verdict.mean_ratio("itl") is None
 
 
 def test_exact_quantiles_without_bounds_are_compared_as_they_are() -> None:
     exact = SideMetrics("canary", True, 100, 300, {0.5: 0.15, 0.95: 0.2}, {0.5: 0.0069, 0.95: 0.0095})
     reference = SideMetrics("baseline", True, 100, 300, {0.5: 0.15, 0.95: 0.2}, {0.5: 0.0052, 0.95: 0.0095})
     verdict = assess(CONFIG, exact, reference)
-    assert (verdict.kind, verdict.reason) == (VerdictKind.BREACH, "ITLRatioExceeded")
+    assert (verdict.kind, verdict.reason) == (GateVerdict.BREACH, "ITLRatioExceeded")
     assert verdict.mean_checks == ()
 
 
@@ -204,7 +204,7 @@ def test_estimates_in_the_inf_bucket_do_not_resolve() -> None:
     # histogram_quantile answers the highest finite bound for ranks in +Inf: both sides read 80 s.
     slow = side("canary", itl=(80.0, 80.0), itl_mean=120.0)
     verdict = assess(CONFIG, slow, side("baseline", itl=(80.0, 80.0), itl_mean=90.0))
-    assert (verdict.kind, verdict.reason) == (VerdictKind.BREACH, "ITLRatioExceeded")
+    assert (verdict.kind, verdict.reason) == (GateVerdict.BREACH, "ITLRatioExceeded")
     assert "(40000-80000 ms)" in verdict.message
 
 

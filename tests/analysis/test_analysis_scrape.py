@@ -12,7 +12,7 @@ from fake_vllm import ITL_BUCKETS, TTFT_BUCKETS, VLLMMetrics
 from kvpolicy.analysis.latency_check import run_check
 from kvpolicy.analysis.model import LatencyGateConfig, ProviderUnavailableError, SideSelector
 from kvpolicy.analysis.scrape import ScrapeProvider
-from kvpolicy.api.v1alpha1 import VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict
 from live_fleet import free_port  # a port nothing listens on
 
 
@@ -194,7 +194,7 @@ async def test_unreachable_pod_makes_the_check_provider_unavailable(
     canary = SideSelector("canary", "llm", endpoints=(f"http://127.0.0.1:{free_port()}",))
     async with ScrapeProvider(timeout_seconds=2) as provider:
         verdict = await run_check(provider, LatencyGateConfig(), canary, side("baseline", baseline))
-    assert (verdict.kind, verdict.reason) == (VerdictKind.PROVIDER_UNAVAILABLE, "ScrapeFailed")
+    assert (verdict.kind, verdict.reason) == (GateVerdict.PROVIDER_UNAVAILABLE, "ScrapeFailed")
     assert "cannot scrape" in verdict.message
 
 
@@ -205,18 +205,18 @@ async def test_first_check_is_no_data_then_pass_then_breach(serve_pod: Callable[
     clock = FakeClock()
     async with ScrapeProvider(clock=clock) as provider:
 
-        async def check() -> VerdictKind:
+        async def check() -> GateVerdict:
             return (await run_check(provider, config, side("canary", canary), side("baseline", baseline))).kind
 
-        assert await check() is VerdictKind.NO_DATA
+        assert await check() is GateVerdict.NO_DATA
         serve(canary_metrics, 30, ttft=0.05, itl=0.02)
         serve(baseline_metrics, 30, ttft=0.05, itl=0.02)
         clock.now += 60
-        assert await check() is VerdictKind.PASS
+        assert await check() is GateVerdict.PASS
         serve(canary_metrics, 30, ttft=0.09, itl=0.02)
         serve(baseline_metrics, 30, ttft=0.05, itl=0.02)
         clock.now += 60
-        assert await check() is VerdictKind.BREACH
+        assert await check() is GateVerdict.BREACH
 
 
 @pytest.mark.parametrize("prefix", ["vllm:", "vllm_"])
@@ -233,7 +233,7 @@ async def test_itl_regression_below_the_first_bucket_is_a_breach(
         serve(baseline_metrics, 30, ttft=0.05, itl=0.0066)
         clock.now += 60
         verdict = await run_check(provider, config, side("canary", canary), side("baseline", baseline))
-    assert (verdict.kind, verdict.reason) == (VerdictKind.BREACH, "ITLRatioExceeded"), verdict.message
+    assert (verdict.kind, verdict.reason) == (GateVerdict.BREACH, "ITLRatioExceeded"), verdict.message
     assert verdict.ratio("itl", 0.5) == pytest.approx(1.0) and verdict.ratio("itl", 0.95) == pytest.approx(1.0)
     assert verdict.mean_ratio("itl") == pytest.approx(0.0086 / 0.0066)
     assert (

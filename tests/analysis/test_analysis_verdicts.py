@@ -15,7 +15,7 @@ from kvpolicy.analysis.model import (
     Verdict,
 )
 from kvpolicy.analysis.verdicts import assess, next_analysis_state
-from kvpolicy.api.v1alpha1 import LatencyAnalysis, OnInconclusive, VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict, LatencyAnalysis, OnInconclusive
 from kvpolicy.rollout.latency_phase import analysis_state, record_check
 from kvpolicy.rollout.step_types import timestamp
 
@@ -60,47 +60,47 @@ BASELINE = side("baseline")
 @pytest.mark.parametrize(
     ("canary", "baseline", "kind", "reason"),
     [
-        pytest.param(side("canary"), BASELINE, VerdictKind.PASS, "WithinThresholds", id="equal"),
-        pytest.param(side("canary", ttft=(0.119, 0.239)), BASELINE, VerdictKind.PASS, "WithinThresholds", id="1.19x"),
-        pytest.param(side("canary", ttft=(0.05, 0.1)), BASELINE, VerdictKind.PASS, "WithinThresholds", id="faster"),
-        pytest.param(side("canary", ttft=(0.1, 0.25)), BASELINE, VerdictKind.BREACH, "TTFTRatioExceeded", id="p95"),
-        pytest.param(side("canary", itl=(0.0115, 0.02)), BASELINE, VerdictKind.BREACH, "ITLRatioExceeded", id="itl"),
+        pytest.param(side("canary"), BASELINE, GateVerdict.PASS, "WithinThresholds", id="equal"),
+        pytest.param(side("canary", ttft=(0.119, 0.239)), BASELINE, GateVerdict.PASS, "WithinThresholds", id="1.19x"),
+        pytest.param(side("canary", ttft=(0.05, 0.1)), BASELINE, GateVerdict.PASS, "WithinThresholds", id="faster"),
+        pytest.param(side("canary", ttft=(0.1, 0.25)), BASELINE, GateVerdict.BREACH, "TTFTRatioExceeded", id="p95"),
+        pytest.param(side("canary", itl=(0.0115, 0.02)), BASELINE, GateVerdict.BREACH, "ITLRatioExceeded", id="itl"),
         pytest.param(
             side("canary", ttft=(0.2, 0.2), itl=(0.02, 0.02)),
             BASELINE,
-            VerdictKind.BREACH,
+            GateVerdict.BREACH,
             "LatencyRatioExceeded",
             id="both",
         ),
         pytest.param(
-            side("canary", series_found=False, requests=0), BASELINE, VerdictKind.NO_DATA, "NoCanarySeries", id="empty"
+            side("canary", series_found=False, requests=0), BASELINE, GateVerdict.NO_DATA, "NoCanarySeries", id="empty"
         ),
         pytest.param(
             side("canary"),
             side("baseline", series_found=False, requests=0),
-            VerdictKind.NO_DATA,
+            GateVerdict.NO_DATA,
             "NoBaselineSeries",
             id="empty-baseline",
         ),
         pytest.param(
-            side("canary", requests=19), BASELINE, VerdictKind.NO_DATA, "TooFewCanaryRequests", id="few-canary"
+            side("canary", requests=19), BASELINE, GateVerdict.NO_DATA, "TooFewCanaryRequests", id="few-canary"
         ),
         pytest.param(
-            side("canary"), side("baseline", requests=3), VerdictKind.NO_DATA, "TooFewBaselineRequests", id="few-base"
+            side("canary"), side("baseline", requests=3), GateVerdict.NO_DATA, "TooFewBaselineRequests", id="few-base"
         ),
         # Slow but too few requests to judge: missing data is not a breach either.
         pytest.param(
-            side("canary", ttft=(9.0, 9.0), requests=5), BASELINE, VerdictKind.NO_DATA, "TooFewCanaryRequests", id="few"
+            side("canary", ttft=(9.0, 9.0), requests=5), BASELINE, GateVerdict.NO_DATA, "TooFewCanaryRequests", id="few"
         ),
         pytest.param(
-            side("canary", itl=(None, None)), BASELINE, VerdictKind.NO_DATA, "MissingLatencyQuantile", id="no-itl"
+            side("canary", itl=(None, None)), BASELINE, GateVerdict.NO_DATA, "MissingLatencyQuantile", id="no-itl"
         ),
         pytest.param(
-            side("canary"), side("baseline", ttft=(0.1, None)), VerdictKind.NO_DATA, "MissingLatencyQuantile", id="nan"
+            side("canary"), side("baseline", ttft=(0.1, None)), GateVerdict.NO_DATA, "MissingLatencyQuantile", id="nan"
         ),
     ],
 )
-def test_assess(canary: SideMetrics, baseline: SideMetrics, kind: VerdictKind, reason: str) -> None:
+def test_assess(canary: SideMetrics, baseline: SideMetrics, kind: GateVerdict, reason: str) -> None:
     verdict = assess(CONFIG, canary, baseline)
     assert (verdict.kind, verdict.reason) == (kind, reason), verdict.message
     assert verdict.canary is canary and verdict.baseline is baseline
@@ -119,15 +119,15 @@ def test_breach_reports_every_ratio_and_names_the_breach() -> None:
 def test_a_metric_without_threshold_is_not_compared() -> None:
     config = replace(CONFIG, itl_max_ratio=None)
     verdict = assess(config, side("canary", itl=(None, None)), BASELINE)
-    assert verdict.kind is VerdictKind.PASS
+    assert verdict.kind is GateVerdict.PASS
     assert {check.metric for check in verdict.checks} == {"ttft"}
 
 
 def test_error_ratio_gates_only_when_configured() -> None:
     failing = side("canary", error_ratio=0.2)
-    assert assess(CONFIG, failing, BASELINE).kind is VerdictKind.PASS
+    assert assess(CONFIG, failing, BASELINE).kind is GateVerdict.PASS
     verdict = assess(replace(CONFIG, max_error_ratio=0.05), failing, BASELINE)
-    assert (verdict.kind, verdict.reason) == (VerdictKind.BREACH, "ErrorRatioExceeded")
+    assert (verdict.kind, verdict.reason) == (GateVerdict.BREACH, "ErrorRatioExceeded")
     assert "0.200" in verdict.message
 
 
@@ -263,7 +263,7 @@ def test_state_counts_and_survives_a_restart() -> None:
         state, _ = next_analysis_state(CONFIG, state, verdict, T0 + timedelta(seconds=seconds))
     counts = (state.checks, state.passes, state.breaches, state.inconclusive, state.consecutive_breaches)
     assert counts == (4, 1, 2, 1, 2)
-    assert state.last_verdict is VerdictKind.BREACH and state.last_reason == "TTFTRatioExceeded"
+    assert state.last_verdict is GateVerdict.BREACH and state.last_reason == "TTFTRatioExceeded"
     assert state.inconclusive_since is None
     assert state.next_check_at(CONFIG) == T0 + timedelta(seconds=150)
     # The operator keeps the state in its status (LatencyAnalysis) and reads it back after a restart.

@@ -160,6 +160,12 @@ BAD_SPECS = [
     ("gates.accuracy.minRecovery", "1.5", "minRecovery must be a number in (0, 1]"),
     ("gates.accuracy.minRecovery", "0", "minRecovery must be a number in (0, 1]"),
     ("gates.accuracy.lengthTokens", 262144, "lengthTokens must not exceed model.maxModelLen"),
+    (
+        "gates.accuracy",
+        {"lengthTokens": 4096, "lengthProfile": {"buckets": 4}},
+        "lengthProfile.buckets halves the gate length (lengthTokens, else workload.maxContextTokens) buckets - 1 "
+        "times: the shortest bucket must be at least 1024 tokens",
+    ),
     ("gates.latency.ttftMaxRatio", "0.0", "ttftMaxRatio and itlMaxRatio must be numbers in (0, 100]"),
     ("gates.latency.quantiles", ["0.5", "1.0"], "quantiles must be numbers in (0, 1)"),
     ("kvCache.scales", "Calibrated", "scalesSource is required when kvCache.scales is Calibrated"),
@@ -196,6 +202,13 @@ VALUED_MESSAGES = [
         "gates.accuracy.lengthTokens",
         262144,
         "gates.accuracy.lengthTokens must not exceed model.maxModelLen (262144 > 131072)",
+    ),
+    (
+        "gates.accuracy",
+        {"lengthTokens": 4096, "lengthProfile": {"buckets": 4}},
+        "gates.accuracy.lengthProfile.buckets halves the gate length (lengthTokens, else workload.maxContextTokens) "
+        "buckets - 1 times: the shortest bucket must be at least 1024 tokens (4 buckets of 4096 tokens: the shortest "
+        "is 512)",
     ),
     (
         "gates.accuracy.minRecovery",
@@ -270,6 +283,31 @@ def test_messages_name_the_offending_values_in_pydantic_and_in_cel(path: str, va
     expression = env.program(env.compile(_message_expression(rule)))
     scope = _at(spec, rule_path) if rule_path else spec
     assert str(expression.evaluate(celpy.json_to_cel({"self": scope}))) == message
+
+
+PROFILE_RULE = "the shortest bucket must be at least 1024 tokens"
+
+
+@pytest.mark.parametrize(
+    ("length_tokens", "buckets", "valid"),
+    [(None, 3, True), (None, 4, False), (None, 1, True), (2048, 2, True), (2048, 3, False), (131072, 6, True)],
+)
+def test_the_shortest_profile_bucket_follows_the_gates_length_in_pydantic_and_in_cel(
+    length_tokens: int | None, buckets: int, valid: bool
+) -> None:
+    # workload.maxContextTokens 4096 is the gate's length unless lengthTokens says otherwise.
+    spec = _mutated("workload", {"maxContextTokens": 4096, "typicalContextTokens": 1024})
+    spec["gates"]["accuracy"]["lengthProfile"] = {"buckets": buckets}
+    if length_tokens is not None:
+        spec["gates"]["accuracy"]["lengthTokens"] = length_tokens
+        spec["workload"]["maxContextTokens"] = spec["model"]["maxModelLen"] = max(length_tokens, 4096)
+    [(rule_path, rule)] = [(p, r) for p, r, m in _cel_rules() if PROFILE_RULE in m]
+    assert _evaluate(rule, _at(spec, rule_path) if rule_path else spec) == valid
+    if valid:
+        KVPolicySpec.model_validate(spec)
+    else:
+        with pytest.raises(ValidationError, match=PROFILE_RULE):
+            KVPolicySpec.model_validate(spec)
 
 
 # Strict types and 64-bit integers: the API server refuses these, so pydantic must not coerce them.

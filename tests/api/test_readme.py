@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from kvpolicy.api.crd import reference_markdown
@@ -47,3 +48,24 @@ def test_readme_lists_every_gpu_name_plan_takes() -> None:
 
     listed = README.split("`--gpu` takes every GPU the", 1)[1].split(")", 1)[0]
     assert [name.strip() for name in listed.split(":", 1)[1].split(",")] == [p.name for p in PRODUCTS]
+
+
+def _table_headers(markdown: str) -> set[str]:
+    lines = markdown.splitlines()
+    return {
+        " ".join(line.split())
+        for line, below in itertools.pairwise(lines)
+        if line.startswith("|") and below.startswith("|---")
+    }
+
+
+def test_each_table_lives_in_one_document() -> None:
+    """A table copied into a second document drifts from the first (the docs' copies of the README's tables had):
+    each table is written once and linked to from elsewhere."""
+    root = Path(__file__).resolve().parents[2]
+    documents = [root / "README.md", *sorted((root / "docs").glob("*.md")), *sorted((root / "monitoring").glob("*.md"))]
+    seen: dict[str, Path] = {}
+    for document in documents:
+        for header in _table_headers(document.read_text(encoding="utf-8")):
+            assert header not in seen, f"the table {header!r} is in {seen[header].name} and {document.name}"
+            seen[header] = document

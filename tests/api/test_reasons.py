@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 from kvpolicy.api.reasons import ALL_REASONS, DECISION_REASONS, AnalysisReason, PlanCode
-from kvpolicy.api.v1alpha1 import ConditionType, DecisionResult, GateVerdict, Phase, Traffic, VerdictKind
+from kvpolicy.api.v1alpha1 import ConditionType, DecisionResult, GateVerdict, Phase, Traffic
 from kvpolicy.planning import planner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_the_alert_runbooks_name_only_reasons_that_exist() -> None:
     alerts = {rule["alert"] for group in yaml.safe_load(rules)["groups"] for rule in group["rules"]}
     runbooks = (ROOT / "monitoring" / "runbooks.md").read_text()
     words = set(CAMEL.findall(rules + runbooks)) - alerts - NOT_REASONS
-    known = ALL_REASONS | {*DecisionResult, *Phase, *VerdictKind, *Traffic, *ConditionType}
+    known = ALL_REASONS | {*DecisionResult, *Phase, *GateVerdict, *Traffic, *ConditionType}
     assert words - known == set(), "alerts.yaml or runbooks.md name reasons that kvpolicy/api/reasons.py does not have"
     assert {"TTFTRatioExceeded", "ITLRatioExceeded", "AnalysisStalled"} <= words
 
@@ -166,7 +166,7 @@ def test_the_reason_literal_check_catches_a_spelled_or_built_reason() -> None:
 
 
 # Values the controller must never spell as string literals in a comparison.
-CONTRACT_VALUES = ALL_REASONS | {*Phase, *GateVerdict, *VerdictKind, *DecisionResult}
+CONTRACT_VALUES = ALL_REASONS | {*Phase, *GateVerdict, *DecisionResult}
 
 
 def _literal_comparisons(tree: ast.AST) -> list[tuple[int, str]]:

@@ -126,3 +126,14 @@ def test_fast_mode_is_for_the_simulator_only(capsys: pytest.CaptureFixture[str])
         cli.main(["--servers", "vllm", "--fast"])
     assert exit_info.value.code == 2
     assert "--fast is for the simulator" in capsys.readouterr().err
+
+
+def test_a_fitted_scenarios_length_profile_keeps_its_shortest_bucket_long_enough() -> None:
+    """The real model's shorter context halves fewer times: 8,000 tokens keeps 3 buckets (2,000 the shortest)."""
+    scenario = next(s for s in SCENARIOS if "lengthProfile" in s.policy["gates"]["accuracy"])
+    assert scenario.policy["gates"]["accuracy"]["lengthProfile"]["buckets"] == 4
+    fitted = fit_to_model(scenario, SMOLLM2_135M_INSTRUCT.max_model_len)
+    accuracy = fitted.policy["gates"]["accuracy"]
+    spec = KVPolicySpec.model_validate({**fitted.policy, "targetRef": {"name": fitted.name}})
+    shortest = spec.accuracy_length >> (spec.gates.accuracy.length_profile.buckets - 1)
+    assert accuracy["lengthProfile"]["buckets"] < 4 and shortest >= 1024

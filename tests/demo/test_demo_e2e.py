@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import signal
@@ -35,6 +36,7 @@ class DemoRun:
     stdout: str
     stderr: str
     report_dir: Path
+    kept: dict[str, subprocess.CompletedProcess[str]]  # what kubectl said about the cluster --keep left up
 
 
 def _demo_argv(report_dir: Path) -> list[str]:
@@ -42,11 +44,41 @@ def _demo_argv(report_dir: Path) -> list[str]:
             "--deadline-seconds", str(DEADLINE_SECONDS)]  # fmt: skip
 
 
+def _kubectl_on_the_kept_cluster(printed: str) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Run what --keep tells the user to type, with the kubeconfig and PATH it printed."""
+    export = next(line for line in printed.splitlines() if line.strip().startswith("export KUBECONFIG="))
+    settings = dict(item.split("=", 1) for item in export.split("export", 1)[1].split())
+    env = {
+        **os.environ,
+        "KUBECONFIG": settings["KUBECONFIG"],
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    commands = {
+        "kvpolicies": ["kubectl", "get", "kvpolicies", "-n", scenarios.NAMESPACE, "-o", "name"],
+        "plugin": ["kubectl", "kvpolicy", "get", "llama-longdoc", "-n", scenarios.NAMESPACE],
+    }
+    return {
+        key: subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60) for key, argv in commands.items()
+    }
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """One `make demo` run with --keep: the tests read its table and report, and kubectl reads the cluster it keeps
+    up until the Ctrl-C that ends it."""
     report_dir = tmp_path_factory.mktemp("demo") / "report"
-    done = subprocess.run(_demo_argv(report_dir), capture_output=True, text=True, timeout=DEADLINE_SECONDS + 120)
-    return DemoRun(done.returncode, done.stdout, done.stderr, report_dir)
+    process = subprocess.Popen(
+        [*_demo_argv(report_dir), "--keep"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        printed = _read_until(process, "Ctrl-C stops everything", within=DEADLINE_SECONDS + 120)
+        kept = _kubectl_on_the_kept_cluster(printed)
+        process.send_signal(signal.SIGINT)
+        rest, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return DemoRun(process.returncode, printed + rest, stderr, report_dir, kept)
 
 
 def decision_table(stdout: str) -> dict[str, dict[str, str]]:
@@ -124,6 +156,17 @@ def test_the_report_has_the_table_and_the_figures(demo_run: DemoRun) -> None:
     for figure in ("niah_accuracy.png", "itl_vs_length.png"):
         assert f"]({figure})" in report
         assert (demo_run.report_dir / figure).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_keep_leaves_the_cluster_up_for_kubectl_and_ctrl_c_ends_it_cleanly(demo_run: DemoRun) -> None:
+    listed = demo_run.kept["kvpolicies"]
+    assert listed.returncode == 0, listed.stderr
+    assert {line.rsplit("/", 1)[-1] for line in listed.stdout.split()} == set(EXPECTED)
+    shown = demo_run.kept["plugin"]
+    assert shown.returncode == 0, shown.stderr
+    assert "Promoted" in shown.stdout
+    assert demo_run.returncode == 0, demo_run.stderr[-3000:]
+    assert "stopping the kept cluster" in demo_run.stdout
 
 
 def test_nothing_is_left_running_after_the_demo(demo_run: DemoRun) -> None:

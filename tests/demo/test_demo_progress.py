@@ -25,9 +25,10 @@ def test_running_accuracy_gate_counts_prompts_against_max_samples(make_policy: A
 
 def test_prompts_answered_by_the_canary_drive_the_accuracy_bar(make_policy: Any) -> None:
     running = {"phase": "AccuracyGate", "accuracy": {"verdict": "Running"}}
-    [progress] = progress_of([make_policy("llama-longdoc", running)], NOW, {"llama-longdoc": 30})
+    # Its length profile has 4 buckets: each round the canary answers a prompt at each of them.
+    [progress] = progress_of([make_policy("llama-longdoc", running)], NOW, {"llama-longdoc": 120})
     assert progress.fraction == 30 / 40
-    assert "30/40 NIAH prompts" in progress.detail
+    assert "30/40 NIAH prompts at 128,000 tokens (and 3 shorter lengths)" in progress.detail
     [unknown] = progress_of([make_policy("llama-longdoc", running)], NOW, {})
     assert unknown.fraction == 0.0
 

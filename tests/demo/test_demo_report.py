@@ -123,3 +123,20 @@ def test_events_are_grouped_per_policy_in_time_order() -> None:
         "a": ["2026-11-30T10:00:01Z Normal First: m", "2026-11-30T10:00:02Z Normal Second: m"],
         "b": ["2026-11-30T10:00:03Z Normal Other: m"],
     }
+
+
+def test_the_accuracy_gates_length_profile_is_a_table_per_bucket(make_policy: Any, tmp_path: Path) -> None:
+    buckets = [
+        {"lengthTokens": n, "prompts": 12, "needles": 96, "canaryScore": 0.9, "baselineScore": 0.93,
+         "recovery": 0.968, "canaryOnly": 0, "baselineOnly": 3}
+        for n in (16384, 32768, 65536, 131072)
+    ]  # fmt: skip
+    profile = {"buckets": buckets, "canaryAuc": 0.9, "baselineAuc": 0.93, "aucRecovery": 0.968,
+               "systematicShift": True, "shiftPValue": 6e-8, "negativeBuckets": 4}  # fmt: skip
+    accuracy = {"verdict": "Pass", "recovery": 0.968, "lengthTokens": 131072, "samples": 12, "profile": profile}
+    text = write_report(
+        tmp_path, FACTS, Observed([make_policy("llama-longdoc", {"accuracy": accuracy})]), [], FIGURES
+    ).read_text()
+    assert "Length profile: AUC canary 90% vs baseline 93% (recovery 0.97); **systematic shift**" in text
+    assert "calibrate the KV scales" in text
+    assert "  | 16,384 | 90% | 93% | 0.97 | 12 | 0 / 3 |" in text and "  | 131,072 |" in text

@@ -5,11 +5,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gate_fakes import MAX_MODEL_LEN, MODEL
+from gate_fakes import FAST, MAX_MODEL_LEN, MODEL
 from kvpolicy_dev.sim import start_simulator_subprocess
 from kvpolicy_dev.sim.tokenizer_zoo import Family, write_model_dir
-
-FAST = ["--time-scale", "0.001", "--max-model-len", str(MAX_MODEL_LEN)]
 
 
 @pytest.fixture(scope="session")

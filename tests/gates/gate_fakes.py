@@ -17,6 +17,8 @@ from kvpolicy_dev.sim.config import SimConfig
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 # Room for a 131072-token prompt plus the gate's answer tokens.
 MAX_MODEL_LEN = 135168
+# Simulator flags for the gate tests: no real waiting, and the fake model's context.
+FAST = ["--time-scale", "0.001", "--max-model-len", str(MAX_MODEL_LEN)]
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

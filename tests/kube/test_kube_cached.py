@@ -12,9 +12,10 @@ import pytest_asyncio
 from e2e_helpers import KVP, policy, until
 from kvpolicy.api import crd
 from kvpolicy.kube import cached
-from kvpolicy.kube.api import DEPLOYMENTS, KVPOLICIES, NODES, SERVICES, KubernetesApi
+from kvpolicy.kube.api import DEPLOYMENTS, KVPOLICIES, NODES, SERVICES, FieldEquals, KubernetesApi
 from kvpolicy.kube.cached import CachedKubeApi, Informer, Selection, equality_terms, operator_selections
 from kvpolicy.kube.login import ClusterLogin
+from kvpolicy.rollout.ownership import TARGET_NAME_PATH
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 
 TEAM = "example.com/team"
@@ -220,3 +221,86 @@ def test_only_equality_selectors_are_answered_from_a_cache() -> None:
     assert equality_terms("") == {}
     for selector in ("a!=b", "a==b", "a in (b)", "a", "!a"):
         assert equality_terms(selector) is None, selector
+
+
+class ScriptedApi:
+    """`list_collection` and `watch` for an `Informer`, from a list of objects and a queue of watch events."""
+
+    def __init__(self, items: list[dict[str, Any]]) -> None:
+        self.items = items
+        self.events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+
+    async def list_collection(self, resource: Any, namespace: str | None, label_selector: str = "") -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": "1"}, "items": self.items}
+
+    async def watch(self, *args: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        while True:
+            yield await self.events.get()
+
+
+def claim(name: str, target: str, generation: int = 1, phase: str = "Planning") -> dict[str, Any]:
+    meta = {"name": name, "namespace": "ns", "uid": f"uid-{name}", "generation": generation, "resourceVersion": "2"}
+    return {"metadata": meta, "spec": {"targetRef": {"name": target}}, "status": {"phase": phase}}
+
+
+async def test_policies_naming_a_target_are_found_without_looking_at_every_policy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each policy's pass asks which policies name its target: with N policies, looking at each of them on every
+    pass cost N per pass (5,000 policies: the operator at a full core). The informer indexes the target's name, and
+    follows renames and deletions; a write to what it does not keep (a status) changes nothing there."""
+    scripted = ScriptedApi([claim(f"p{index}", f"model-{index % 50}") for index in range(200)])
+    selection = operator_selections("kvpolicy.dev/policy")[KVPOLICIES]
+    informer = Informer(scripted, KVPOLICIES, "ns", None, selection.keep, selection.indexed)  # type: ignore[arg-type]
+    informer.start()
+    try:
+        await until(lambda: informer.synced, "the informer to list")
+        looked_at = []
+        holds = FieldEquals.holds
+        monkeypatch.setattr(FieldEquals, "holds", lambda self, obj: looked_at.append(obj) or holds(self, obj))
+        where = FieldEquals(TARGET_NAME_PATH, "model-7")
+        assert [p["metadata"]["name"] for p in informer.select({}, where)] == ["p107", "p157", "p57", "p7"]
+        assert looked_at == [], "answered from the index"
+
+        renamed = informer._changed
+        await scripted.events.put(("MODIFIED", claim("p7", "model-8", generation=2)))
+        await scripted.events.put(("DELETED", claim("p57", "model-7")))
+        await until(lambda: renamed.is_set(), "the informer to follow")
+        await until(lambda: len(informer.select({}, where)) == 2, "the rename and the deletion")
+        assert [p["metadata"]["name"] for p in informer.select({}, where)] == ["p107", "p157"]
+        assert "p7" in [p["metadata"]["name"] for p in informer.select({}, FieldEquals(TARGET_NAME_PATH, "model-8"))]
+
+        quiet = informer._changed
+        await scripted.events.put(("MODIFIED", claim("p107", "model-7", phase="HeldBF16")))
+        await scripted.events.put(("ADDED", claim("late", "model-7")))
+        await until(lambda: len(informer.select({}, where)) == 3, "the new policy")
+        assert quiet.is_set(), "the addition woke waiters"
+        brute = [obj for obj in informer.select({}) if holds(where, obj)]
+        assert informer.select({}, where) == brute
+    finally:
+        await informer.stop()
+
+
+async def test_a_status_write_does_not_count_as_a_change_of_the_ownership_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A policy's status writes (several per pass) leave what ownership reads as it was: they must not make every
+    pass sort the namespace's policies again, nor wake the passes waiting for a policy's generation."""
+    scripted = ScriptedApi([claim("a", "model")])
+    selection = operator_selections("kvpolicy.dev/policy")[KVPOLICIES]
+    informer = Informer(scripted, KVPOLICIES, "ns", None, selection.keep, selection.indexed)  # type: ignore[arg-type]
+    informer.start()
+    try:
+        await until(lambda: informer.synced, "the informer to list")
+        touches: list[None] = []
+        touched = informer._touched
+        monkeypatch.setattr(informer, "_touched", lambda: touches.append(None) or touched())
+        await scripted.events.put(("MODIFIED", claim("a", "model", phase="HeldBF16")))
+        await scripted.events.put(("ADDED", claim("b", "model")))
+        await until(lambda: len(informer.select({})) == 2, "the addition")
+        assert len(touches) == 1, "the status write changed nothing"
+        await scripted.events.put(("MODIFIED", claim("a", "model", generation=2)))
+        await until(lambda: informer.holds(claim("a", "model", generation=2)), "the spec change")
+        assert len(touches) == 2
+    finally:
+        await informer.stop()

@@ -264,17 +264,14 @@ async def test_a_refused_write_is_a_condition_an_event_and_a_metric_and_the_othe
 
 
 class StopAfter:
-    """A daemon stop flag that is set after `waits` sleeps."""
+    """A loop's stop flag that is set after `passes` passes (the loop looks at it before each)."""
 
-    def __init__(self, waits: int) -> None:
-        self.waits = waits
+    def __init__(self, passes: int) -> None:
+        self.passes = passes
 
     def __bool__(self) -> bool:
-        return self.waits <= 0
-
-    async def wait(self) -> None:
-        self.waits -= 1
-        await asyncio.sleep(0)
+        self.passes -= 1
+        return self.passes < 0
 
 
 async def test_a_refused_read_of_the_policy_is_logged_counted_and_said_once_and_the_loop_goes_on() -> None:

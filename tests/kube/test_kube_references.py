@@ -14,11 +14,12 @@ from fake_kube import FakeKubeApi
 from kvpolicy.analysis.checks import CheckVerdict
 from kvpolicy.analysis.model import ProviderUnavailableError, Verdict
 from kvpolicy.analysis.served import CANARY_CONFIG
-from kvpolicy.api.v1alpha1 import KVPolicy, PrometheusAuth, VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict, KVPolicy, PrometheusAuth
 from kvpolicy.kube.api import CONFIG_MAPS, SECRETS, ApiError
 from kvpolicy.kube.observe import LatencyAnalyser, PodView
 from kvpolicy.kube.references import ReferenceReader, prometheus_credentials
 from kvpolicy.rollout import builders
+from kvpolicy.rollout.gates import accuracy, latency_probe
 from kvpolicy.rollout.metric_checks import METRICS_CHECKS
 from kvpolicy.rollout.rules import rollout_hash
 from operator_helpers import Driver, live, make_policy
@@ -193,7 +194,7 @@ async def test_the_analyser_turns_a_missing_secret_into_provider_unavailable_for
     assert [result.check for result in results] == list(METRICS_CHECKS)
     for result in results:
         verdict = result.verdict
-        assert (verdict.kind, verdict.reason) == (VerdictKind.PROVIDER_UNAVAILABLE, "CredentialsSecretMissing")
+        assert (verdict.kind, verdict.reason) == (GateVerdict.PROVIDER_UNAVAILABLE, "CredentialsSecretMissing")
         assert verdict.message == f"Secret {policy.metadata['namespace']}/prom not found"
         assert verdict.needs_attention, "waiting will not create the Secret: said at once"
     await analyser.close()
@@ -238,10 +239,10 @@ def test_the_latency_analysis_holds_on_a_credentials_problem_with_one_event() ->
 
 def test_the_gate_jobs_name_the_api_key_secret_and_never_the_key() -> None:
     spec = make_policy(**{"vllmAuth": {"apiKeySecretRef": {"name": "vllm-key", "key": "token"}}}).spec
-    for command in (builders.accuracy_command(spec, "http://c", "http://b"), builders.latency_command(spec, "", "")):
+    for command in (accuracy.command(spec, "http://c", "http://b"), latency_probe.command(spec, "", "")):
         assert command[-2:] == ["--api-key-env", builders.API_KEY_ENV]
     assert builders.api_key_env(spec) == [
         {"name": builders.API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": "vllm-key", "key": "token"}}}
     ]
     assert builders.api_key_env(make_policy().spec) == []
-    assert "--api-key-env" not in builders.latency_command(make_policy().spec, "", "")
+    assert "--api-key-env" not in latency_probe.command(make_policy().spec, "", "")

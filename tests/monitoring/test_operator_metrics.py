@@ -6,7 +6,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from kvpolicy.analysis.model import LatencyGateConfig, SideMetrics
 from kvpolicy.analysis.verdicts import assess
-from kvpolicy.api.v1alpha1 import VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict
 from kvpolicy.notify.metrics import OperatorMetrics, PolicyInfo, metrics_app
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -74,7 +74,7 @@ def test_analysis_numbers_follow_the_latest_check() -> None:
     assert value(metrics, "kvpolicy_analysis_latency_seconds", **ttft_p95, role="baseline") == pytest.approx(0.4)
     assert value(metrics, "kvpolicy_analysis_verdicts_total", namespace="llm", policy="m", verdict="Breach") == 1
     no_data = assess(CONFIG, side("canary", 0.3, requests=0), side("baseline", 0.2))
-    assert no_data.kind is VerdictKind.NO_DATA
+    assert no_data.kind is GateVerdict.NO_DATA
     metrics.record_analysis("llm", "m", no_data)
     assert value(metrics, "kvpolicy_analysis_latency_ratio", **ttft_p95) is None
     assert value(metrics, "kvpolicy_analysis_verdicts_total", namespace="llm", policy="m", verdict="NoData") == 1
@@ -165,7 +165,7 @@ def test_unresolved_quantiles_are_not_published_and_the_means_are() -> None:
 
     metrics = OperatorMetrics()
     verdict = assess(CONFIG, fast_decoder("canary", 0.0078), fast_decoder("baseline", 0.006))
-    assert verdict.kind is VerdictKind.BREACH
+    assert verdict.kind is GateVerdict.BREACH
     metrics.record_analysis("llm", "m", verdict)
     itl = {"namespace": "llm", "policy": "m", "metric": "itl"}
     assert value(metrics, "kvpolicy_analysis_latency_ratio", **itl, quantile="0.5") is None

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonpatch
-from kvpolicy.kube.api import ApiError, PatchType, Resource
+from kvpolicy.kube.api import ApiError, FieldEquals, PatchType, Resource
 
 Obj = dict[str, Any]
 
@@ -42,7 +42,12 @@ class FakeKubeApi:
         return copy.deepcopy(found) if found else None
 
     async def list_objects(
-        self, resource: Resource, namespace: str | None, label_selector: str = "", since: Obj | None = None
+        self,
+        resource: Resource,
+        namespace: str | None,
+        label_selector: str = "",
+        since: Obj | None = None,
+        where: FieldEquals | None = None,
     ) -> list[Obj]:
         self._maybe_fail("list", resource)
         return [
@@ -51,6 +56,7 @@ class FakeKubeApi:
             if plural == resource.plural
             and (namespace is None or ns == namespace)
             and _matches(obj["metadata"].get("labels") or {}, label_selector)
+            and (where is None or where.holds(obj))
         ]
 
     async def create(self, resource: Resource, namespace: str, body: Obj) -> bool:

@@ -16,7 +16,7 @@ from kvpolicy.analysis.checks import CheckVerdict
 from kvpolicy.analysis.model import SideMetrics, Verdict
 from kvpolicy.analysis.provider import ServedReading
 from kvpolicy.analysis.served import CANARY_CONFIG, ServedSides
-from kvpolicy.api.v1alpha1 import GpuFacts, KVPolicy, Phase, TargetKind, VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict, GpuFacts, KVPolicy, Phase, TargetKind
 from kvpolicy.kube.observe import PHASE_NEEDS
 from kvpolicy.planning.gpu import KNOWN_PRODUCTS, gpu_facts
 from kvpolicy.rollout.metric_checks import LATENCY
@@ -398,8 +398,8 @@ def side(role: str, requests: float, ttft: float) -> SideMetrics:
     return SideMetrics(role, True, requests, 60.0, {0.5: ttft, 0.95: ttft}, {0.5: 0.01, 0.95: 0.01})
 
 
-def verdict(kind: VerdictKind) -> Verdict:
-    canary_ttft = 0.2 if kind == VerdictKind.BREACH else 0.1
+def verdict(kind: GateVerdict) -> Verdict:
+    canary_ttft = 0.2 if kind == GateVerdict.BREACH else 0.1
     return Verdict(kind, kind.value, kind.value, (), side("canary", 100, canary_ttft), side("baseline", 100, 0.1))
 
 

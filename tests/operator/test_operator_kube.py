@@ -108,6 +108,48 @@ async def test_unreachable_server_is_a_retryable_error(tmp_path: Path) -> None:
         await api.close()
 
 
+async def test_the_environment_is_read_once_for_the_proxy_not_on_every_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kubernetes_asyncio's session trusts the environment: aiohttp then reads ~/.netrc and the proxy variables in
+    its executor's threads twice per request, which thousands of policies' passes queued behind (issue 28). The
+    client's session does not; HTTP_PROXY (with its credentials) and NO_PROXY still decide, read at connect."""
+    seen: list[bytes] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        body = b'{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}'
+        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n")
+        writer.write(b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    monkeypatch.setenv("HTTP_PROXY", f"http://user:secret@127.0.0.1:{port}")
+    monkeypatch.setenv("NO_PROXY", "bypassed.invalid")
+    try:
+        api = await KubernetesApi.connect(kubeconfig_login("http://kube.invalid:6443", tmp_path), timeout_seconds=5)
+        try:
+            assert all(not client.rest_client.pool_manager.trust_env for client in api._clients)
+            assert await api.get(DEPLOYMENTS, "ns", "x") is None, "the proxy's 404"
+        finally:
+            await api.close()
+        [request] = seen
+        assert request.startswith(b"GET http://kube.invalid:6443/apis/apps/v1/namespaces/ns/deployments/x")
+        assert b"Proxy-Authorization: Basic dXNlcjpzZWNyZXQ=" in request  # user:secret
+
+        bypassing = await KubernetesApi.connect(kubeconfig_login("http://bypassed.invalid:6443", tmp_path))
+        try:
+            with pytest.raises(ApiError) as caught:
+                await bypassing.get(DEPLOYMENTS, "ns", "x")
+            assert caught.value.code == 0 and len(seen) == 1, "NO_PROXY: straight to a host that does not resolve"
+        finally:
+            await bypassing.close()
+    finally:
+        server.close()
+
+
 async def test_an_api_timeout_is_logged_with_its_name(tmp_path: Path) -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await asyncio.sleep(1)

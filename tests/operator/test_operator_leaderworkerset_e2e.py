@@ -3,6 +3,7 @@ controller's stand-in making the leader and worker pods (simulated vLLM), the op
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from e2e_helpers import (
 from kvpolicy_dev.devcluster import POOL_LABEL, ThreadedDevCluster
 from kvpolicy_dev.devcluster.cpu_vllm import RealVllmRunner
 from kvpolicy_dev.devcluster.leaderworkerset import crd
+from operator_process import operator_process
 
 LWS = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
 LWS_REF = {"targetRef.kind": "LeaderWorkerSet", "targetRef.apiVersion": "leaderworkerset.x-k8s.io/v1"}
@@ -143,14 +145,22 @@ def test_a_leaderworkerset_whose_canary_fails_the_accuracy_gate_is_rolled_back_u
     assert "AccuracyGateFailed" in event_reasons(devcluster, ns)
 
 
-def test_an_operator_restarted_mid_gate_resumes_the_leaderworkerset_rollout(
-    devcluster: ThreadedDevCluster, devcluster_namespace: str, operator: OperatorFactory, fixed_image_runner: None
+def test_an_operator_killed_mid_gate_resumes_the_leaderworkerset_rollout(
+    devcluster: ThreadedDevCluster,
+    devcluster_namespace: str,
+    operator: OperatorFactory,
+    fixed_image_runner: None,
+    tmp_path: Path,
 ) -> None:
+    """`kvpolicy run` as a process, SIGKILLed while the accuracy gate runs (nothing released, no status flushed),
+    then another operator takes the rollout up from what the cluster holds."""
     ns = devcluster_namespace
-    with operator():
+    with operator_process(devcluster, tmp_path, "operator", "--namespace", ns) as killed:
         _to_the_gate(devcluster, ns)
         (canary,) = _canaries(devcluster, ns)
         (job,) = wait_until(lambda: gate_jobs(devcluster, ns), "the accuracy gate Job")
+        killed.kill()
+    assert killed.process.returncode == -signal.SIGKILL
     with operator():
         done = wait_decided(devcluster, ns)
     assert done["status"]["phase"] == "Promoted", done["status"]
@@ -165,9 +175,10 @@ def test_a_leaderworkerset_edited_mid_rollout_is_gated_again(
     ns = devcluster_namespace
     with operator():
         _to_the_gate(devcluster, ns)
+        # The worker template alone: a leader gated beside workers that no longer run what was gated is a change.
         edited = devcluster.get(*LWS, "llama", ns)
-        leader = edited["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
-        leader["env"] = [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]
+        worker = edited["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+        worker["env"] = [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]
         devcluster.patch(*LWS, "llama", {"spec": {"leaderWorkerTemplate": edited["spec"]["leaderWorkerTemplate"]}}, ns)
         done = wait_decided(devcluster, ns)
     status = done["status"]
@@ -176,8 +187,10 @@ def test_a_leaderworkerset_edited_mid_rollout_is_gated_again(
     assert status["canary"] is None or status["canary"]["run"] == 2
     assert devcluster.find(*LWS, "llama-fp8-canary-g1", ns) is None
     promoted = devcluster.get(*LWS, "llama", ns)
-    env = promoted["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["env"]
+    env = promoted["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["env"]
     assert env == [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}], "the edit the rollout was gated on again stays"
+    said = [e.get("message", "") for e in devcluster.list("v1", "Event", ns) if e.get("reason") == "TargetChanged"]
+    assert any("worker Env" in message for message in said), said
 
 
 @pytest.mark.realvllm

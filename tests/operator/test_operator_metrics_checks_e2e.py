@@ -17,7 +17,7 @@ from kvpolicy.analysis.checks import MetricsCheck, Sides, Stage
 from kvpolicy.analysis.model import SideMetrics, Verdict
 from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.api.reasons import AnalysisReason
-from kvpolicy.api.v1alpha1 import KVPolicy, VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict, KVPolicy
 from kvpolicy.rollout import metric_checks
 from kvpolicy_dev.demo.prometheus import LocalPrometheus, find_prometheus
 from kvpolicy_dev.devcluster import SimulatorRunner, ThreadedDevCluster
@@ -196,11 +196,11 @@ def _assess_ttft_slo(policy_: KVPolicy, canary: SideMetrics) -> Verdict:
     """An absolute TTFT objective no server meets (1 us): a test check whose breach is certain once data comes."""
     ttft = canary.ttft_seconds.get(0.5)
     if ttft is None:
-        return Verdict(VerdictKind.NO_DATA, AnalysisReason.TOO_FEW_CANARY_REQUESTS, "no canary TTFT in the window")
+        return Verdict(GateVerdict.NO_DATA, AnalysisReason.TOO_FEW_CANARY_REQUESTS, "no canary TTFT in the window")
     if ttft > 0.000001:
         message = f"canary TTFT p50 {ttft * 1000:.3f} ms is above the 0.001 ms objective"
-        return Verdict(VerdictKind.BREACH, AnalysisReason.CUSTOM_CHECK_BREACHED, message, values={"ttft-slo": ttft})
-    return Verdict(VerdictKind.PASS, AnalysisReason.WITHIN_THRESHOLDS, "within the objective")
+        return Verdict(GateVerdict.BREACH, AnalysisReason.CUSTOM_CHECK_BREACHED, message, values={"ttft-slo": ttft})
+    return Verdict(GateVerdict.PASS, AnalysisReason.WITHIN_THRESHOLDS, "within the objective")
 
 
 TTFT_SLO: MetricsCheck[SideMetrics] = MetricsCheck(

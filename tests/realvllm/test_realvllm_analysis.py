@@ -19,7 +19,7 @@ from kvpolicy.analysis.model import LatencyGateConfig, SideSelector, Verdict
 from kvpolicy.analysis.prometheus import PrometheusProvider
 from kvpolicy.analysis.provider import MetricsProvider, ServedConfig, ServedReading
 from kvpolicy.analysis.scrape import ScrapeProvider
-from kvpolicy.api.v1alpha1 import VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict
 from prometheus_client.parser import text_string_to_metric_families
 from realvllm_helpers import NAMESPACE, SERVED_MODEL, SKIP_LAYERS, RealPair
 
@@ -63,16 +63,16 @@ async def assert_decides_on_either_side_of_the_measured_ratios(
 ) -> Verdict:
     """Decide with vLLM's defaults, then with limits beyond the ratios measured: those must pass, these breach."""
     measured = await run_check(provider, CONFIG, canary, baseline)
-    assert measured.kind in (VerdictKind.PASS, VerdictKind.BREACH), measured.message
+    assert measured.kind in (GateVerdict.PASS, GateVerdict.BREACH), measured.message
     ratios = measured.ratios()
     assert {"ttft_p50", "ttft_p95"} <= ratios.keys() and {"itl_p50", "itl_p95"} <= ratios.keys(), ratios
     generous, strict = 2 * max(ratios.values()), 0.5 * min(ratios.values())
     passed = await run_check(
         provider, replace(CONFIG, ttft_max_ratio=generous, itl_max_ratio=generous), canary, baseline
     )
-    assert (passed.kind, passed.reason) == (VerdictKind.PASS, "WithinThresholds"), passed.message
+    assert (passed.kind, passed.reason) == (GateVerdict.PASS, "WithinThresholds"), passed.message
     breached = await run_check(provider, replace(CONFIG, ttft_max_ratio=strict, itl_max_ratio=strict), canary, baseline)
-    assert (breached.kind, breached.reason) == (VerdictKind.BREACH, "LatencyRatioExceeded"), breached.message
+    assert (breached.kind, breached.reason) == (GateVerdict.BREACH, "LatencyRatioExceeded"), breached.message
     # The same traffic judged three times: Prometheus' extrapolation to the window's edge moves a ratio a little as
     # time passes between the queries (seen up to 1.1% on a loaded 2-core machine), a scrape's differences not at all.
     for again in (passed.ratios(), breached.ratios()):
@@ -107,7 +107,7 @@ async def test_scrape_provider_decides_on_real_vllm_histograms(real_vllm: RealPa
     traffic = ServedTraffic(real_vllm)
     async with ScrapeProvider() as provider:
         first = await run_check(provider, CONFIG, canary, baseline)
-        assert first.kind == VerdictKind.NO_DATA, "the first scrape has nothing to subtract"
+        assert first.kind == GateVerdict.NO_DATA, "the first scrape has nothing to subtract"
         served = await traffic.serve()
         verdict = await assert_decides_on_either_side_of_the_measured_ratios(provider, canary, baseline)
     for side, role in ((verdict.canary, "canary"), (verdict.baseline, "baseline")):

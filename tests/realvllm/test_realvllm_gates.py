@@ -11,6 +11,8 @@ import pytest
 from kvpolicy.api.v1alpha1 import KVPolicySpec
 from kvpolicy.gate_programs.latency import Fit
 from kvpolicy.rollout import builders
+from kvpolicy.rollout.gates import accuracy as accuracy_gate
+from kvpolicy.rollout.gates import latency_probe as latency_probe_gate
 from kvpolicy.rollout.step_types import default_gate_resources
 from kvpolicy_dev.devcluster import ThreadedDevCluster
 from realvllm_helpers import MAX_MODEL_LEN, SERVED_MODEL, RealPair
@@ -73,7 +75,7 @@ def test_latency_gate_job_fits_real_vllm_and_breaches_impossible_limits(
 ) -> None:
     # Limits no canary can meet (half the baseline's latency): a decision on real measurements, whatever they are.
     policy = spec(latency={"ttftMaxRatio": "0.5", "itlMaxRatio": "0.5"})
-    command = builders.latency_command(policy, real_vllm.fp8.url, real_vllm.bf16.url)
+    command = latency_probe_gate.command(policy, real_vllm.fp8.url, real_vllm.bf16.url)
     report, _ = run_gate_job(devcluster, devcluster_namespace, "tiny-fp8-latency-g1", command)
     assert (report["verdict"], report["reason"]) == ("Breach", "LatencyAboveLimit"), report
     for side in ("canary", "baseline"):
@@ -94,7 +96,7 @@ def test_accuracy_gate_job_decides_by_its_rules_on_real_vllm(
     token space it stopped at PromptSizing). 16 wrong needles show the baseline below the floor: it stops after the
     gate's minimum of 2 samples, before its cap of 3."""
     policy = spec(accuracy={"maxSamples": 3, "lengthTokens": GATE_LENGTH})
-    command = builders.accuracy_command(policy, real_vllm.fp8.url, real_vllm.bf16.url)
+    command = accuracy_gate.command(policy, real_vllm.fp8.url, real_vllm.bf16.url)
     report, _ = run_gate_job(devcluster, devcluster_namespace, "tiny-fp8-accuracy-g1", command)
     assert (report["verdict"], report["reason"]) == ("Inconclusive", "BaselineTooWeak"), report
     assert report["samples"] == 2 and report["lengthTokens"] == GATE_LENGTH, report

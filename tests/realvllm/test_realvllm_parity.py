@@ -14,7 +14,7 @@ from kvpolicy.analysis.checks import Sides
 from kvpolicy.analysis.model import SideSelector
 from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.analysis.served import CANARY_CONFIG
-from kvpolicy.api.v1alpha1 import KVPolicy, VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict, KVPolicy
 from kvpolicy.planning.vllm_versions import parse_version, release
 from kvpolicy_dev.devcluster.cpu_vllm import RealVllmServer, start_server
 from kvpolicy_dev.devcluster.pytest_plugin import REAL_VLLM_STARTUP_SECONDS
@@ -66,7 +66,7 @@ def _sides(canary: RealVllmServer, baseline: RealVllmServer) -> Sides:
 async def test_a_canary_differing_only_in_the_kv_cache_is_verified(real_vllm: RealPair) -> None:
     async with ScrapeProvider() as provider:
         verdict = await CANARY_CONFIG.evaluate(provider, POLICY, _sides(real_vllm.fp8, real_vllm.bf16))
-    assert verdict.kind is VerdictKind.PASS, verdict.message
+    assert verdict.kind is GateVerdict.PASS, verdict.message
     assert verdict.reason == "ServedAsPlanned"
 
 
@@ -75,7 +75,7 @@ async def test_a_canary_with_prefix_caching_off_is_a_mismatch_naming_it(
 ) -> None:
     async with ScrapeProvider() as provider:
         verdict = await CANARY_CONFIG.evaluate(provider, POLICY, _sides(no_prefix_caching, real_vllm.bf16))
-    assert verdict.kind is VerdictKind.BREACH and verdict.reason == "CanaryConfigMismatch"
+    assert verdict.kind is GateVerdict.BREACH and verdict.reason == "CanaryConfigMismatch"
     assert "enable_prefix_caching is False on the canary, True on the target" in verdict.message
     assert "num_gpu_blocks" not in verdict.message and "engine" not in verdict.message
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from kvpolicy.api.v1alpha1 import KVPolicy, VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict, KVPolicy
 from kvpolicy.rollout.rules import latency_check_due, phase_deadline, rollout_hash, stale_evidence
 from operator_helpers import Driver, live, make_policy, policy_spec, run_to_canary, verdict
 from pydantic import ValidationError
@@ -18,7 +18,7 @@ MANUAL = {"rollout.approval": "Manual", "gates.latency.intervalSeconds": 60, "ga
 def awaiting_live(**spec: object) -> Driver:
     """A ReplicaRatio canary that joined the users' traffic, passed its analysis and waits for its approval."""
     driver = live(**MANUAL, **spec)
-    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.PASS))
     assert driver.phase == "AwaitingApproval", driver.policy.status.message
     return driver
 
@@ -30,10 +30,10 @@ def approve(driver: Driver) -> None:
 def test_a_waiting_canary_that_serves_users_is_still_analysed_and_a_breach_rolls_it_back() -> None:
     driver = awaiting_live(**{"gates.latency.consecutiveFailureLimit": 2})
     assert latency_check_due(driver.policy, driver.now + timedelta(seconds=60)), "the checks go on while it waits"
-    driver.tick(60, latency_verdict=verdict(VerdictKind.BREACH))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.BREACH))
     assert driver.phase == "AwaitingApproval" and driver.reasons().count("LatencyBreach") == 1
     assert driver.condition("LatencyGatePassed") == ("Unknown", "Breach")
-    driver.tick(60, latency_verdict=verdict(VerdictKind.BREACH))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.BREACH))
     assert driver.phase == "RollingBack"
     decision = driver.policy.status.decision
     assert decision.reason == "Breach" and "while awaiting approval" in decision.message
@@ -43,7 +43,7 @@ def test_a_waiting_canary_that_serves_users_is_still_analysed_and_a_breach_rolls
 
 def test_a_pass_while_waiting_keeps_the_gate_true_and_asks_for_the_next_check() -> None:
     driver = awaiting_live()
-    result = driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    result = driver.tick(60, latency_verdict=verdict(GateVerdict.PASS))
     assert driver.phase == "AwaitingApproval"
     assert driver.condition("LatencyGatePassed") == ("True", "AnalysisPassed")
     assert result.requeue_after == 60, "the next background check, not the idle poll"
@@ -87,19 +87,19 @@ def test_a_late_approval_waits_for_a_fresh_passing_check() -> None:
     assert "401 s old" in driver.policy.status.message
     driver.tick(5)
     assert driver.reasons().count("ApprovalAwaitsAnalysis") == 1, "said once per wait"
-    driver.tick(1, latency_verdict=verdict(VerdictKind.PASS))
+    driver.tick(1, latency_verdict=verdict(GateVerdict.PASS))
     assert driver.phase == "Promoting"
     assert "Approved" in driver.reasons()
 
 
 def test_an_approval_after_a_breach_waits_for_a_pass() -> None:
     driver = awaiting_live()
-    driver.tick(60, latency_verdict=verdict(VerdictKind.BREACH))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.BREACH))
     approve(driver)
     driver.tick()
     assert driver.phase == "AwaitingApproval"
     assert "was Breach" in driver.policy.status.message
-    driver.tick(59, latency_verdict=verdict(VerdictKind.PASS))
+    driver.tick(59, latency_verdict=verdict(GateVerdict.PASS))
     assert driver.phase == "Promoting"
 
 
@@ -111,8 +111,8 @@ def test_an_approval_on_a_fresh_pass_promotes_at_once() -> None:
     assert driver.phase == "Promoting"
 
 
-@pytest.mark.parametrize("verdict_kind", [VerdictKind.NO_DATA, VerdictKind.PROVIDER_UNAVAILABLE])
-def test_evidence_is_stale_after_an_inconclusive_check(verdict_kind: VerdictKind) -> None:
+@pytest.mark.parametrize("verdict_kind", [GateVerdict.NO_DATA, GateVerdict.PROVIDER_UNAVAILABLE])
+def test_evidence_is_stale_after_an_inconclusive_check(verdict_kind: GateVerdict) -> None:
     driver = awaiting_live()
     driver.tick(60, latency_verdict=verdict(verdict_kind))
     stale = stale_evidence(driver.policy.spec, driver.policy.status, driver.now)

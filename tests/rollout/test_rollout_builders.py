@@ -8,6 +8,7 @@ import jsonpatch
 import pytest
 from kvpolicy.api.v1alpha1 import KVCacheDtype, Plan, PodTemplateRecord
 from kvpolicy.rollout import builders as b
+from kvpolicy.rollout.gates import accuracy, latency_probe
 from kvpolicy.rollout.step_types import Kind, Patch, PodView
 from kvpolicy.rollout.targets.deployment import DeploymentTarget
 from operator_helpers import CONFIG, TARGET_ARGS, make_policy, target_deployment
@@ -164,7 +165,7 @@ def test_gate_job_is_single_shot_with_a_deadline_and_a_termination_message() -> 
             name="llama-fp8-accuracy-g1",
             role=b.ROLE_GATE,
             image="kvpolicy:1",
-            command=b.accuracy_command(spec, "http://c:8000", "http://b:8000"),
+            command=accuracy.command(spec, "http://c:8000", "http://b:8000"),
             timeout_seconds=3600,
             resources=CONFIG.gate_resources,
             pod_placement={},
@@ -182,23 +183,23 @@ def test_gate_job_is_single_shot_with_a_deadline_and_a_termination_message() -> 
 
 def test_latency_probe_sweeps_at_least_three_lengths_up_to_the_longest() -> None:
     spec = make_policy(**{"workload.maxContextTokens": 32768, "workload.typicalContextTokens": 8192}).spec
-    assert b.latency_lengths(spec) == [2048, 8192, 32768]
-    command = b.latency_command(spec, "http://c:8000", "http://b:8000")
+    assert latency_probe.lengths(spec) == [2048, 8192, 32768]
+    command = latency_probe.command(spec, "http://c:8000", "http://b:8000")
     start = command.index("--workload-lengths") + 1
     assert command[start : start + 2] == ["8192", "32768"]
     full = make_policy(**{"workload.typicalContextTokens": 131072}).spec
-    assert b.latency_lengths(full) == [8184, 32736, 130944], "the longest leaves room for the answer"
+    assert latency_probe.lengths(full) == [8184, 32736, 130944], "the longest leaves room for the answer"
 
 
 def test_the_gate_jobs_carry_the_baseline_pace_and_the_canary_pods() -> None:
     """Issue 23 item 7: the accuracy gate's prompts to production keep gates.accuracy.baselineRequestsPerMinute; the
     latency probe loads the canary's pods as a baseline pod is loaded."""
     unpaced = make_policy().spec
-    assert "--baseline-requests-per-minute" not in b.accuracy_command(unpaced, "http://c", "http://b")
+    assert "--baseline-requests-per-minute" not in accuracy.command(unpaced, "http://c", "http://b")
     paced = make_policy(**{"gates.accuracy.baselineRequestsPerMinute": 30}).spec
-    command = b.accuracy_command(paced, "http://c", "http://b")
+    command = accuracy.command(paced, "http://c", "http://b")
     assert command[command.index("--baseline-requests-per-minute") + 1] == "30"
     two = make_policy(**{"rollout.canaryReplicas": 2}).spec
-    command = b.latency_command(two, "http://c", "http://b")
+    command = latency_probe.command(two, "http://c", "http://b")
     assert command[command.index("--canary-pods") + 1] == "2"
     assert "--no-match-load" not in command

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from kvpolicy.kube.observe import job_view
 from kvpolicy.rollout import builders as b
-from kvpolicy.rollout.job_gates import JOB_GATES, JobInputs
+from kvpolicy.rollout.gates import JOB_GATES
+from kvpolicy.rollout.gates.job import JobInputs
 from kvpolicy.rollout.step_types import JobView, StepConfig, default_gate_resources
 from kvpolicy.runtime.handlers import OperatorOptions
 from kvpolicy_dev.devcluster.podsecurity import pod_template_specs, violations

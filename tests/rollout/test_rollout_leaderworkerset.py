@@ -77,7 +77,7 @@ def test_a_canary_of_a_set_without_a_leader_template_gets_one_so_only_its_leader
 def test_promotion_and_rollback_patch_the_leader_and_every_worker_together() -> None:
     target = target_leaderworkerset()
     before = LWS.record(target, None)
-    promoted = jsonpatch.apply_patch(target, LWS.patch(target, None, b.with_plan(before, FP8_PLAN)))
+    promoted = jsonpatch.apply_patch(target, LWS.patch(target, None, LWS.with_plan(before, FP8_PLAN)))
     assert _args(promoted, "leaderTemplate") == [*LWS_LEADER_ARGS, *FP8_FLAGS]
     assert _args(promoted, "workerTemplate") == [*LWS_WORKER_ARGS, *FP8_FLAGS]
     assert {
@@ -89,13 +89,22 @@ def test_promotion_and_rollback_patch_the_leader_and_every_worker_together() -> 
     edited = copy.deepcopy(target)
     _args(edited, "workerTemplate").append("--enforce-eager")
     with pytest.raises(jsonpatch.JsonPatchTestFailed):
-        jsonpatch.apply_patch(edited, LWS.patch(target, None, b.with_plan(before, FP8_PLAN)))
+        jsonpatch.apply_patch(edited, LWS.patch(target, None, LWS.with_plan(before, FP8_PLAN)))
+
+
+def test_a_worker_template_edited_by_hand_is_a_changed_target() -> None:
+    target = target_leaderworkerset()
+    base = LWS.record(target, None)
+    edited = copy.deepcopy(target)
+    _args(edited, "workerTemplate").append("--enforce-eager")
+    (found,) = drift.differences(base, LWS.record(edited, None))
+    assert found.field == "worker Arguments"
 
 
 def test_ray_workers_take_the_leaders_configuration_and_keep_their_command() -> None:
     ray = ["ray", "start", "--address=$(LWS_LEADER_ADDRESS):6379", "--block"]
     target = target_leaderworkerset(worker_args=ray)
-    promoted = jsonpatch.apply_patch(target, LWS.patch(target, None, b.with_plan(LWS.record(target, None), FP8_PLAN)))
+    promoted = jsonpatch.apply_patch(target, LWS.patch(target, None, LWS.with_plan(LWS.record(target, None), FP8_PLAN)))
     assert _args(promoted, "workerTemplate") == ray
     assert _template(promoted, "workerTemplate")["spec"]["containers"][0]["image"] == TARGET_IMAGE
 
@@ -120,7 +129,7 @@ def test_the_gates_and_scrapes_reach_the_leaders_and_the_canary_joins_on_the_lea
 
 def test_the_advice_for_a_gitops_repository_is_a_merge_patch_of_both_templates() -> None:
     target = target_leaderworkerset()
-    desired = b.with_plan(LWS.record(target, None), FP8_PLAN)
+    desired = LWS.with_plan(LWS.record(target, None), FP8_PLAN)
     advice = drift.advice("1-abcdef", LWS, target, None, desired)
     merged = LWS.advice_patch(target, None, desired)
     assert set(merged["spec"]["leaderWorkerTemplate"]) == {"leaderTemplate", "workerTemplate"}

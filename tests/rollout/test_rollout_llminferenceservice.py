@@ -113,34 +113,67 @@ def isvc_driver(**spec: Any) -> Driver:
     return Driver(make_policy(**ISVC_REF, **spec), World(target=target_llminferenceservice(), kind=ISVC))
 
 
-def _member(driver: Driver, name: str) -> None:
+def _group_lists(driver: Driver, name: str) -> int:
+    """KServe's part: the target's status.router.group lists the canary at the weight its spec asks for now."""
     assert driver.world.target is not None
-    driver.world.target["status"]["router"]["group"]["members"].append({"name": name, "weight": 1})
+    weight = int(driver.world.deployments[name]["spec"]["router"]["route"]["weight"])
+    members = driver.world.target["status"]["router"]["group"]["members"]
+    members[:] = [m for m in members if m["name"] != name] + [{"name": name, "weight": weight}]
+    return weight
 
 
-def test_an_llminferenceservice_is_promoted_after_its_canary_shows_in_the_routing_group() -> None:
-    driver = isvc_driver()
+def test_an_llminferenceservice_canary_enters_its_group_at_weight_1_and_is_stepped_up_on_the_groups_status() -> None:
+    name = "llama-fp8-canary-g1"
+    driver = isvc_driver(**{"rollout.routingGroup.steps": [50, 10]})
     driver.tick()
-    assert "LLMInferenceService/llama-fp8-canary-g1" in driver.world.creates
+    assert f"LLMInferenceService/{name}" in driver.world.creates
     driver.world.canary_up()
     driver.tick()
     assert driver.phase == "AccuracyGate"
     driver.world.finish_job("accuracy", gate_output("Pass", recovery=1.0, canaryScore=0.9, baselineScore=0.9))
     driver.tick(10)
-    [canary] = driver.world.deployments.values()
+    canary = driver.world.deployments[name]
     assert canary["spec"]["router"]["route"] == {"group": "llama", "weight": 1}
     driver.world.canary_up()
     driver.tick(10)
     assert driver.phase == "LatencyAnalysis" and "routing group llama" in (driver.policy.status.message or "")
-    _member(driver, "llama-fp8-canary-g1")
-    for _ in range(4):
+    weights = [_group_lists(driver, name)]
+    while driver.phase == "LatencyAnalysis" and len(weights) < 5:
         driver.tick(10)
+        driver.world.canary_up()  # the fake replaces a patched canary's pods; KServe does not for a weight
+        latency = driver.policy.status.latency
+        if driver.phase == "LatencyAnalysis":
+            assert latency is not None and latency.started_at is None, "a step counts once its weight is listed"
+            weights.append(_group_lists(driver, name))
+            driver.tick(10)
+    driver.tick(10)  # the canary observed stopped: Promoted
+    # 100 for the target: 12 of 112 is 10.7 %, 100 of 200 is 50 %.
+    assert weights[:3] == [1, 12, 100], weights
     assert driver.phase == "Promoted", driver.reasons()
+    assert driver.reasons().count("TrafficShifted") == 2
     assert driver.world.target is not None and "--kv-cache-dtype fp8" in _additional(driver.world.target)
     assert driver.world.target["spec"]["template"]["containers"][0]["image"] != TARGET_IMAGE
-    assert driver.world.deployments == {}
+    # Kept as a way back, stopped: KServe frees its GPUs and routes nothing to it.
+    kept = driver.world.deployments[name]
+    assert kept["metadata"]["annotations"]["serving.kserve.io/stop"] == "true"
+    assert kept["spec"]["router"]["route"]["weight"] == 0
+    assert driver.policy.status.retained_canary == name
+    # The policy's next rollout (a new generation) deletes the kept canary before it makes its own.
+    status = driver.policy.status.model_dump(by_alias=True, exclude_none=True)
+    driver.policy = make_policy(generation=2, status=status, **ISVC_REF, **{"gates.accuracy.maxSamples": 20})
+    driver.tick()
+    assert f"{ISVC.object_kind}/{name}" in driver.world.deletes
+    assert driver.policy.status.retained_canary is None
     assert driver.policy.status.canary is not None
     assert driver.policy.status.canary.parallelism == Parallelism(tensor=4)
+
+
+def test_a_group_whose_other_members_have_no_weight_gives_the_canary_no_step() -> None:
+    target = target_llminferenceservice()
+    assert ISVC.step_weight("c", target, 10) == 12
+    target["status"]["router"]["group"]["members"][0]["weight"] = 0
+    assert "no weight" in str(ISVC.step_weight("c", target, 10))
+    assert ISVC.step_weight("c", {**target, "spec": {}}, 10) is None, "in no group: no weight to step"
 
 
 def test_an_llminferenceservice_whose_canary_fails_the_accuracy_gate_is_left_as_it_was() -> None:
@@ -156,3 +189,45 @@ def test_an_llminferenceservice_whose_canary_fails_the_accuracy_gate_is_left_as_
     actions = [action for result in driver.results for action in result.actions if action.kind == ISVC.object_kind]
     assert [type(action) for action in actions[-2:]] == [Patch, Delete], "weight 0, then deleted"
     assert driver.world.deployments == {}
+
+
+def _main_env(pod: dict[str, Any] | None) -> str | None:
+    for container in (pod or {}).get("containers") or []:
+        if container.get("name") == "main":
+            return next((e["value"] for e in container.get("env") or [] if e["name"] == "VLLM_ADDITIONAL_ARGS"), None)
+    return None
+
+
+def test_multi_node_and_prefill_pod_specs_get_the_same_kv_flags_and_a_rollback_restores_them_exactly() -> None:
+    """Every vLLM container of the service (template, worker, prefill, prefill worker) reads its own
+    VLLM_ADDITIONAL_ARGS: an FP8 decode beside a BF16 prefill would pair two KV-cache formats."""
+    target = target_llminferenceservice()
+    main = target["spec"]["template"]["containers"][0]
+    target["spec"]["worker"] = {
+        "containers": [{"name": "main", "env": [{"name": "VLLM_ADDITIONAL_ARGS", "value": BASE}]}]
+    }
+    target["spec"]["prefill"] = {"replicas": 1, "template": {"containers": [{"name": "main"}]}, "worker": {}}
+    assert "prefill.worker" not in ISVC.companions({**target, "spec": {**target["spec"], "prefill": {}}}, None), (
+        "no workers where the spec names none"
+    )
+    main["name"] = "main"
+    before = ISVC.record(target, None)
+    assert set(before.companions or {}) == {"worker", "prefill", "prefill.worker"}
+    desired = ISVC.with_plan(before, FP8_PLAN)
+    promoted = jsonpatch.apply_patch(target, ISVC.patch(target, None, desired))
+    assert _main_env(promoted["spec"]["worker"]) == f"{BASE} {FP8}"
+    assert _main_env(promoted["spec"]["prefill"]["template"]) == FP8
+    assert _main_env(promoted["spec"]["prefill"]["worker"]) == FP8, "a main container added where the preset's is"
+    assert ISVC.record(promoted, None) == desired and not drift.differences(desired, ISVC.record(promoted, None))
+    assert "image" not in promoted["spec"]["worker"]["containers"][0], "the preset's image stays"
+    canary = ISVC.canary(POLICY, "c", target, make_policy(**ISVC_REF).spec, FP8_PLAN)
+    assert ISVC.record(canary, None) == desired, "the canary's every pod spec runs the plan"
+    assert canary["spec"]["prefill"]["replicas"] == 1 and ISVC.serving_selector(canary)[
+        "app.kubernetes.io/component"
+    ] == ("llminferenceservice-workload-leader")
+    restored = jsonpatch.apply_patch(promoted, ISVC.patch(promoted, None, before))
+    assert ISVC.record(restored, None) == before
+    edited = jsonpatch.apply_patch(promoted, [{"op": "add", "path": "/spec/prefill/template/containers/0/env/0/value",
+                                               "value": "--kv-cache-dtype auto"}])  # fmt: skip
+    found = drift.differences(desired, ISVC.record(edited, None))
+    assert [item.field for item in found] == ["prefill KVArguments", "prefill Env"]

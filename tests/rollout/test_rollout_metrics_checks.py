@@ -8,7 +8,7 @@ from typing import Any
 from kvpolicy.analysis.checks import CheckVerdict
 from kvpolicy.analysis.custom import CustomReading, custom_checks
 from kvpolicy.analysis.model import SideMetrics, Verdict
-from kvpolicy.api.v1alpha1 import VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict
 from kvpolicy.rollout.metric_checks import LATENCY
 from operator_helpers import Driver, make_policy, run_to_canary
 
@@ -19,7 +19,7 @@ def side(role: str) -> SideMetrics:
     return SideMetrics(role, True, 100, 60.0, {0.5: 0.1, 0.95: 0.1}, {0.5: 0.01, 0.95: 0.01})
 
 
-LATENCY_PASS = Verdict(VerdictKind.PASS, "WithinThresholds", "latency fine", (), side("canary"), side("baseline"))
+LATENCY_PASS = Verdict(GateVerdict.PASS, "WithinThresholds", "latency fine", (), side("canary"), side("baseline"))
 
 
 def analysing(**spec: Any) -> Driver:
@@ -70,7 +70,7 @@ def test_a_custom_check_without_data_holds_the_analysis_like_ttft_no_data() -> N
 def test_a_rejected_query_is_said_once_in_a_warning_event_even_through_a_stall() -> None:
     driver = analysing(**{"gates.latency.inconclusiveDeadlineSeconds": 100, "rollout.bakeSeconds": 3600})
     rejected = Verdict(
-        VerdictKind.PROVIDER_UNAVAILABLE,
+        GateVerdict.PROVIDER_UNAVAILABLE,
         "CustomCheckQueryRejected",
         "custom check aborts: Prometheus at http://prometheus:9090 rejected ... (HTTP 400 Bad Request, bad_data)",
         needs_attention=True,

@@ -7,7 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvpolicy.rollout import builders as b
-from kvpolicy.rollout.job_gates import JOB_GATES, JobInputs
+from kvpolicy.rollout.gates import JOB_GATES
+from kvpolicy.rollout.gates.job import JobInputs
 from kvpolicy_dev.devcluster.validation import dns1035_label, dns1123_subdomain, label_value, validate
 from operator_helpers import CONFIG, make_policy, target_deployment
 from test_rollout_builders import FA3_PLAN, FP8_PLAN

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from kvpolicy.planning.attention import BACKENDS, PROBE_BACKENDS
-from kvpolicy.rollout import builders as b
-from kvpolicy.rollout.job_gates import GPU_PREFLIGHT
+from kvpolicy.rollout.gates import preflight
+from kvpolicy.rollout.gates.preflight import GPU_PREFLIGHT
 from operator_helpers import Driver, World, gpu, make_policy, run_to_canary
 from test_rollout_builders import FA3_PLAN, FP8_PLAN
 
@@ -15,7 +15,7 @@ PREFLIGHT = {"gates.gpuPreflight.enabled": True}
 
 def test_the_preflight_command_names_the_probe_backend_and_the_gated_shape() -> None:
     spec = make_policy(**PREFLIGHT).spec
-    assert b.preflight_command(spec, "vllm-fa3") == [
+    assert preflight.command(spec, "vllm-fa3") == [
         "python", "-m", "kvkernels.probe", "--backend", "vllm-fa3",
         "--max-len", str(spec.accuracy_length), "--head-dim", "128", "--json",
     ]  # fmt: skip

@@ -7,7 +7,7 @@ from kvpolicy.analysis.model import Verdict
 from kvpolicy.analysis.provider import ServedConfig, ServedReading
 from kvpolicy.analysis.scrape import parse_scrape
 from kvpolicy.analysis.served import CACHE_CONFIG_FIELDS, CANARY_CONFIG, ServedSides, differences, served_config
-from kvpolicy.api.v1alpha1 import VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict
 from operator_helpers import Driver, make_policy
 
 # Lines of a real vLLM 0.32 CPU server's /metrics (labels trimmed): serving with the default KV cache.
@@ -158,7 +158,7 @@ def test_only_the_kv_cache_and_its_sizes_differing_passes() -> None:
     assert driver.policy.status.plan is not None
     skip = list(driver.policy.status.plan.skip_layers)
     verdict = _assess(_reading(_canary_labels(skip)), _reading(REAL_LABELS))
-    assert verdict.kind is VerdictKind.PASS, verdict.message
+    assert verdict.kind is GateVerdict.PASS, verdict.message
 
 
 def test_one_label_differing_is_a_mismatch_naming_it_and_both_values() -> None:
@@ -166,7 +166,7 @@ def test_one_label_differing_is_a_mismatch_naming_it_and_both_values() -> None:
     assert driver.policy.status.plan is not None
     skip = list(driver.policy.status.plan.skip_layers)
     verdict = _assess(_reading(_canary_labels(skip, enable_prefix_caching="False")), _reading(REAL_LABELS))
-    assert verdict.kind is VerdictKind.BREACH and verdict.reason == "CanaryConfigMismatch"
+    assert verdict.kind is GateVerdict.BREACH and verdict.reason == "CanaryConfigMismatch"
     assert "enable_prefix_caching is False on the canary, True on the target" in verdict.message
     assert "num_gpu_blocks" not in verdict.message
 
@@ -184,7 +184,7 @@ def test_prometheus_target_labels_and_the_engine_index_are_not_configuration() -
             skip, pod="llm-kv-canary-x", instance="10.0.0.3:8000", pod_template_hash="11144b3c24", engine="1"
         )
     )
-    assert _assess(canary, baseline).kind is VerdictKind.PASS
+    assert _assess(canary, baseline).kind is GateVerdict.PASS
 
 
 def test_a_label_on_one_side_only_is_not_compared() -> None:
@@ -193,7 +193,7 @@ def test_a_label_on_one_side_only_is_not_compared() -> None:
     assert driver.policy.status.plan is not None
     skip = list(driver.policy.status.plan.skip_layers)
     canary = {key: value for key, value in _canary_labels(skip, new_field="1").items() if key != "use_replayssm"}
-    assert _assess(_reading(canary), _reading(REAL_LABELS)).kind is VerdictKind.PASS
+    assert _assess(_reading(canary), _reading(REAL_LABELS)).kind is GateVerdict.PASS
 
 
 def test_block_sizes_differ_only_when_the_plan_names_a_backend() -> None:
@@ -208,7 +208,7 @@ def test_no_baseline_reading_waits() -> None:
     assert driver.policy.status.plan is not None
     skip = list(driver.policy.status.plan.skip_layers)
     verdict = _assess(_reading(_canary_labels(skip)), ServedReading(missing="no ready pod to read at their /metrics"))
-    assert verdict.kind is VerdictKind.NO_DATA and verdict.reason == "AwaitingServedConfig"
+    assert verdict.kind is GateVerdict.NO_DATA and verdict.reason == "AwaitingServedConfig"
     assert verdict.message == "the target's own pods: no ready pod to read at their /metrics"
 
 

@@ -9,7 +9,7 @@ import pytest
 from kvpolicy.analysis.model import LatencyGateConfig, SideMetrics
 from kvpolicy.analysis.verdicts import assess
 from kvpolicy.api.reasons import GateReason
-from kvpolicy.api.v1alpha1 import GateVerdict, LatencyAnalysis, VerdictKind
+from kvpolicy.api.v1alpha1 import GateVerdict, LatencyAnalysis
 from kvpolicy.gate_programs.report import read_report
 from kvpolicy.rollout.latency_phase import analysis_state
 from kvpolicy.rollout.rules import latency_check_due, phase_deadline, rollout_hash
@@ -391,10 +391,10 @@ def test_live_analysis_promotes_after_enough_passing_checks() -> None:
         **{"rollout.bakeSeconds": 120, "gates.latency.windowSeconds": 60, "gates.latency.intervalSeconds": 60}
     )
     assert latency_check_due(driver.policy, driver.now)
-    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.PASS))
     assert driver.phase == "LatencyAnalysis"
     assert not latency_check_due(driver.policy, driver.now + timedelta(seconds=30))
-    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.PASS))
     assert driver.phase == "Promoting"
     assert driver.condition("LatencyGatePassed") == ("True", "AnalysisPassed")
     assert driver.policy.status.latency.passes == 2
@@ -402,17 +402,17 @@ def test_live_analysis_promotes_after_enough_passing_checks() -> None:
 
 def test_live_analysis_rolls_back_after_consecutive_breaches() -> None:
     driver = live(**{"gates.latency.consecutiveFailureLimit": 2})
-    driver.tick(60, latency_verdict=verdict(VerdictKind.BREACH))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.BREACH))
     assert driver.phase == "LatencyAnalysis" and driver.reasons().count("LatencyBreach") == 1
-    driver.tick(60, latency_verdict=verdict(VerdictKind.BREACH))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.BREACH))
     assert driver.phase == "RollingBack"
     assert driver.policy.status.latency.consecutive_failures == 2
 
 
 def test_live_analysis_without_data_holds_after_the_stall_deadline() -> None:
     driver = live(**{"gates.latency.inconclusiveDeadlineSeconds": 100})
-    driver.tick(60, latency_verdict=verdict(VerdictKind.NO_DATA))
-    driver.tick(120, latency_verdict=verdict(VerdictKind.NO_DATA))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.NO_DATA))
+    driver.tick(120, latency_verdict=verdict(GateVerdict.NO_DATA))
     assert driver.phase == "LatencyAnalysis"
     assert driver.condition("LatencyGatePassed") == ("Unknown", "AnalysisStalled")
 
@@ -573,7 +573,7 @@ def test_the_latency_analysis_is_resumed_from_a_status_written_by_hand() -> None
     }
     state = analysis_state(LatencyAnalysis.model_validate(status))
     assert state.started_at == T0 and state.last_check_at == T0 + timedelta(minutes=1)
-    assert state.checks == 2 and state.passes == 0 and state.last_verdict == VerdictKind.NO_DATA
+    assert state.checks == 2 and state.passes == 0 and state.last_verdict == GateVerdict.NO_DATA
 
 
 @pytest.mark.parametrize(

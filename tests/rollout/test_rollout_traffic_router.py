@@ -12,7 +12,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from kvpolicy.analysis.model import VerdictKind
+from kvpolicy.analysis.model import GateVerdict
 from kvpolicy.rollout.step_types import Create, Delete, Kind, Observations, Patch, StepResult
 from kvpolicy.rollout.traffic_routes import RouteShapeError, original_rules, route_patch, weighted_refs
 from operator_helpers import Driver, World, make_policy, run_to_canary, verdict
@@ -165,11 +165,11 @@ def test_the_canary_gets_a_pool_of_its_own_and_the_route_the_first_steps_share()
 
 def test_each_step_is_analysed_then_promotion_puts_the_route_back_exactly() -> None:
     driver, world, canary = routed()
-    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.PASS))
     assert driver.phase == "LatencyAnalysis"
     assert weights(world) == [("llama", 50), (canary, 50)]
     assert driver.policy.status.traffic is not None and driver.policy.status.traffic.step == 1
-    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.PASS))
     for _ in range(3):
         driver.tick()
     assert driver.phase == "Promoted", driver.policy.status.message
@@ -181,7 +181,7 @@ def test_each_step_is_analysed_then_promotion_puts_the_route_back_exactly() -> N
 
 def test_a_breach_rolls_back_and_the_route_is_as_written_before_the_canary_goes() -> None:
     driver, world, _ = routed(**{"gates.latency.consecutiveFailureLimit": 1})
-    driver.tick(60, latency_verdict=verdict(VerdictKind.BREACH))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.BREACH))
     assert driver.phase in ("RollingBack", "RolledBack")
     for _ in range(3):
         driver.tick()
@@ -203,7 +203,7 @@ def test_a_spec_edit_mid_rollout_puts_the_route_back_first() -> None:
 
 def test_an_operator_restart_resumes_at_the_weight_it_had_reached() -> None:
     driver, world, _ = routed()
-    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.PASS))
     writes = world.route_writes
     # A new operator has only the status: the next passes write nothing to the route and keep analysing step 2.
     resumed = Driver(make_policy(**ROUTED, status=driver.policy.status.to_k8s()), world=world, now=driver.now)
@@ -283,8 +283,8 @@ def test_copy_baseline_gives_the_canarys_pool_a_copy_of_the_baselines_endpoint_p
         "port": {"number": 9002},
         "failureMode": "FailOpen",
     }
-    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
-    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.PASS))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.PASS))
     for _ in range(3):
         driver.tick()
     assert driver.phase == "Promoted"
@@ -317,10 +317,10 @@ def test_a_mirror_phase_copies_requests_to_the_canary_before_any_user_is_answere
     ]
     assert driver.condition("TrafficRouted") == ("True", "TrafficShifted")
     assert "(mirror phase)" in driver.policy.status.message
-    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.PASS))
     assert weights(world) == [("llama", 90), (canary, 10)] and "filters" not in world.route["spec"]["rules"][1]
-    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
-    driver.tick(60, latency_verdict=verdict(VerdictKind.PASS))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.PASS))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.PASS))
     for _ in range(3):
         driver.tick()
     assert driver.phase == "Promoted"
@@ -338,7 +338,7 @@ def test_a_rollback_in_the_mirror_phase_removes_the_filter_and_keeps_the_users_o
     driver.tick()
     driver.tick()
     assert [f["type"] for f in world.route["spec"]["rules"][1]["filters"]] == ["RequestHeaderModifier", "RequestMirror"]
-    driver.tick(60, latency_verdict=verdict(VerdictKind.BREACH))
+    driver.tick(60, latency_verdict=verdict(GateVerdict.BREACH))
     for _ in range(3):
         driver.tick()
     assert driver.phase == "RolledBack"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from kvpolicy.analysis.model import Verdict, VerdictKind
+from kvpolicy.analysis.model import GateVerdict, Verdict
 from kvpolicy.api.v1alpha1 import ConditionStatus
 from kvpolicy.plugin import view
 from kvpolicy.rollout.traffic_share import judge, tolerance_points
@@ -16,7 +16,7 @@ from test_rollout_drift_and_view import ANALYSING, NOW, raw_policy
 from test_rollout_traffic_router import MIRRORING, ROUTED, RoutedWorld
 
 
-def counted(kind: VerdictKind, canary: float, baseline: float) -> Verdict:
+def counted(kind: GateVerdict, canary: float, baseline: float) -> Verdict:
     base = verdict(kind)
     assert base.canary is not None and base.baseline is not None
     return replace(
@@ -50,12 +50,12 @@ def test_few_requests_widen_the_tolerance_many_do_not() -> None:
 
 def test_a_replica_ratio_canary_share_is_recorded_and_a_skew_warned() -> None:
     driver = live()  # one canary pod beside the target's two: a third of the pods
-    driver.tick(60, latency_verdict=counted(VerdictKind.NO_DATA, 30, 60))
+    driver.tick(60, latency_verdict=counted(GateVerdict.NO_DATA, 30, 60))
     share = driver.policy.status.traffic_share
     assert share is not None
     assert (share.intended_percent, share.measured_percent) == (pytest.approx(33.33), pytest.approx(33.33))
     assert driver.condition("TrafficShareAsIntended") == ("True", "ShareAsIntended")
-    driver.tick(60, latency_verdict=counted(VerdictKind.NO_DATA, 0, 90))
+    driver.tick(60, latency_verdict=counted(GateVerdict.NO_DATA, 0, 90))
     assert driver.condition("TrafficShareAsIntended") == ("False", "NoCanaryTraffic")
     assert "NoCanaryTraffic" in driver.reasons()
 
@@ -63,7 +63,7 @@ def test_a_replica_ratio_canary_share_is_recorded_and_a_skew_warned() -> None:
 def test_a_canary_with_no_requests_is_never_passed_on_latency() -> None:
     driver = live(**{"gates.latency.minRequests": 1, "rollout.bakeSeconds": 0})
     idle = Verdict(
-        VerdictKind.NO_DATA, "NoData", "no canary requests", (), side("canary", 0, 0.1), side("baseline", 100, 0.1)
+        GateVerdict.NO_DATA, "NoData", "no canary requests", (), side("canary", 0, 0.1), side("baseline", 100, 0.1)
     )
     for _ in range(5):
         driver.tick(60, latency_verdict=replace(idle, canary=replace(idle.canary, finished_requests=0.0)))
@@ -94,7 +94,7 @@ def test_a_mirrored_canary_is_meant_to_serve_its_copies_share_of_all_requests() 
     run_to_canary(driver)
     driver.tick()
     driver.tick()
-    driver.tick(60, latency_verdict=counted(VerdictKind.NO_DATA, 20, 100))
+    driver.tick(60, latency_verdict=counted(GateVerdict.NO_DATA, 20, 100))
     share = driver.policy.status.traffic_share
     assert share is not None and share.intended_percent == pytest.approx(16.67)
     assert driver.condition("TrafficShareAsIntended") == ("True", "ShareAsIntended")

@@ -7,10 +7,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fake_kube import FakeKubeApi
+from kvpolicy.analysis.checks import CheckVerdict
+from kvpolicy.analysis.model import SideMetrics, Verdict
+from kvpolicy.api.reasons import AnalysisReason
+from kvpolicy.api.v1alpha1 import GateVerdict
 from kvpolicy.notify.metrics import OPERATOR_METRICS
+from kvpolicy.rollout.metric_checks import LATENCY
 from kvpolicy.rollout.step_types import PodView
 from kvpolicy.runtime.reconciler import Reconciler
-from operator_helpers import CONFIG, NAMESPACE, Driver, gate_output, make_policy, to_accuracy_gate
+from operator_helpers import CONFIG, NAMESPACE, Driver, gate_output, make_policy, run_to_canary, to_accuracy_gate
 
 
 def sample(name: str, **labels: str) -> float | None:
@@ -78,5 +83,34 @@ def test_the_pods_of_each_side_are_published_until_the_canary_is_gone() -> None:
         gone = replace(result, status=result.status.model_copy(update={"canary": None}))
         reconciler._record_metrics(before, driver.world.observe(driver.now), gone)
         assert pods() == set()
+    finally:
+        OPERATOR_METRICS.forget_policy(NAMESPACE, "llama-fp8")
+
+
+def test_a_latency_analysis_check_reaches_the_gate_results() -> None:
+    """A metrics check is a gate too: each check the live analysis takes is counted in kvpolicy_gate_results_total
+    under its entry's name, as a Job gate's record is."""
+    reconciler = Reconciler(FakeKubeApi(), CONFIG)
+    prometheus = {"gates.latency.provider": "Prometheus", "gates.latency.prometheusURL": "http://prometheus:9090"}
+    driver = Driver(make_policy(**{"gates.accuracy.enabled": False, "gates.latency.enabled": True, **prometheus}))
+    run_to_canary(driver)
+    driver.tick()
+    driver.world.canary_up()
+    driver.tick()
+    assert driver.policy.status.latency is not None and driver.policy.status.latency.started_at is not None
+
+    def count() -> float:
+        labels = {"gate": "latency", "verdict": "Pass"}
+        return OPERATOR_METRICS.registry.get_sample_value("kvpolicy_gate_results_total", labels) or 0.0
+
+    side = SideMetrics("canary", True, 100, 60.0, {0.5: 0.1, 0.95: 0.1}, {0.5: 0.01, 0.95: 0.01})
+    checks = (
+        CheckVerdict(LATENCY, Verdict(GateVerdict.PASS, AnalysisReason.WITHIN_THRESHOLDS, "fine", (), side, side)),
+    )
+    before, counted = driver.policy, count()
+    result = driver.tick(60, settle=False, checks=checks)
+    try:
+        reconciler._record_metrics(before, replace(driver.world.observe(driver.now), checks=checks), result)
+        assert count() == counted + 1
     finally:
         OPERATOR_METRICS.forget_policy(NAMESPACE, "llama-fp8")

@@ -31,6 +31,7 @@ def test_flags_mirror_vllm_serve_and_the_model_names_the_server() -> None:
         (["--port", "99999"], "argument --port: 99999 is not a TCP port (0 to 65535)"),
         (["--port", "http"], "argument --port: 'http' is not a port number"),
         (["--kv-cache-dtype-skip-layers", "every_other"], "--kv-cache-dtype-skip-layers takes"),
+        (["--kv-scale-error", "1.5"], "kv_scale_error must be in [0, 1), got 1.5"),
         (
             ["openai/gpt-oss-20b", "--num-layers", "8"],
             "sliding_window_layers must be between 0 and num_layers - 1 (7), got 12 (shape flags not given come "

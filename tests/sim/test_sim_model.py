@@ -59,6 +59,18 @@ async def test_sliding_window_layers_see_only_their_window() -> None:
     assert await NumericsModel(config).attention_error(65536) == await NumericsModel(UNFIXED).attention_error(65536)
 
 
+async def test_uncalibrated_kv_scales_shift_every_length_alike_and_only_fp8_layers() -> None:
+    """--kv-scale-error: the same small loss at 16k as at 128k (what the length profile must call systematic)."""
+    shifted = SimConfig(kv_cache_dtype="fp8", two_level_fix=True, kv_scale_error=0.30)
+    survivals = [(await NumericsModel(shifted).retrieval_probability(n))[1] for n in (16384, 32768, 65536, 131072)]
+    assert all(s == pytest.approx(0.982, abs=0.002) for s in survivals)
+    assert max(survivals) - min(survivals) < 0.001
+    # BF16 layers carry no FP8 scales: a BF16 server, or one whose every layer is skipped, loses nothing.
+    assert await probability(SimConfig(kv_scale_error=0.30), 131072) == await probability(BF16, 131072)
+    skipped = SimConfig(kv_cache_dtype="fp8", num_layers=2, skip_layers=("0", "1"), kv_scale_error=0.30)
+    assert await probability(skipped, 131072) == pytest.approx(0.91, abs=0.01)
+
+
 def test_layer_accumulation_follows_gpu_image_and_skip_list() -> None:
     assert UNFIXED.layer_accumulation(0) is Accumulation.FP8_SINGLE_LEVEL
     assert FIXED.layer_accumulation(0) is Accumulation.FP8_TWO_LEVEL
@@ -80,6 +92,8 @@ def test_layer_accumulation_follows_gpu_image_and_skip_list() -> None:
         ({"skip_layers": ("99",)}, "layer indices below 32"),
         ({"sliding_window_layers": 32}, "sliding_window_layers must be between"),
         ({"head_dim": 0}, "head_dim must be positive"),
+        ({"kv_scale_error": 1.0}, r"kv_scale_error must be in \[0, 1\), got 1.0"),
+        ({"kv_scale_error": -0.1}, "kv_scale_error must be in"),
     ],
 )
 def test_invalid_configurations_name_what_to_fix(overrides: dict, fragment: str) -> None:

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kvpolicy_dev.demo.processes import ChildExitedError
-from kvpolicy_dev.demo.run import DemoError, DemoOptions, Servers, run_demo
+from kvpolicy_dev.demo.run import DemoError, DemoOptions, KeepOpen, Servers, run_demo
 from kvpolicy_dev.demo.scenarios import DEMO_TIMING, FAST_TIMING, VLLM_TIMING
 
 DEMO_DEADLINE_SECONDS = 150.0
@@ -38,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--report-dir", type=Path, help="where to write the report (default: ./demo-report-<UTC timestamp>)"
     )
     parser.add_argument("--fast", action="store_true", help="shorter gates and bake (for tests)")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="after the report, leave the cluster, the operator and the pods running (the kubeconfig is printed) to "
+        "try kubectl and `kubectl kvpolicy` on the decided policies; Ctrl-C stops everything",
+    )
     parser.add_argument(
         "--no-prometheus", action="store_true", help="let the operator scrape the pods even if Prometheus is installed"
     )
@@ -83,6 +89,7 @@ def options_from_args(args: argparse.Namespace, now: datetime) -> DemoOptions:
         deadline_seconds=deadline,
         requests_per_second=rate,
         servers=servers,
+        keep=args.keep,
     )
 
 
@@ -96,11 +103,15 @@ async def _run_until_signalled(options: DemoOptions) -> int:
     main = asyncio.current_task()
     assert main is not None
     received: list[signal.Signals] = []
+    keep = KeepOpen() if options.keep else None
 
     def on_signal(signum: signal.Signals) -> None:
-        # Only the first signal cancels: a second Ctrl-C must not cut the cleanup short and orphan processes.
+        # Only the first signal acts: a second Ctrl-C must not cut the cleanup short and orphan processes.
         if not received:
-            main.cancel()
+            if keep is not None and keep.waiting.is_set():
+                keep.release.set()  # the expected way out of --keep: the demo finishes as it would have
+            else:
+                main.cancel()
         received.append(signum)
 
     for signum in STOP_MESSAGES:
@@ -109,7 +120,7 @@ async def _run_until_signalled(options: DemoOptions) -> int:
         live = sys.stdout.isatty()
         # One column short: a line filling the last column wraps on some terminals and breaks the redraw.
         width = shutil.get_terminal_size().columns - 1 if live else None
-        result = await run_demo(options, sys.stdout, live=live, width=width)
+        result = await run_demo(options, sys.stdout, live=live, width=width, keep=keep)
     except asyncio.CancelledError:
         if not received:
             raise

@@ -56,9 +56,12 @@ def policy_progress(policy: KVPolicy, now: datetime, gate_prompts: int | None = 
     accuracy = status.accuracy
     if phase == ACCURACY_PHASE and accuracy is not None and accuracy.verdict == GateVerdict.RUNNING:
         limit = policy.spec.gates.accuracy.max_samples
-        samples = gate_prompts if gate_prompts is not None else (accuracy.samples or 0)
+        # A length profile sends each round's prompt at every bucket: the gate's length has a share of them.
+        buckets = policy.spec.gates.accuracy.length_profile.buckets
+        samples = gate_prompts // buckets if gate_prompts is not None else (accuracy.samples or 0)
         length = accuracy.length_tokens or policy.spec.capped_accuracy_length
-        detail = f"accuracy gate: {samples}/{limit} NIAH prompts at {length:,} tokens"
+        profile = f" (and {buckets - 1} shorter lengths)" if buckets > 1 else ""
+        detail = f"accuracy gate: {samples}/{limit} NIAH prompts at {length:,} tokens{profile}"
         return PolicyProgress(name, phase, "accuracy gate", detail, min(1.0, samples / limit), False)
     latency = status.latency
     started = _parse_time(latency.started_at) if latency else None

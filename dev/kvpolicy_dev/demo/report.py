@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kvpolicy.api.v1alpha1 import GateResult, KVPolicy, LatencyCheck
+from kvpolicy.api.v1alpha1 import GateResult, KVPolicy, LatencyCheck, LengthProfileResult
 
 from kvpolicy_dev.demo.figures import ACCURACY_FIGURE, ITL_FIGURE
 from kvpolicy_dev.demo.scenarios import Scenario
@@ -81,7 +81,37 @@ def _gate_lines(title: str, gate: GateResult | None) -> list[str]:
     if gate.samples is not None:
         parts.append(f"{gate.samples} samples")
     line = f"- {title}: " + ", ".join(parts)
-    return [line + (f" — {gate.message}" if gate.message else "")]
+    return [line + (f" — {gate.message}" if gate.message else ""), *_profile_lines(gate.profile)]
+
+
+def _profile_lines(profile: LengthProfileResult | None) -> list[str]:
+    """The accuracy gate's length profile: a table of its buckets, the AUC, and the shift finding."""
+    if profile is None:
+        return []
+
+    def score(value: float | None, form: str = ".0%") -> str:
+        return "-" if value is None else format(value, form)
+
+    auc = f"AUC canary {score(profile.canary_auc)} vs baseline {score(profile.baseline_auc)}"
+    shift = (
+        f"**systematic shift**: the canary is below the baseline in every bucket (sign test p = "
+        f"{profile.shift_p_value:.2g}): calibrate the KV scales"
+        if profile.systematic_shift
+        else f"no systematic shift ({profile.negative_buckets} of {len(profile.buckets)} buckets below)"
+    )
+    rows = [
+        f"  | {b.length_tokens:,} | {score(b.canary_score)} | {score(b.baseline_score)} | {score(b.recovery, '.2f')} "
+        f"| {b.prompts} | {b.canary_only} / {b.baseline_only} |"
+        for b in profile.buckets
+    ]
+    return [
+        f"  - Length profile: {auc} (recovery {score(profile.auc_recovery, '.2f')}); {shift}",
+        "",
+        "  | tokens | NIAH canary | NIAH baseline | recovery | prompts | needles only canary / only baseline |",
+        "  |---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def _latency_lines(check: LatencyCheck | None, checks: int, passes: int) -> list[str]:

@@ -17,7 +17,7 @@ import platform
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -84,6 +84,28 @@ class DemoOptions:
     deadline_seconds: float
     requests_per_second: float
     servers: Servers = Servers.SIMULATOR
+    keep: bool = False
+
+
+@dataclass
+class KeepOpen:
+    """`--keep`: the cluster, the operator and the pods stay up after the report until `release` is set (the CLI sets
+    it on Ctrl-C or SIGTERM), so that kubectl and `kubectl kvpolicy` can be tried against the decided policies."""
+
+    waiting: asyncio.Event = field(default_factory=asyncio.Event)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def keep_open_lines(kubeconfig: Path) -> list[str]:
+    """What to type to look around the kept cluster."""
+    return [
+        "the cluster stays up (--keep); in another terminal:",
+        f"  export KUBECONFIG={kubeconfig} PATH={Path(sys.executable).parent}:$PATH",
+        f"  kubectl get kvpolicies -n {world.NAMESPACE}",
+        f"  kubectl kvpolicy list -n {world.NAMESPACE}",
+        f"  kubectl kvpolicy get llama-longdoc -n {world.NAMESPACE}",
+        "Ctrl-C stops everything",
+    ]
 
 
 @dataclass(frozen=True)
@@ -291,8 +313,11 @@ def _figures(report_dir: Path, child: ChildProcess) -> dict[str, Any] | None:
     return data
 
 
-async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int | None = None) -> DemoResult:
-    """Run the demo, writing progress to `out` (redrawn in place when `live`, cut to `width` columns)."""
+async def run_demo(
+    options: DemoOptions, out: TextIO, *, live: bool, width: int | None = None, keep: KeepOpen | None = None
+) -> DemoResult:
+    """Run the demo, writing progress to `out` (redrawn in place when `live`, cut to `width` columns); with `keep`,
+    leave everything running after the report until it is released."""
     clock = Clock()
     started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     display = ProgressDisplay(out, live=live, width=width or DEFAULT_WIDTH, stamp=clock.stamp)
@@ -426,6 +451,13 @@ async def run_demo(options: DemoOptions, out: TextIO, *, live: bool, width: int 
             accuracy_prompts={name: accuracy_prompt_lines(pods_dir, name) for name in targets} if real else {},
         )
         report = write_report(report_dir, facts, observed, told, _figures(report_dir, figures))
+        if keep is not None:
+            say(f"report: {report}")
+            for line in keep_open_lines(cluster.kubeconfig):
+                display.note(line)
+            keep.waiting.set()
+            await keep.release.wait()
+            say("stopping the kept cluster")
     say(f"report: {report}")
     say("everything stopped")
     return DemoResult(report, decided)

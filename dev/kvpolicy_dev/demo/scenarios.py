@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvpolicy.api.v1alpha1 import API_VERSION, KIND, KVPolicySpec
+from kvpolicy.api.v1alpha1 import API_VERSION, KIND, MIN_PROFILE_BUCKET_TOKENS, KVPolicySpec
 from kvpolicy.planning.gpu import find_product
 from kvpolicy.planning.planner import DEFAULT_BREAK_EVEN_TOKENS
 
@@ -67,7 +67,8 @@ _LLAMA_8B = {
 _LONG_DOCUMENTS = {"maxContextTokens": 131072, "typicalContextTokens": 32768}
 # The gate's prompts run at 128,000 tokens: a 131,072-token prompt leaves no room for the answer in maxModelLen.
 _LLAMA_GATES = {
-    "accuracy": {"minRecovery": "0.95", "lengthTokens": 128000},
+    # The length profile samples 16k, 32k and 64k beside 128k: the report shows recovery per bucket.
+    "accuracy": {"minRecovery": "0.95", "lengthTokens": 128000, "lengthProfile": {"buckets": 4}},
     "latency": {"ttftMaxRatio": "1.10", "itlMaxRatio": "1.05"},
 }
 
@@ -184,6 +185,12 @@ def fit_to_model(scenario: Scenario, max_model_len: int) -> Scenario:
     accuracy = policy.get("gates", {}).get("accuracy", {})
     if "lengthTokens" in accuracy:
         accuracy["lengthTokens"] = scaled(accuracy["lengthTokens"])
+    if "lengthProfile" in accuracy:
+        # As many halvings as keep the shortest bucket long enough for the needles (the CRD's rule).
+        length = accuracy.get("lengthTokens") or workload["maxContextTokens"]
+        fits = max(1, (length // MIN_PROFILE_BUCKET_TOKENS).bit_length())
+        profile = accuracy["lengthProfile"]
+        profile["buckets"] = min(profile.get("buckets", 1), fits)
     return Scenario(scenario.name, scenario.title, scenario.pool, policy)
 
 

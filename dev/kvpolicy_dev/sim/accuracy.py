@@ -8,6 +8,8 @@ P(a needle is answered correctly at prompt length L) = capability(L) · survival
   sharply past the tolerance. NUMERICS_TOLERANCE is the one calibrated parameter (unfixed FP8 on Hopper at 128k scores
   ≈ 13%); the fixed steepness keeps FP8 near BF16 through 32k, the published shape. Two-level FP8 lands at BF16's
   ≈ 91% (published: 89%); its emulated error is BF16's, so the 2-point gap is not something the numerics produce.
+- an FP8 layer's error adds, in quadrature, the configured `kv_scale_error`: the error uncalibrated KV scales cost at
+  every length. It is flat in length, so it shifts every length bucket alike: 0.30 keeps ≈ 98% of needles.
 Draws are deterministic: the capability draw depends only on the needle and the length (the same model fails the
 same hard prompts on every server), the numerics draw also on the server's seed.
 """
@@ -109,8 +111,14 @@ class NumericsModel:
             (self._config.layer_accumulation(layer), self._config.layer_context(layer, prompt_tokens))
             for layer in range(self._config.num_layers)
         }
-        errors = [await self._layer_error(accumulation, context) for accumulation, context in sorted(layers)]
+        errors = [
+            math.hypot(await self._layer_error(accumulation, context), self._scale_error(accumulation))
+            for accumulation, context in sorted(layers)
+        ]
         return max(errors)
+
+    def _scale_error(self, accumulation: Accumulation) -> float:
+        return self._config.kv_scale_error if accumulation.is_fp8 else 0.0
 
     async def retrieval_probability(self, prompt_tokens: int) -> tuple[float, float]:
         """(capability, numerics survival) of one needle at this prompt length."""

@@ -116,6 +116,25 @@ __device__ __forceinline__ Words4 load_shared16(u32 smem) {
     return v;
 }
 
+#ifndef STAGED_STORES
+#define STAGED_STORES 1
+#endif
+
+__device__ __forceinline__ void store_shared16(u32 smem, Floats4 v) {
+    asm volatile("st.shared.v4.f32 [%0], {%1,%2,%3,%4};" ::"r"(smem), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w));
+}
+
+__device__ __forceinline__ Floats4 load_shared16f(u32 smem) {
+    Floats4 v;
+    asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(smem));
+    return v;
+}
+
+// A staged output row's 16-byte chunks, XOR-swizzled in their low 3 bits by the writing lane's quad position j and
+// row parity: the 8 lanes of a store phase (rows 2i, 2i + 1 x j = 0..3) and of a load phase (8 consecutive chunks of
+// one j) each hit 8 different bank groups.
+__device__ __forceinline__ int out_slot(int chunk, int j, int row) { return chunk ^ ((j & 3) | ((row & 1) << 2)); }
+
 #if DEVICE_PLAN
 #define TOKENS_PER_STEP (TILE * SLICES)
 #define MAX_WARPS 32
@@ -429,12 +448,48 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
     wait_groups<0>();
 
     // Partials: lane (r, j) holds output columns VB*2j + b and VB*(2j+1) + b of rows r and r + 8.
+#if STAGED_STORES
+    // Written through the warp's (now idle) stages so that each store instruction writes 512 contiguous bytes of one
+    // row: stored from the fragments, a store put 16 bytes in each of 32 different rows' 128-byte lines.
+    __syncwarp();
+#endif
 #pragma unroll
     for (int half = 0; half < (ROWS16 ? 2 : 1); ++half) {
         const int row = r + 8 * half;
         float l_sum = l_run[half];
         l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 1);
         l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
+#if STAGED_STORES
+#pragma unroll
+        for (int col = 0; col < 2; ++col) {
+#pragma unroll
+            for (int b = 0; b < VB; b += 4) {
+                const int chunk = (VB * (2 * j + col) + b) / 4;  // 16-byte chunk of the row
+                store_shared16(smem_warp + r * (4 * HEAD_DIM) + (out_slot(chunk, j, r) << 4),
+                               Floats4{out[b][2 * half + col], out[b + 1][2 * half + col], out[b + 2][2 * half + col],
+                                       out[b + 3][2 * half + col]});
+            }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            if (k + 8 * half < group) {
+                float* dst = part_acc + seq * s_as + (kv_head * group + k + 8 * half) * s_ah + part * s_ap;
+#pragma unroll
+                for (int h = 0; h < HEAD_DIM / 128; ++h) {
+                    const int chunk = 32 * h + lane;
+                    const u32 src = smem_warp + k * (4 * HEAD_DIM) + (out_slot(chunk, chunk / (HEAD_DIM / 16), k) << 4);
+                    *(Floats4*)(dst + 4 * chunk) = load_shared16f(src);
+                }
+            }
+        }
+        if (row < group && j == 0) {
+            const int head = kv_head * group + row;
+            part_max[seq * s_ms + head * s_mh + part] = m_run[half];
+            part_sum[seq * s_ms + head * s_mh + part] = l_sum;
+        }
+        __syncwarp();  // the next half overwrites the staged rows
+#else
         if (row < group) {
             const int head = kv_head * group + row;
             float* dst = part_acc + seq * s_as + head * s_ah + part * s_ap;
@@ -452,5 +507,6 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
                 part_sum[seq * s_ms + head * s_mh + part] = l_sum;
             }
         }
+#endif
     }
 }

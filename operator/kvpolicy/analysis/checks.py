@@ -1,4 +1,4 @@
-"""Metrics checks, one table entry each (like the Job gates in rollout/job_gates.py): what a check reads through the
+"""Metrics checks, one table entry each (like the Job gates in rollout/gates/): what a check reads through the
 metrics provider, the pure assessor that turns the reading into a typed `Verdict`, and the `Stage` that says how the
 rollout reacts to it. The observer runs every entry that is due the same way, and the step reacts to each verdict by
 its entry's stage alone, so a new check is its reader/assessor module, its line in the table
@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 from kvpolicy.analysis.model import ProviderUnavailableError, SideSelector, Verdict
 from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.api.reasons import Reason
-from kvpolicy.api.v1alpha1 import ConditionType, KVPolicy, VerdictKind
+from kvpolicy.api.v1alpha1 import AnalysisPhase, ConditionType, KVPolicy
 
 Reading = TypeVar("Reading")
 
@@ -81,19 +81,20 @@ class CheckVerdict:
     verdict: Verdict
 
 
-# Which verdict speaks for several checks made together: any breach, then any inconclusive one, else a pass.
-_PRECEDENCE = (VerdictKind.BREACH, VerdictKind.PROVIDER_UNAVAILABLE, VerdictKind.NO_DATA, VerdictKind.PASS)
+# Which verdict speaks for several checks made together: any failure (a breach), then any that could not measure (an
+# unavailable provider), then any inconclusive one (no data), else a pass.
+_PRECEDENCE = (AnalysisPhase.FAILED, AnalysisPhase.ERROR, AnalysisPhase.INCONCLUSIVE, AnalysisPhase.SUCCESSFUL)
 
 
 def combine(verdicts: Sequence[Verdict]) -> Verdict:
-    """One verdict for checks made together: the first of the most severe kind, with the messages of every verdict
-    of that kind and the figures of all of them. A single verdict is returned unchanged."""
+    """One verdict for checks made together: the first of the most severe phase, with the messages of every verdict
+    of that phase and the figures of all of them. A single verdict is returned unchanged."""
     if len(verdicts) == 1:
         return verdicts[0]
     if not verdicts:
         raise ValueError("combine: no verdicts")
-    kind = next(kind for kind in _PRECEDENCE if any(verdict.kind is kind for verdict in verdicts))
-    speaking = [verdict for verdict in verdicts if verdict.kind is kind]
+    phase = next(phase for phase in _PRECEDENCE if any(verdict.phase is phase for verdict in verdicts))
+    speaking = [verdict for verdict in verdicts if verdict.phase is phase]
     first = speaking[0]
     with_sides = next((verdict for verdict in verdicts if verdict.canary is not None), first)
     return replace(

@@ -17,7 +17,7 @@ from kvpolicy.analysis.checks import MetricsCheck, Sides, Stage
 from kvpolicy.analysis.model import ProviderUnavailableError, Verdict
 from kvpolicy.analysis.provider import MetricsProvider, QueryRejectedError
 from kvpolicy.api.reasons import AnalysisReason
-from kvpolicy.api.v1alpha1 import Bounds, CustomCheck, KVPolicy, VerdictKind
+from kvpolicy.api.v1alpha1 import Bounds, CustomCheck, GateVerdict, KVPolicy
 
 
 def render_query(query: str, measured: str, baseline: str, window_seconds: int) -> str:
@@ -118,14 +118,14 @@ def assess_custom(check: CustomCheck, reading: CustomReading) -> Verdict:
     name = check.name
     if reading.canary is None:
         message = f"custom check {name}: its query returned no series (or NaN) for the canary"
-        return Verdict(VerdictKind.NO_DATA, AnalysisReason.CUSTOM_CHECK_NO_DATA, message)
+        return Verdict(GateVerdict.NO_DATA, AnalysisReason.CUSTOM_CHECK_NO_DATA, message)
     values = {name: reading.canary}
     ratio: float | None = None
     if check.baseline_ratio is not None:
         if reading.baseline is None or reading.baseline == 0:
             missing = "no series (or NaN)" if reading.baseline is None else "0, so no ratio"
             message = f"custom check {name}: its query returned {missing} for the baseline"
-            return Verdict(VerdictKind.NO_DATA, AnalysisReason.CUSTOM_CHECK_NO_DATA, message, values=values)
+            return Verdict(GateVerdict.NO_DATA, AnalysisReason.CUSTOM_CHECK_NO_DATA, message, values=values)
         ratio = reading.canary / reading.baseline
         values[f"{name}_ratio"] = round(ratio, 4)
     breaches: list[str] = []
@@ -140,12 +140,12 @@ def assess_custom(check: CustomCheck, reading: CustomReading) -> Verdict:
             )
     if breaches:
         message = f"custom check {name}: {'; '.join(breaches)}"
-        return Verdict(VerdictKind.BREACH, AnalysisReason.CUSTOM_CHECK_BREACHED, message, values=values)
+        return Verdict(GateVerdict.BREACH, AnalysisReason.CUSTOM_CHECK_BREACHED, message, values=values)
     within = f"canary value {_describe(reading.canary)}"
     if ratio is not None:
         within += f", {ratio:.3f}x the baseline"
     message = f"custom check {name}: {within}, within range"
-    return Verdict(VerdictKind.PASS, AnalysisReason.WITHIN_THRESHOLDS, message, values=values)
+    return Verdict(GateVerdict.PASS, AnalysisReason.WITHIN_THRESHOLDS, message, values=values)
 
 
 def custom_checks(policy: KVPolicy) -> tuple[MetricsCheck[CustomReading], ...]:

@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from kvpolicy.api.reasons import CREDENTIAL_PROBLEMS, AnalysisReason
-from kvpolicy.api.v1alpha1 import KVPolicyStatus, OnInconclusive, VerdictKind
+from kvpolicy.api.v1alpha1 import AnalysisPhase, GateVerdict, KVPolicyStatus, OnInconclusive
 
 DEFAULT_QUANTILES: tuple[float, ...] = (0.5, 0.95)
 
@@ -338,7 +338,7 @@ class Evidence(Protocol):
 class Verdict:
     """The result of one analysis check. `reason` is CamelCase (for conditions and events), `message` for humans."""
 
-    kind: VerdictKind
+    kind: GateVerdict
     reason: str
     message: str
     checks: tuple[RatioCheck, ...] = ()
@@ -352,9 +352,13 @@ class Verdict:
     needs_attention: bool = False
     evidence: Evidence | None = None
 
+    @property
+    def phase(self) -> AnalysisPhase:
+        return self.kind.phase
+
     @classmethod
     def provider_unavailable(cls, error: ProviderUnavailableError) -> Verdict:
-        return cls(VerdictKind.PROVIDER_UNAVAILABLE, error.reason, error.message, needs_attention=error.needs_attention)
+        return cls(GateVerdict.PROVIDER_UNAVAILABLE, error.reason, error.message, needs_attention=error.needs_attention)
 
     def ratio(self, metric: str, quantile: float) -> float | None:
         for check in self.checks:
@@ -394,7 +398,7 @@ class AnalysisState:
     consecutive_breaches: int = 0
     inconclusive_since: datetime | None = None
     last_check_at: datetime | None = None
-    last_verdict: VerdictKind | None = None
+    last_verdict: GateVerdict | None = None
     last_reason: str | None = None
 
     @classmethod

@@ -12,7 +12,7 @@ from kvpolicy.analysis.checks import MetricsCheck, Sides, Stage, Verification
 from kvpolicy.analysis.model import Verdict
 from kvpolicy.analysis.provider import MetricsProvider, ServedConfig, ServedReading
 from kvpolicy.api.reasons import DecisionReason, Reason
-from kvpolicy.api.v1alpha1 import ConditionType, KVPolicy, VerdictKind
+from kvpolicy.api.v1alpha1 import ConditionType, GateVerdict, KVPolicy
 
 CACHE_CONFIG = "cache_config_info"  # without the vllm prefix (names.strip_vllm_prefix)
 
@@ -154,16 +154,16 @@ def assess_served(policy: KVPolicy, served: ServedSides) -> Verdict:
     planned = ServedConfig(plan.vllm_kv_cache_dtype, tuple(plan.skip_layers))
     canary, baseline = served.canary, served.baseline
     if canary.missing is not None:
-        return Verdict(VerdictKind.NO_DATA, Reason.AWAITING_SERVED_CONFIG, canary.missing)
+        return Verdict(GateVerdict.NO_DATA, Reason.AWAITING_SERVED_CONFIG, canary.missing)
     wrong = [config for config in canary.configs if not config.same_kv_cache(planned)]
     if wrong:
         message = (
             f"planned {planned.describe()}, but the canary serves {wrong[0].describe()} (its vllm:cache_config_info): "
             "does its image's entrypoint pass every argument on to vLLM?"
         )
-        return Verdict(VerdictKind.BREACH, DecisionReason.CANARY_CONFIG_MISMATCH, message)
+        return Verdict(GateVerdict.BREACH, DecisionReason.CANARY_CONFIG_MISMATCH, message)
     if baseline.missing is not None:
-        return Verdict(VerdictKind.NO_DATA, Reason.AWAITING_SERVED_CONFIG, f"the target's own pods: {baseline.missing}")
+        return Verdict(GateVerdict.NO_DATA, Reason.AWAITING_SERVED_CONFIG, f"the target's own pods: {baseline.missing}")
     found = differences(canary.configs, baseline.configs, plan.attention_backend is not None)
     if found:
         message = (
@@ -171,10 +171,10 @@ def assess_served(policy: KVPolicy, served: ServedSides) -> Verdict:
             + "; ".join(difference.describe() for difference in found)
             + "; the gates would not compare the KV cache alone"
         )
-        return Verdict(VerdictKind.BREACH, DecisionReason.CANARY_CONFIG_MISMATCH, message)
+        return Verdict(GateVerdict.BREACH, DecisionReason.CANARY_CONFIG_MISMATCH, message)
     first = canary.configs[0]
     message = f"the canary serves the planned {first.describe()}, and otherwise the target's configuration"
-    return Verdict(VerdictKind.PASS, Reason.SERVED_AS_PLANNED, message, evidence=first)
+    return Verdict(GateVerdict.PASS, Reason.SERVED_AS_PLANNED, message, evidence=first)
 
 
 CANARY_CONFIG: MetricsCheck[ServedSides] = MetricsCheck(

@@ -26,11 +26,11 @@ from kvpolicy.analysis.model import (
     quantile_label,
 )
 from kvpolicy.api.reasons import AnalysisReason
-from kvpolicy.api.v1alpha1 import OnInconclusive, VerdictKind
+from kvpolicy.api.v1alpha1 import AnalysisPhase, GateVerdict, OnInconclusive
 
 
 def _no_data(reason: str, message: str, canary: SideMetrics, baseline: SideMetrics) -> Verdict:
-    return Verdict(VerdictKind.NO_DATA, reason, message, canary=canary, baseline=baseline)
+    return Verdict(GateVerdict.NO_DATA, reason, message, canary=canary, baseline=baseline)
 
 
 @dataclass
@@ -156,13 +156,13 @@ def assess(config: LatencyGateConfig, canary: SideMetrics, baseline: SideMetrics
         if error_breach:
             parts.insert(0, f"canary error ratio {canary.error_ratio:.3f} is above {config.max_error_ratio:.3f}")
         reason = _breach_reason(breaches, error_breach)
-        return Verdict(VerdictKind.BREACH, reason, "; ".join(parts), checks, canary, baseline, mean_checks)
+        return Verdict(GateVerdict.BREACH, reason, "; ".join(parts), checks, canary, baseline, mean_checks)
     evidence = compared.evidence
     worst = max(evidence, key=lambda check: check.ratio / check.max_ratio)
     # A pass decided on means says so, whichever comparison came closest.
     parts = [worst.describe(), *(check.describe() for check in mean_checks if check is not worst)]
     return Verdict(
-        VerdictKind.PASS,
+        GateVerdict.PASS,
         AnalysisReason.WITHIN_THRESHOLDS,
         f"all {len(evidence)} comparisons within thresholds over {canary.requests:.0f} canary and "
         f"{baseline.requests:.0f} baseline requests; closest: {'; '.join(parts)}",
@@ -181,7 +181,7 @@ def next_analysis_state(
         prev, checks=prev.checks + 1, last_check_at=now, last_verdict=verdict.kind, last_reason=verdict.reason
     )
     baked_seconds = (now - prev.started_at).total_seconds()
-    if verdict.kind is VerdictKind.PASS:
+    if verdict.phase is AnalysisPhase.SUCCESSFUL:
         state = replace(state, passes=prev.passes + 1, consecutive_breaches=0, inconclusive_since=None)
         if baked_seconds >= config.bake_seconds and state.passes >= config.required_passes:
             return state, Outcome(
@@ -195,7 +195,7 @@ def next_analysis_state(
             f"{state.passes}/{config.required_passes} passing checks, "
             f"{max(0.0, config.bake_seconds - baked_seconds):.0f} s of bake left",
         )
-    if verdict.kind is VerdictKind.BREACH:
+    if verdict.phase is AnalysisPhase.FAILED:
         streak = prev.consecutive_breaches + 1
         state = replace(state, breaches=prev.breaches + 1, consecutive_breaches=streak, inconclusive_since=None)
         if streak >= config.consecutive_failure_limit:

@@ -48,6 +48,8 @@ class Reason(StrEnum):
     ACCURACY_GATE_INCONCLUSIVE = "AccuracyGateInconclusive"
     RECOVERY_ABOVE_MINIMUM = "RecoveryAboveMinimum"
     RECOVERY_BELOW_MINIMUM = "RecoveryBelowMinimum"
+    # The length profile shows the canary below the baseline at every length (calibrate the KV scales).
+    SYSTEMATIC_SHIFT = "SystematicShift"
     TRAFFIC_JOINED = "TrafficJoined"
     TRAFFIC_SHIFTED = "TrafficShifted"  # traffic InferencePool: the route sends the canary's pool this step's share
     SHIFTING_TRAFFIC = "ShiftingTraffic"  # the route's weights or the canary's pool are being written
@@ -106,6 +108,8 @@ class DecisionReason(StrEnum):
     GPU_PREFLIGHT_UNSAFE = "GpuPreflightUnsafe"
     ACCURACY_RECOVERY_BELOW_MINIMUM = "AccuracyRecoveryBelowMinimum"
     ACCURACY_INCONCLUSIVE = "AccuracyInconclusive"
+    # gates.accuracy.lengthProfile.onSystematicShift Fail: a systematic shift rolls back a passing gate.
+    ACCURACY_SYSTEMATIC_SHIFT = "AccuracySystematicShift"
     ACCURACY_GATE_ERROR = "AccuracyGateError"
     ACCURACY_GATE_TIMEOUT = "AccuracyGateTimeout"
     LATENCY_BREACH = "LatencyBreach"

@@ -16,7 +16,16 @@ from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 GROUP = "kvpolicy.dev"
@@ -38,6 +47,10 @@ _DECIMAL_RE = re.compile(DECIMAL_PATTERN)
 MAX_TOKENS = 16_777_216  # 2^24: ten times the longest context served today (10M tokens)
 MAX_DURATION_SECONDS = 604_800  # one week
 MAX_CANARY_REPLICAS = 64
+# The accuracy gate's length profile: at most this many buckets, each at least this long (a shorter one holds the
+# needles and the question with little haystack around them).
+MAX_PROFILE_BUCKETS = 6
+MIN_PROFILE_BUCKET_TOKENS = 1024
 MAX_RATIO = 100  # latency ratios: a canary 100x slower than its baseline is beyond any useful limit
 DECIMAL_MAX_LENGTH = 24
 # metadata.name of a custom resource: a DNS-1123 subdomain, as the API server validates it.
@@ -172,6 +185,14 @@ class OnInconclusive(StrEnum):
     ROLLBACK = "Rollback"
 
 
+class OnSystematicShift(StrEnum):
+    """What the accuracy gate's length profile does with a canary below the baseline at every length (Flagger and
+    Argo Rollouts let users choose what an analysis finding does; so does this)."""
+
+    WARN = "Warn"
+    FAIL = "Fail"
+
+
 class Traffic(StrEnum):
     REPLICA_RATIO = "ReplicaRatio"
     SYNTHETIC = "Synthetic"
@@ -233,8 +254,25 @@ class Phase(StrEnum):
 TERMINAL_PHASES = frozenset({Phase.HELD_BF16, Phase.PROMOTED, Phase.ROLLED_BACK})
 
 
+class AnalysisPhase(StrEnum):
+    """The one verdict every gate comes to, Job gate and metrics check alike (after Argo Rollouts' AnalysisPhase): the
+    step, the analysis and `kubectl kvpolicy` decide by it. Status keeps each gate's own word for it (`GateVerdict`)."""
+
+    RUNNING = "Running"
+    SUCCESSFUL = "Successful"
+    FAILED = "Failed"
+    INCONCLUSIVE = "Inconclusive"  # measured, but the evidence cannot tell
+    ERROR = "Error"  # could not measure: the Job ended without a verdict, the metrics provider could not answer
+
+    @property
+    def conclusive(self) -> bool:
+        return self in (AnalysisPhase.SUCCESSFUL, AnalysisPhase.FAILED)
+
+
 class GateVerdict(StrEnum):
-    """What a gate Job reported (its GateReport), or Running while it runs. Error: it ended without a verdict."""
+    """What a gate said, in its own word, as status shows it: a gate Job's report (Pass/Fail/Inconclusive for the
+    accuracy gate, Safe/Unsafe for the GPU preflight, Pass/Breach for the latency probe; Error: it ended without one;
+    Running while it runs), or a metrics check (Pass, Breach, NoData, ProviderUnavailable). `phase` is what it means."""
 
     RUNNING = "Running"
     PASS = "Pass"
@@ -244,19 +282,55 @@ class GateVerdict(StrEnum):
     UNSAFE = "Unsafe"
     INCONCLUSIVE = "Inconclusive"
     ERROR = "Error"
-
-
-class VerdictKind(StrEnum):
-    """A latency analysis check's verdict."""
-
-    PASS = "Pass"
-    BREACH = "Breach"
     NO_DATA = "NoData"
     PROVIDER_UNAVAILABLE = "ProviderUnavailable"
 
     @property
+    def phase(self) -> AnalysisPhase:
+        return _VERDICT_PHASES[self]
+
+    @property
     def conclusive(self) -> bool:
-        return self in (VerdictKind.PASS, VerdictKind.BREACH)
+        return self.phase.conclusive
+
+
+# The words a metrics check says (status.latency.last.verdict), and those a gate Job's record says.
+CHECK_VERDICTS = (GateVerdict.PASS, GateVerdict.BREACH, GateVerdict.NO_DATA, GateVerdict.PROVIDER_UNAVAILABLE)
+JOB_VERDICTS = tuple(v for v in GateVerdict if v not in (GateVerdict.NO_DATA, GateVerdict.PROVIDER_UNAVAILABLE))
+
+
+def _only(allowed: tuple[GateVerdict, ...]) -> BeforeValidator:
+    """Admit only these words (the field's CRD enum says the same)."""
+    quoted = [f"'{verdict.value}'" for verdict in allowed]
+    expected = f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+    def check(value: Any) -> Any:
+        if value not in allowed:
+            raise ValueError(f"Input should be {expected}")
+        return value
+
+    return BeforeValidator(check)
+
+
+CheckVerdictWord = Annotated[
+    GateVerdict, _only(CHECK_VERDICTS), Field(json_schema_extra={"enum": [v.value for v in CHECK_VERDICTS]})
+]
+JobVerdictWord = Annotated[
+    GateVerdict, _only(JOB_VERDICTS), Field(json_schema_extra={"enum": [v.value for v in JOB_VERDICTS]})
+]
+
+_VERDICT_PHASES = {
+    GateVerdict.RUNNING: AnalysisPhase.RUNNING,
+    GateVerdict.PASS: AnalysisPhase.SUCCESSFUL,
+    GateVerdict.SAFE: AnalysisPhase.SUCCESSFUL,
+    GateVerdict.FAIL: AnalysisPhase.FAILED,
+    GateVerdict.BREACH: AnalysisPhase.FAILED,
+    GateVerdict.UNSAFE: AnalysisPhase.FAILED,
+    GateVerdict.INCONCLUSIVE: AnalysisPhase.INCONCLUSIVE,
+    GateVerdict.NO_DATA: AnalysisPhase.INCONCLUSIVE,
+    GateVerdict.ERROR: AnalysisPhase.ERROR,
+    GateVerdict.PROVIDER_UNAVAILABLE: AnalysisPhase.ERROR,
+}
 
 
 class DecisionResult(StrEnum):
@@ -484,6 +558,29 @@ class ImagesSpec(_Model):
     )
 
 
+class LengthProfile(_Model):
+    """Sample shorter lengths beside the gate's own, to see a shift that one length hides."""
+
+    buckets: Int = Field(
+        default=1,
+        ge=1,
+        le=MAX_PROFILE_BUCKETS,
+        description="Context-length buckets the gate samples: its length halved buckets - 1 times up to its length "
+        "(4: length/8, /4, /2 and the length itself), each answering the same prompts, one per bucket per round. The "
+        "decision stays the sequential one at the gate's length, after as many of its prompts as without a profile; "
+        "the shorter buckets add their prompts beside them (4 buckets: 1.875x the prompt tokens). 1: the gate's "
+        "length alone. The gate reports each bucket's scores, an AUC across them, and a systematic shift: the canary "
+        "below the baseline in every bucket, shown by a sign test on the paired needles. The shortest bucket must be "
+        f"at least {MIN_PROFILE_BUCKET_TOKENS} tokens.",
+    )
+    on_systematic_shift: OnSystematicShift = Field(
+        default=OnSystematicShift.WARN,
+        description="Warn: a passing gate passes, with a SystematicShift Warning event and the finding in its "
+        "condition (calibrate the KV scales). Fail: a systematic shift rolls back (AccuracySystematicShift) even when "
+        "the decision at the gate's length passes.",
+    )
+
+
 class AccuracyGate(_Model):
     """Long-context needle-in-a-haystack gate, run as a Job before the canary takes any traffic."""
 
@@ -547,6 +644,9 @@ class AccuracyGate(_Model):
         "pod serving users). Unset: no limit (each sample's questions go out together). A limit makes the gate take "
         "at least (prompts sent / this) minutes: keep timeoutSeconds above it (the default gate asks 8 questions per "
         "sample, up to maxSamples samples).",
+    )
+    length_profile: LengthProfile = Field(
+        default_factory=LengthProfile, description="Shorter lengths sampled beside the gate's own (off: 1 bucket)."
     )
 
 
@@ -835,6 +935,29 @@ class InferencePoolTraffic(_Model):
     )
 
 
+class RoutingGroupTraffic(_Model):
+    """A target in a routing group of its own kind (a KServe LLMInferenceService's `spec.router.route.group`): the
+    canary joins the group at weight 1, then takes the share each step names."""
+
+    rules = (
+        Rule(
+            cel="self.steps.all(s, self.steps.exists_one(t, t == s))",
+            message="rollout.routingGroup.steps must not repeat a share",
+            check=lambda m: len(set(m.steps)) == len(m.steps),
+        ),
+    )
+
+    steps: list[Annotated[Int, Field(ge=1, le=99)]] = Field(
+        default_factory=lambda: [10, 50],
+        min_length=1,
+        max_length=MAX_TRAFFIC_STEPS,
+        description="The canary's share of the group's traffic in percent at each step, taken in ascending order: "
+        "its weight is set so that it gets that share beside the other members' weights, and a step counts once "
+        "the target's status.router.group lists the canary at that weight. Each step runs the latency analysis for "
+        "bakeSeconds; after the last the target is promoted.",
+    )
+
+
 class RolloutSpec(_Model):
     """How the canary is run, held, approved, aborted, retried, applied, and what a drifted target does."""
 
@@ -869,6 +992,11 @@ class RolloutSpec(_Model):
     )
     inference_pool: InferencePoolTraffic | None = Field(
         default=None, description="The HTTPRoute and InferencePool of traffic InferencePool."
+    )
+    routing_group: RoutingGroupTraffic | None = Field(
+        default=None,
+        description="traffic ReplicaRatio on a target in a KServe routing group: the canary's share at each step "
+        "(unset: 10% then 50%).",
     )
     paused: Bool = Field(
         default=False, description="Hold the rollout where it is (a drifted target is then only reported)."
@@ -1070,6 +1198,13 @@ class NotificationSpec(_Model):
     )
 
 
+# The gate's length in CEL (`KVPolicySpec.accuracy_length`), and 2^(buckets - 1): CEL has no power operator.
+_CEL_ACCURACY_LENGTH = (
+    "(has(self.gates.accuracy.lengthTokens) ? self.gates.accuracy.lengthTokens : self.workload.maxContextTokens)"
+)
+_CEL_HALVINGS = f"{[2**k for k in range(MAX_PROFILE_BUCKETS)]}[self.gates.accuracy.lengthProfile.buckets - 1]"
+
+
 class KVPolicySpec(_Model):
     rules = (
         Rule(
@@ -1099,6 +1234,25 @@ class KVPolicySpec(_Model):
             ),
             values=lambda m: f"{m.gates.accuracy.length_tokens} > {m.model.max_model_len}",
             values_cel="string(self.gates.accuracy.lengthTokens) + ' > ' + string(self.model.maxModelLen)",
+        ),
+        Rule(
+            cel="!has(self.gates) || !has(self.gates.accuracy) || !has(self.gates.accuracy.lengthProfile) "
+            "|| !has(self.gates.accuracy.lengthProfile.buckets) || self.gates.accuracy.lengthProfile.buckets == 1 "
+            f"|| {_CEL_ACCURACY_LENGTH} / {MIN_PROFILE_BUCKET_TOKENS} >= {_CEL_HALVINGS}",
+            message=f"gates.accuracy.lengthProfile.buckets halves the gate length (lengthTokens, else "
+            f"workload.maxContextTokens) buckets - 1 times: the shortest bucket must be at least "
+            f"{MIN_PROFILE_BUCKET_TOKENS} tokens",
+            check=lambda m: (
+                m.gates.accuracy.length_profile.buckets == 1
+                or m.accuracy_length >> (m.gates.accuracy.length_profile.buckets - 1) >= MIN_PROFILE_BUCKET_TOKENS
+            ),
+            values=lambda m: (
+                f"{m.gates.accuracy.length_profile.buckets} buckets of {m.accuracy_length} tokens: the shortest is "
+                f"{m.accuracy_length >> (m.gates.accuracy.length_profile.buckets - 1)}"
+            ),
+            values_cel=f"string(self.gates.accuracy.lengthProfile.buckets) + ' buckets of ' + "
+            f"string({_CEL_ACCURACY_LENGTH}) + ' tokens: the shortest is ' + "
+            f"string({_CEL_ACCURACY_LENGTH} / {_CEL_HALVINGS})",
         ),
         Rule(
             cel="!has(self.model.slidingWindow) || !has(self.model.slidingWindow.layers) "
@@ -1262,10 +1416,38 @@ class Condition(_Model):
     observed_generation: int | None = None
 
 
+class LengthBucketResult(_Model):
+    """One bucket of the accuracy gate's length profile: its paired needles (canaryOnly / baselineOnly: the needles
+    one side answered and the other missed)."""
+
+    length_tokens: int
+    prompts: int
+    needles: int
+    canary_score: float | None = None
+    baseline_score: float | None = None
+    recovery: float | None = None
+    canary_only: int = 0
+    baseline_only: int = 0
+
+
+class LengthProfileResult(_Model):
+    """The accuracy gate's length profile (gates.accuracy.lengthProfile): per bucket, shortest first; the AUC of
+    each side's score over log2(length) (the mean score per doubling of length) and their ratio; and the sign test
+    of a systematic shift (the canary below the baseline in every bucket, shown at the gate's confidence)."""
+
+    buckets: list[LengthBucketResult] = Field(default_factory=list)
+    canary_auc: float | None = None
+    baseline_auc: float | None = None
+    auc_recovery: float | None = None
+    systematic_shift: bool = False
+    shift_p_value: float | None = Field(default=None, description="One-sided sign test over the discordant needles.")
+    negative_buckets: int = Field(default=0, description="Buckets where the canary scores below the baseline.")
+
+
 class GateResult(_Model):
     """A finished (or running) gate: accuracy, GPU preflight or latency probe."""
 
-    verdict: GateVerdict = Field(description="Pass, Fail, Breach, Safe, Unsafe, Inconclusive, Error (or Running).")
+    verdict: JobVerdictWord = Field(description="Pass, Fail, Breach, Safe, Unsafe, Inconclusive, Error (or Running).")
     reason: str = ""
     message: str = ""
     job: str | None = None
@@ -1276,11 +1458,12 @@ class GateResult(_Model):
     recovery: float | None = None
     recovery_low: float | None = None
     recovery_high: float | None = None
+    profile: LengthProfileResult | None = Field(default=None, description="The accuracy gate's length profile.")
     finished_at: str | None = None
 
 
 class LatencyCheck(_Model):
-    verdict: VerdictKind = Field(description="Pass, Breach, NoData or ProviderUnavailable.")
+    verdict: CheckVerdictWord = Field(description="Pass, Breach, NoData or ProviderUnavailable.")
     reason: str = ""
     message: str = ""
     ratios: dict[str, float] = Field(default_factory=dict, description="e.g. ttft_p95: canary/baseline.")
@@ -1304,7 +1487,7 @@ class LatencyAnalysis(_Model):
     probe: GateResult | None = Field(default=None, description="The latency probe Job (Synthetic traffic).")
 
 
-class PodTemplateRecord(_Model):
+class ContainerRecord(_Model):
     """A vLLM container's serving configuration: its image, command, arguments and env, exactly."""
 
     image: str
@@ -1313,10 +1496,24 @@ class PodTemplateRecord(_Model):
     env: list[dict[str, Any]] | None = None
 
 
+class PodTemplateRecord(ContainerRecord):
+    """The target's serving configuration: its vLLM container's, and those of the other vLLM containers that hold the
+    same model's KV cache and must change with it (a mixed group would pair two KV-cache formats)."""
+
+    companions: dict[str, ContainerRecord] | None = Field(
+        default=None,
+        description="The target's other vLLM containers, by role: a LeaderWorkerSet's `worker`; an "
+        "LLMInferenceService's `worker`, `prefill` and `prefill.worker`. Unset: it has none.",
+    )
+
+
 class Difference(_Model):
     """One way the target's serving configuration differs from what the policy expected."""
 
-    field: str = Field(description="Image, Command, KVArguments, Arguments or Env.")
+    field: str = Field(
+        description="Image, Command, KVArguments, Arguments or Env; a companion container's are prefixed with its "
+        "role (`worker KVArguments`)."
+    )
     expected: str
     observed: str
 
@@ -1377,6 +1574,19 @@ class TrafficStatus(_Model):
         default=None,
         description="applyMode Advisory: the JSON patch (RFC 6902) the route needs for this step, for a GitOps "
         "repository to take (`kubectl patch httproute --type json -p ...`).",
+    )
+
+
+class RoutingGroupStatus(_Model):
+    """A canary in the target's routing group: the step it is at and the weight that gives it the step's share."""
+
+    group: str = Field(description="The routing group (spec.router.route.group of the target).")
+    step: int = Field(default=0, description="Index of the current step in spec.rollout.routingGroup.steps.")
+    share_percent: int = Field(default=0, description="The share of the group's traffic this step gives the canary.")
+    weight: int = Field(default=0, description="The canary's weight for that share beside the other members'.")
+    since: str | None = Field(default=None, description="When the canary was first asked for this step's weight.")
+    confirmed_at: str | None = Field(
+        default=None, description="When the group's status listed the canary at this weight: the step counts."
     )
 
 
@@ -1475,6 +1685,14 @@ class KVPolicyStatus(_Model):
     )
     traffic_share: TrafficShare | None = Field(
         default=None, description="The canary's share of the users' requests, intended and measured."
+    )
+    routing_group: RoutingGroupStatus | None = Field(
+        default=None, description="A target in a routing group: where the canary's weight is."
+    )
+    retained_canary: str | None = Field(
+        default=None,
+        description="A promoted canary kept stopped as a way back (an LLMInferenceService with "
+        "serving.kserve.io/stop: its GPUs freed, its configuration at hand); the next rollout deletes it.",
     )
 
 

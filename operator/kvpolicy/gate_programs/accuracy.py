@@ -11,6 +11,11 @@ each wrong with probability at most 1 - confidence however early it stops. A bas
 baseline_floor at this length cannot judge a canary: that is inconclusive (BaselineTooWeak), never a pass or a fail,
 and so is a pass or fail the baseline's score so far is below the floor for. At the sample cap it is inconclusive. An
 endpoint that keeps failing makes the result inconclusive, never a pass.
+
+With a length profile (`buckets` > 1, length_profile) every round also sends the same sample at the shorter bucket
+lengths, beside the prompt at N and at the same time; only the prompts at N feed the stopping rule, so the decision
+comes after as many of them as without a profile. The report adds each bucket's scores, the AUC across them and the
+systematic-shift test, read when the gate stops.
 """
 
 from __future__ import annotations
@@ -22,10 +27,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvpolicy.api.reasons import GateReason
-from kvpolicy.api.v1alpha1 import AccuracyGate, parse_decimal
+from kvpolicy.api.v1alpha1 import (
+    MAX_PROFILE_BUCKETS,
+    AccuracyGate,
+    LengthBucketResult,
+    LengthProfileResult,
+    parse_decimal,
+)
 from kvpolicy.credentials import CredentialsError, CredentialsSource
-from kvpolicy.gate_programs import niah
+from kvpolicy.gate_programs import length_profile, niah
 from kvpolicy.gate_programs.client import GateError, VllmClient, open_session
+from kvpolicy.gate_programs.length_profile import Bucket, Profile
 from kvpolicy.gate_programs.pacing import paced
 from kvpolicy.gate_programs.stats import Evidence, PairedCounts, RecoveryBounds
 
@@ -52,6 +64,12 @@ class AccuracyOptions:
     asked: int = 8
     retry_delays_s: tuple[float, ...] = (0.2, 0.5, 1.0)
     baseline_requests_per_minute: int | None = CRD_DEFAULTS.baseline_requests_per_minute
+    length_buckets: int = CRD_DEFAULTS.length_profile.buckets
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """The profile's bucket lengths, shortest first; the last is `length`, the one the gate decides at."""
+        return length_profile.bucket_lengths(self.length, self.length_buckets)
 
 
 @dataclass(frozen=True)
@@ -137,14 +155,68 @@ async def sized_prompts(
 ) -> list[list[int]]:
     """`sample`'s prompts (one per question of `task`), each exactly `length` token ids for `client`'s tokenizer,
     needles whole (see niah.assemble)."""
+    [prompts] = await profile_prompts(client, shared, sample, task, (length,))
+    return prompts
+
+
+async def profile_prompts(
+    client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample, task: niah.NiahTask, lengths: tuple[int, ...]
+) -> list[list[list[int]]]:
+    """`sample`'s prompts at each of `lengths` (see `sized_prompts`), its pieces tokenized once for all of them."""
     pieces = await sample_pieces(client, shared, sample, task)
-    if pieces.fixed_tokens > length:
+    shortest = min(lengths)
+    if pieces.fixed_tokens > shortest:
+        bucket = f"the length profile's shortest bucket, {shortest}," if len(lengths) > 1 else f"length {shortest}"
         raise GateError(
             GateReason.LENGTH_TOO_SHORT,
-            f"length {length} leaves no room for haystack: the header, needles and question alone take "
+            f"{bucket} leaves no room for haystack: the header, needles and question alone take "
             f"{pieces.fixed_tokens} tokens",
         )
-    return niah.assemble(pieces, sample.depths, length)
+    return [niah.assemble(pieces, sample.depths, length) for length in lengths]
+
+
+def _number(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else round(value, 4)
+
+
+def profile_result(profile: Profile) -> LengthProfileResult:
+    """The profile as the report and the status carry it."""
+    return LengthProfileResult(
+        buckets=[
+            LengthBucketResult(
+                length_tokens=bucket.length,
+                prompts=bucket.prompts,
+                needles=bucket.counts.total,
+                canary_score=_number(bucket.counts.canary_score),
+                baseline_score=_number(bucket.counts.baseline_score),
+                recovery=_number(bucket.counts.recovery),
+                canary_only=bucket.counts.canary_only,
+                baseline_only=bucket.counts.baseline_only,
+            )
+            for bucket in profile.buckets
+        ],
+        canary_auc=_number(profile.canary_auc),
+        baseline_auc=_number(profile.baseline_auc),
+        auc_recovery=_number(profile.auc_recovery),
+        systematic_shift=profile.shift.systematic,
+        # A p-value is small where it matters: keep its significant digits, not 4 decimals.
+        shift_p_value=float(f"{profile.shift.p_value:.3g}"),
+        negative_buckets=profile.shift.negative_buckets,
+    )
+
+
+def shift_message(profile: Profile) -> str:
+    """What a flagged systematic shift adds to the gate's message (empty when none is flagged)."""
+    shift = profile.shift
+    if not shift.systematic:
+        return ""
+    lengths = ", ".join(str(bucket.length) for bucket in profile.buckets)
+    return (
+        f"; systematic shift: the canary is below the baseline in all {shift.buckets} length buckets ({lengths} "
+        f"tokens; {shift.baseline_only} needles only the baseline found, {shift.canary_only} only the canary; sign "
+        f"test p = {shift.p_value:.2g}): calibrate the KV scales (an LLM-Compressor checkpoint with KV scales, "
+        f"kvCache.scales Calibrated)"
+    )
 
 
 def _result(
@@ -155,10 +227,13 @@ def _result(
     samples: int = 0,
     counts: PairedCounts | None = None,
     interval: RecoveryBounds | None = None,
+    profile: Profile | None = None,
 ) -> dict[str, Any]:
-    def number(value: float | None) -> float | None:
-        return None if value is None or math.isnan(value) else round(value, 4)
-
+    number = _number
+    extra: dict[str, Any] = {}
+    if profile is not None:
+        extra["profile"] = profile_result(profile).model_dump(mode="json", by_alias=True)
+        message += shift_message(profile)
     return {
         "gate": "accuracy",
         "verdict": verdict,
@@ -174,6 +249,7 @@ def _result(
         "minRecovery": options.min_recovery,
         "confidence": options.confidence,
         "baselineFloor": options.baseline_floor,
+        **extra,
     }
 
 
@@ -266,12 +342,29 @@ async def _evaluate(
     on_progress: Callable[[AccuracyProgress], None],
 ) -> dict[str, Any]:
     shared = await _check_endpoints(canary, baseline, options.length)
+    lengths = options.lengths
 
-    async def prepare(index: int) -> tuple[niah.NiahSample, list[list[int]]]:
+    async def prepare(index: int) -> tuple[niah.NiahSample, list[list[list[int]]]]:
         sample = niah.draw_sample(options.seed, index, options.needles, options.asked)
-        return sample, await sized_prompts(baseline, shared, sample, options.task, options.length)
+        return sample, await profile_prompts(baseline, shared, sample, options.task, lengths)
+
+    def score(sample: niah.NiahSample, canary_texts: list[str], baseline_texts: list[str]) -> list[tuple[bool, bool]]:
+        """(canary right, baseline right) for each asked needle of one sample."""
+        pairs: list[tuple[bool, bool]] = []
+        for asked, canary_text, baseline_text in zip(
+            sample.questions(options.task), canary_texts, baseline_texts, strict=True
+        ):
+            expected = tuple(needle.value for needle in asked)
+            pairs += zip(
+                niah.matches_per_needle(canary_text, expected),
+                niah.matches_per_needle(baseline_text, expected),
+                strict=True,
+            )
+        return pairs
 
     evidence = Evidence.start(options.min_recovery, options.baseline_floor)
+    # The shorter buckets' needles; the longest bucket's are `evidence.counts`.
+    shorter = [PairedCounts() for _ in lengths[:-1]]
     # The next prompt is sized while both servers answer the current one.
     upcoming = asyncio.create_task(prepare(0))
     samples = 0
@@ -281,24 +374,29 @@ async def _evaluate(
             samples += 1
             if samples < options.max_samples:
                 upcoming = asyncio.create_task(prepare(samples))
-            canary_texts, baseline_texts = await asyncio.gather(_answers(canary, prompts), _answers(baseline, prompts))
-            for asked, canary_text, baseline_text in zip(
-                sample.questions(options.task), canary_texts, baseline_texts, strict=True
-            ):
-                expected = tuple(needle.value for needle in asked)
-                for canary_right, baseline_right in zip(
-                    niah.matches_per_needle(canary_text, expected),
-                    niah.matches_per_needle(baseline_text, expected),
-                    strict=True,
-                ):
-                    evidence = evidence.add(canary_right, baseline_right)
+            # Every bucket's prompts at once: the shorter ones ride beside the one the decision waits for.
+            answers = await asyncio.gather(
+                *(_answers(client, bucket) for bucket in prompts for client in (canary, baseline))
+            )
+            for index in range(len(lengths)):
+                pairs = score(sample, answers[2 * index], answers[2 * index + 1])
+                for canary_right, baseline_right in pairs:
+                    if index == len(lengths) - 1:
+                        evidence = evidence.add(canary_right, baseline_right)
+                    else:
+                        shorter[index] = shorter[index].add(canary_right, baseline_right)
             bounds = evidence.bounds(1 - options.confidence)
             on_progress(AccuracyProgress(samples, evidence.counts, bounds, options))
             reason = sequential_decision(evidence, samples, options)
             if reason is not None:
                 message = decision_message(reason, evidence, samples, options)
                 verdict = VERDICTS.get(reason, "Inconclusive")
-                return _result(options, verdict, reason, message, samples, evidence.counts, bounds)
+                profile = None
+                if len(lengths) > 1:
+                    buckets = [Bucket(length, samples, c) for length, c in zip(lengths, shorter, strict=False)]
+                    buckets.append(Bucket(options.length, samples, evidence.counts))
+                    profile = length_profile.profile(buckets, 1 - options.confidence)
+                return _result(options, verdict, reason, message, samples, evidence.counts, bounds, profile)
     finally:
         # A prompt sized ahead but not needed: stop it, and mark any error it ended with as retrieved.
         upcoming.cancel()
@@ -319,6 +417,10 @@ def validate(options: AccuracyOptions) -> None:
         raise ValueError(f"--baseline-floor must be in [0, 1), got {options.baseline_floor}")
     if not 1 <= options.asked <= options.needles:
         raise ValueError(f"--asked must be between 1 and --needles ({options.needles}), got {options.asked}")
+    if not 1 <= options.length_buckets <= MAX_PROFILE_BUCKETS:
+        raise ValueError(f"--length-buckets must be between 1 and {MAX_PROFILE_BUCKETS}, got {options.length_buckets}")
+    if options.length >> (options.length_buckets - 1) < 1:
+        raise ValueError(f"--length-buckets {options.length_buckets} halves --length {options.length} below one token")
     if options.request_timeout_seconds <= 0:
         raise ValueError(f"--request-timeout-seconds must be positive, got {options.request_timeout_seconds}")
 

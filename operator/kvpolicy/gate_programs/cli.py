@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     option("--asked", int, "needles asked about in each prompt")
     option("--seed", int, "selects the prompts")
     option("--baseline-requests-per-minute", int, "most prompts a minute to the baseline (production), evenly spaced")
+    option(
+        "--length-buckets",
+        int,
+        "length profile: also sample --length halved N-1 times (4: /8, /4, /2), beside the decision at --length",
+    )
     _common(accuracy, _with_defaults(accuracy, AccuracyOptions))
 
     latency = gates.add_parser("latency", help="TTFT and ITL fits at concurrency 1: canary vs baseline")
@@ -171,7 +176,8 @@ def accuracy_progress(progress: AccuracyProgress) -> str:
     counts, interval = progress.counts, progress.interval
     point = "n/a" if interval.point is None else f"{interval.point:.3f}"
     return (
-        f"accuracy: {progress.samples}/{progress.options.max_samples} prompts, {counts.total} needles: "
+        f"accuracy: {progress.samples}/{progress.options.max_samples} prompts, {counts.total} needles"
+        f"{' at ' + str(progress.options.length) + ' tokens' if progress.options.length_buckets > 1 else ''}: "
         f"canary {counts.canary_score:.3f}, baseline {counts.baseline_score:.3f}, recovery {point} "
         f"(interval {interval.low:.2f}-{interval.high:.2f}; passes above {progress.options.min_recovery})"
     )
@@ -214,6 +220,7 @@ def main(argv: list[str]) -> int:
                 needles=args.needles,
                 asked=args.asked,
                 seed=args.seed,
+                length_buckets=args.length_buckets,
                 request_timeout_seconds=args.request_timeout_seconds,
                 baseline_requests_per_minute=args.baseline_requests_per_minute,
             )

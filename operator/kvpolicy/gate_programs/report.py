@@ -19,19 +19,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from kvpolicy.api.reasons import GateReason
-from kvpolicy.api.v1alpha1 import GateVerdict
+from kvpolicy.api.v1alpha1 import AnalysisPhase, GateVerdict, LengthProfileResult
 
 TERMINATION_LOG_ENV = "KVPOLICY_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
 TERMINATION_LOG_LIMIT = 4096
 
+# By what the verdict means (its phase); a gate tool reports no Running or Error (the operator's words for a Job
+# without a report), which exit as an inconclusive one would.
+_PHASE_EXIT_CODES = {AnalysisPhase.SUCCESSFUL: 0, AnalysisPhase.FAILED: 1, AnalysisPhase.INCONCLUSIVE: 2}
 EXIT_CODES = {
-    GateVerdict.PASS: 0,
-    GateVerdict.SAFE: 0,
-    GateVerdict.FAIL: 1,
-    GateVerdict.BREACH: 1,
-    GateVerdict.UNSAFE: 1,
-    GateVerdict.INCONCLUSIVE: 2,
+    verdict: _PHASE_EXIT_CODES[verdict.phase] for verdict in GateVerdict if verdict.phase in _PHASE_EXIT_CODES
 }
 
 
@@ -52,6 +50,7 @@ class GateReport(BaseModel):
     recovery: float | None = None
     recovery_low: float | None = None
     recovery_high: float | None = None
+    profile: LengthProfileResult | None = None  # the accuracy gate's length profile, when it sampled one
 
     @classmethod
     def problem(cls, reason: GateReason, message: str) -> GateReport:

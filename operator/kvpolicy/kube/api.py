@@ -9,10 +9,13 @@ ones (409 Conflict, 429, 5xx, network) are worth another try after a backoff.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
+from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.request import getproxies, proxy_bypass
 
 import aiohttp
 from kubernetes_asyncio.client import ApiClient, AppsV1Api, BatchV1Api, CoreV1Api, CustomObjectsApi
@@ -29,6 +32,8 @@ FIELD_MANAGER = "kvpolicy-operator"
 # so they can never take every connection from the requests.
 REQUEST_CONNECTIONS = 64
 WATCH_CONNECTIONS = 32
+# kubernetes_asyncio's read buffer (a watch event of a large object is read whole), kept in the session made here.
+KUBERNETES_ASYNCIO_READ_BUFSIZE = 2**21
 CONTENT_TYPES: dict[PatchType, str] = {
     "merge": "application/merge-patch+json",
     "json": "application/json-patch+json",
@@ -77,6 +82,29 @@ class ApiError(Exception):
         return self.code in (0, 409, 429) or self.code >= 500
 
 
+@dataclass(frozen=True)
+class FieldEquals:
+    """A list's objects whose field at `path` (spec.targetRef.name: `("spec", "targetRef", "name")`) is `value`.
+    Selected by the client: the API server selects custom resources by metadata.name and metadata.namespace only;
+    a cache (cached.py) answers from an index of that field, without looking at every object."""
+
+    path: tuple[str, ...]
+    value: str
+
+    def holds(self, obj: Mapping[str, Any]) -> bool:
+        return field_value(obj, self.path) == self.value
+
+
+def field_value(obj: Mapping[str, Any], path: tuple[str, ...]) -> object:
+    """The value at `path`, None where a part of it is missing or not an object."""
+    found: object = obj
+    for part in path:
+        if not isinstance(found, Mapping):
+            return None
+        found = found.get(part)
+    return found
+
+
 class KubeApi(Protocol):
     """What the operator needs from the API server."""
 
@@ -85,11 +113,16 @@ class KubeApi(Protocol):
         ...
 
     async def list_objects(
-        self, resource: Resource, namespace: str | None, label_selector: str = "", since: Obj | None = None
+        self,
+        resource: Resource,
+        namespace: str | None,
+        label_selector: str = "",
+        since: Obj | None = None,
+        where: FieldEquals | None = None,
     ) -> list[Obj]:
-        """The objects. `since`, an object of this list: the list holds every write the API server made before that
-        object's current generation (a cache answers once it holds the object at that generation; a list from the
-        API server always does)."""
+        """The objects (those `where` holds for, if given). `since`, an object of this list: the list holds every
+        write the API server made before that object's current generation (a cache answers once it holds the object
+        at that generation; a list from the API server always does)."""
         ...
 
     async def create(self, resource: Resource, namespace: str, body: Obj) -> bool:
@@ -119,6 +152,48 @@ def label_selector(labels: Mapping[str, str]) -> str:
     return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
 
 
+def environment_proxy(url: str) -> tuple[str, dict[str, str]] | None:
+    """The proxy the environment (HTTP_PROXY, HTTPS_PROXY, NO_PROXY) gives `url`, as aiohttp picks it for a session
+    that trusts the environment (HTTP proxies only), and its credentials as a Proxy-Authorization header."""
+    target = urlsplit(url)
+    if not target.hostname or proxy_bypass(target.hostname):
+        return None
+    proxy = getproxies().get(target.scheme)
+    if not proxy:
+        return None
+    parts = urlsplit(proxy)
+    if parts.scheme in ("https", "wss") or not parts.hostname:  # aiohttp ignores these from the environment
+        return None
+    if parts.username is None:
+        return proxy, {}
+    credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+    bare = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))
+    return urlunsplit(bare), {"Proxy-Authorization": f"Basic {base64.b64encode(credentials).decode()}"}
+
+
+def look_up_the_environment_once(client: ApiClient) -> None:
+    """kubernetes_asyncio's HTTP session trusts the environment, so aiohttp looks for a ~/.netrc entry and for the
+    proxy variables in a thread of its executor, twice per request: thousands of policies' passes queued behind
+    those threads (issue 28). The session is replaced by one that does not, with the proxy the environment gives the
+    API server looked up here, once. (A netrc entry for the API server would only make aiohttp refuse every request:
+    they carry an Authorization header already.)"""
+    rest = client.rest_client
+    host = str(client.configuration.host)
+    found = None if rest.proxy else environment_proxy(host)
+    if found is not None:
+        rest.proxy, headers = found
+        if host.startswith("https:"):  # the proxy's credentials go with the CONNECT of the tunnel, as aiohttp's
+            rest.proxy_headers = {**(rest.proxy_headers or {}), **headers}
+        else:  # plain HTTP: with each request the proxy forwards, as aiohttp sends them
+            for key, value in headers.items():
+                client.set_default_header(key, value)
+    trusting = rest.pool_manager
+    rest.pool_manager = aiohttp.ClientSession(
+        connector=trusting.connector, trust_env=False, read_bufsize=KUBERNETES_ASYNCIO_READ_BUFSIZE
+    )
+    trusting.detach()  # the connector (its pool and TLS context) now belongs to the new session
+
+
 # The groups whose resources have generated API classes; every other group is served by CustomObjectsApi.
 _BUILTIN_APIS = {"": CoreV1Api, "apps": AppsV1Api, "batch": BatchV1Api}
 
@@ -146,6 +221,7 @@ class KubernetesApi:
             configuration.connection_pool_maxsize = connections  # read when the client's pool is made
             client = ApiClient(configuration)
             client.user_agent = f"{FIELD_MANAGER}/{__version__}"
+            look_up_the_environment_once(client)
             clients.append(client)
         return cls(clients[0], clients[1], login, timeout_seconds)
 
@@ -159,10 +235,15 @@ class KubernetesApi:
         return await self._call(resource, "read", namespace, missing_ok=True, name=name)
 
     async def list_objects(
-        self, resource: Resource, namespace: str | None, label_selector: str = "", since: Obj | None = None
+        self,
+        resource: Resource,
+        namespace: str | None,
+        label_selector: str = "",
+        since: Obj | None = None,
+        where: FieldEquals | None = None,
     ) -> list[Obj]:
         items: list[Obj] = (await self.list_collection(resource, namespace, label_selector)).get("items") or []
-        return items
+        return items if where is None else [item for item in items if where.holds(item)]
 
     async def create(self, resource: Resource, namespace: str, body: Obj) -> bool:
         try:

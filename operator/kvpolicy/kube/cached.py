@@ -30,11 +30,14 @@ from kvpolicy.kube.api import (
     PODS,
     SERVICES,
     ApiError,
+    FieldEquals,
     KubernetesApi,
     Obj,
     PatchType,
     Resource,
+    field_value,
 )
+from kvpolicy.rollout.ownership import TARGET_NAME_PATH
 
 logger = logging.getLogger(__name__)
 # The API server ends each watch after this long, and it is resumed from the last resourceVersion seen.
@@ -62,19 +65,26 @@ def metadata_only(obj: Obj) -> Obj:
     return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": obj.get("metadata") or {}}
 
 
+Key = tuple[str, str]  # (namespace, name)
+
+
 @dataclass
 class Informer:
     """A watch-backed copy of the objects of `resource` in `namespace` (None: all) that carry `label_key` (None:
-    every object), each kept as `keep` returns it."""
+    every object), each kept as `keep` returns it, and indexed by the field at `indexed` (a path) if given."""
 
     api: KubernetesApi
     resource: Resource
     namespace: str | None
     label_key: str | None
     keep: Callable[[Obj], Obj] = lambda obj: obj
+    indexed: tuple[str, ...] | None = None
     synced: bool = field(default=False, init=False)
-    _objects: dict[tuple[str, str], Obj] = field(default_factory=dict, init=False)
+    _objects: dict[Key, Obj] = field(default_factory=dict, init=False)
     _sorted: list[Obj] | None = field(default=None, init=False)  # _objects in name order, until the next change
+    # The `indexed` field's value -> the keys of the objects holding it (N policies each asking who else names its
+    # target: one lookup each rather than a look at all N).
+    _index: dict[object, set[Key]] = field(default_factory=dict, init=False)
     _changed: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False)
 
@@ -87,15 +97,20 @@ class Informer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def select(self, labels: Mapping[str, str]) -> list[Obj]:
-        """The cached objects whose labels include `labels`, in name order (as the API server lists them)."""
-        if self._sorted is None:  # every policy's pass lists all policies: sort once per change, not per pass
-            self._sorted = [obj for _, obj in sorted(self._objects.items())]
+    def select(self, labels: Mapping[str, str], where: FieldEquals | None = None) -> list[Obj]:
+        """The cached objects whose labels include `labels` (and that `where` holds for), in name order (as the API
+        server lists them)."""
+        if where is not None and where.path == self.indexed:
+            found = [self._objects[key] for key in sorted(self._index.get(where.value, ()))]
+        else:
+            if self._sorted is None:  # sorted once per change, not per pass
+                self._sorted = [obj for _, obj in sorted(self._objects.items())]
+            found = self._sorted if where is None else [obj for obj in self._sorted if where.holds(obj)]
         if not labels:
-            return list(self._sorted)
+            return list(found)
         return [
             obj
-            for obj in self._sorted
+            for obj in found
             if all((obj["metadata"].get("labels") or {}).get(key) == value for key, value in labels.items())
         ]
 
@@ -136,7 +151,9 @@ class Informer:
 
     async def _list(self) -> str:
         collection = await self.api.list_collection(self.resource, self.namespace, self.label_key or "")
-        self._objects = {self._key(obj): self.keep(obj) for obj in collection.get("items") or []}
+        self._objects, self._index = {}, {}
+        for obj in collection.get("items") or []:
+            self._put(self._key(obj), self.keep(obj))
         self.synced = True
         self._touched()
         return str(collection["metadata"]["resourceVersion"])
@@ -145,28 +162,50 @@ class Informer:
         events = self.api.watch(self.resource, self.namespace, self.label_key or "", version, WATCH_SECONDS)
         async for event_type, obj in events:
             version = str(obj["metadata"]["resourceVersion"])
+            key = self._key(obj)
             if event_type == "DELETED":
-                self._objects.pop(self._key(obj), None)
+                self._drop(key)
             elif event_type in ("ADDED", "MODIFIED"):
-                self._objects[self._key(obj)] = self.keep(obj)
+                kept = self.keep(obj)
+                if self._objects.get(key) == kept:  # a change to what is not kept (a policy's status): nothing to do
+                    continue
+                self._put(key, kept)
             else:  # BOOKMARK: only the version moves on
                 continue
             self._touched()
         return version
 
+    def _put(self, key: Key, obj: Obj) -> None:
+        self._drop(key)
+        self._objects[key] = obj
+        if self.indexed is not None:
+            self._index.setdefault(field_value(obj, self.indexed), set()).add(key)
+
+    def _drop(self, key: Key) -> None:
+        gone = self._objects.pop(key, None)
+        if gone is not None and self.indexed is not None:
+            value = field_value(gone, self.indexed)
+            keys = self._index.get(value)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._index[value]
+
     @staticmethod
-    def _key(obj: Obj) -> tuple[str, str]:
+    def _key(obj: Obj) -> Key:
         return str(obj["metadata"].get("namespace") or ""), str(obj["metadata"]["name"])
 
 
 @dataclass(frozen=True)
 class Selection:
     """Which lists of a resource an informer answers: those whose selector names `label_key` (None: any list of the
-    resource), in `namespaced` informers (one per namespace) or one cluster-wide informer."""
+    resource), in `namespaced` informers (one per namespace) or one cluster-wide informer; `indexed`: the field lists
+    select by (`FieldEquals`) most, answered from an index."""
 
     label_key: str | None
     namespaced: bool
     keep: Callable[[Obj], Obj] = lambda obj: obj
+    indexed: tuple[str, ...] | None = None
 
 
 class CachedKubeApi:
@@ -187,12 +226,17 @@ class CachedKubeApi:
         await self.api.close()
 
     async def list_objects(
-        self, resource: Resource, namespace: str | None, label_selector: str = "", since: Obj | None = None
+        self,
+        resource: Resource,
+        namespace: str | None,
+        label_selector: str = "",
+        since: Obj | None = None,
+        where: FieldEquals | None = None,
     ) -> list[Obj]:
         informer = self._informer_for(resource, namespace, label_selector)
         labels = equality_terms(label_selector)
         if informer is None or labels is None:
-            return await self.api.list_objects(resource, namespace, label_selector)
+            return await self.api.list_objects(resource, namespace, label_selector, where=where)
         current = informer.synced
         if since is not None:
             try:
@@ -202,8 +246,8 @@ class CachedKubeApi:
             except TimeoutError:
                 current = False
         if not current:
-            return await self.api.list_objects(resource, namespace, label_selector)
-        return informer.select(labels)
+            return await self.api.list_objects(resource, namespace, label_selector, where=where)
+        return informer.select(labels, where)
 
     def _informer_for(self, resource: Resource, namespace: str | None, label_selector: str) -> Informer | None:
         """The informer that answers this list (started on first use), or None when none does."""
@@ -216,7 +260,7 @@ class CachedKubeApi:
         scope = namespace if selection.namespaced else None
         informer = self._informers.get((resource, scope))
         if informer is None and len(self._informers) < self.max_informers:
-            informer = Informer(self.api, resource, scope, selection.label_key, selection.keep)
+            informer = Informer(self.api, resource, scope, selection.label_key, selection.keep, selection.indexed)
             self._informers[(resource, scope)] = informer
             informer.start()
         return informer
@@ -262,5 +306,5 @@ def operator_selections(policy_label: str) -> dict[Resource, Selection]:
         SERVICES: children,
         JOBS: children,
         NODES: Selection(None, False, metadata_only),
-        KVPOLICIES: Selection(None, True, ownership_view),
+        KVPOLICIES: Selection(None, True, ownership_view, indexed=TARGET_NAME_PATH),
     }

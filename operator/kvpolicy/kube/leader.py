@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, V1Lease, V1LeaseSpec, V1ObjectMeta
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from kvpolicy.kube.api import ApiError, KubeApi, PatchType, Resource
+from kvpolicy.kube.api import ApiError, FieldEquals, KubeApi, PatchType, Resource
 from kvpolicy.kube.login import ClusterLogin
 
 logger = logging.getLogger(__name__)
@@ -412,9 +412,14 @@ class LeaderFencedApi:
         return await self.api.get(resource, namespace, name)
 
     async def list_objects(
-        self, resource: Resource, namespace: str | None, label_selector: str = "", since: Obj | None = None
+        self,
+        resource: Resource,
+        namespace: str | None,
+        label_selector: str = "",
+        since: Obj | None = None,
+        where: FieldEquals | None = None,
     ) -> list[Obj]:
-        return await self.api.list_objects(resource, namespace, label_selector, since)
+        return await self.api.list_objects(resource, namespace, label_selector, since, where)
 
     async def create(self, resource: Resource, namespace: str, body: Obj) -> bool:
         self._check(f"create {resource.plural}")

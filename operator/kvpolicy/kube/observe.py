@@ -33,6 +33,7 @@ from kvpolicy.kube.api import (
     PODS,
     SERVICES,
     ApiError,
+    FieldEquals,
     KubeApi,
     label_selector,
 )
@@ -40,9 +41,9 @@ from kvpolicy.kube.executor import resource_for
 from kvpolicy.kube.references import ReferenceReader, prometheus_credentials
 from kvpolicy.planning.gpu import PRESENT_LABEL, gpu_facts, required_affinity_admits
 from kvpolicy.rollout import builders as b
-from kvpolicy.rollout.job_gates import PHASE_GATES
+from kvpolicy.rollout.gates import PHASE_GATES
 from kvpolicy.rollout.metric_checks import check_due, checks_for, needs_baseline
-from kvpolicy.rollout.ownership import governing_policy
+from kvpolicy.rollout.ownership import TARGET_NAME_PATH, governing_policy
 from kvpolicy.rollout.rules import rollout_hash
 from kvpolicy.rollout.step_types import JobView, Observations, PodView
 from kvpolicy.rollout.targets import target_kind
@@ -278,8 +279,10 @@ class Observer:
         # Before a rollout's first write, ownership is read from a list holding every write made before this
         # policy's spec: a cache a moment behind could miss a policy created at the same time for the same target.
         since = {"metadata": policy.metadata} if phase == Phase.PLANNING else None
-        peers = await self.api.list_objects(KVPOLICIES, namespace, since=since)
-        governed_by = governing_policy(policy.metadata, policy.spec.target_ref.name, peers)
+        target_name = policy.spec.target_ref.name
+        claims = FieldEquals(TARGET_NAME_PATH, target_name)
+        peers = await self.api.list_objects(KVPOLICIES, namespace, since=since, where=claims)
+        governed_by = governing_policy(policy.metadata, target_name, peers)
         if governed_by is not None:  # nothing else matters until that policy is gone, but a route of ours to restore
             route, pools, pickers = await self._traffic_objects(policy, phase)
             return Observations(now=now, governed_by=governed_by, route=route, pools=pools, pickers=pickers)
@@ -303,7 +306,14 @@ class Observer:
         # The canary's pods, and the gate Jobs' (their termination messages, or why they cannot start).
         all_pods = await self.api.list_objects(PODS, namespace, by_policy) if needs & {"pods", "jobs"} else []
         pods = live(all_pods) if "pods" in needs else []
-        canary_pods = tuple(pod_view(pod) for pod in pods if b.CANARY_LABEL in (pod["metadata"].get("labels") or {}))
+        # Of the canary's pods, those that serve (a multi-node LLMInferenceService's workers carry its labels too).
+        serving = kind.serving_labels(target) if target is not None else {}
+        canary_pods = tuple(
+            pod_view(pod)
+            for pod in pods
+            if b.CANARY_LABEL in (labels := pod["metadata"].get("labels") or {})
+            and all(labels.get(key) == value for key, value in serving.items())
+        )
         services: frozenset[str] = frozenset()
         if "services" in needs:
             services_found = live(await self.api.list_objects(SERVICES, namespace, by_policy))

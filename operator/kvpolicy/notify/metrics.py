@@ -251,13 +251,17 @@ class OperatorMetrics:
         baseline_score: float | None,
         min_recovery: float | None = None,
     ) -> None:
-        self.gate_results.labels(gate=gate, verdict=verdict).inc()
+        self.count_gate_result(gate, verdict)
         if not self._acting:
             return
         self.gate_recovery.set((namespace, policy, gate), recovery)
         self.gate_min_recovery.set((namespace, policy, gate), min_recovery if recovery is not None else None)
         self.gate_score.set((namespace, policy, gate, "canary"), canary_score)
         self.gate_score.set((namespace, policy, gate, "baseline"), baseline_score)
+
+    def count_gate_result(self, gate: str, verdict: str) -> None:
+        """Count one gate's verdict (a metrics check's, which has no recovery or scores to publish)."""
+        self.gate_results.labels(gate=gate, verdict=verdict).inc()
 
     def clear_gate(self, namespace: str, policy: str, gate: str) -> None:
         """Drop a gate's numbers: a new rollout cleared its result, so they no longer describe the policy."""
@@ -368,6 +372,7 @@ OPERATOR_METRICS = OperatorMetrics()
 set_policies_by_phase = OPERATOR_METRICS.set_policies_by_phase
 record_decision = OPERATOR_METRICS.record_decision
 record_gate_result = OPERATOR_METRICS.record_gate_result
+count_gate_result = OPERATOR_METRICS.count_gate_result
 clear_gate = OPERATOR_METRICS.clear_gate
 set_policy_info = OPERATOR_METRICS.set_policy_info
 set_rollout_pods = OPERATOR_METRICS.set_rollout_pods

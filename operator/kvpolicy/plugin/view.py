@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvpolicy.api.v1alpha1 import (
+    AnalysisPhase,
     ApplyMode,
     Approval,
     Condition,
@@ -22,14 +23,14 @@ from kvpolicy.api.v1alpha1 import (
     KVPolicySpec,
     KVPolicyStatus,
     LatencyAnalysis,
+    LengthProfileResult,
     OnDrift,
     Phase,
     Plan,
     Severity,
 )
-from kvpolicy.planning.planner import GATE_ACCURACY, GATE_PREFLIGHT
 from kvpolicy.rollout.conditions import condition_holds
-from kvpolicy.rollout.job_gates import PHASE_GATES
+from kvpolicy.rollout.gates import PHASE_GATES
 from kvpolicy.rollout.step_types import parse_timestamp
 
 Obj = dict[str, Any]
@@ -45,16 +46,12 @@ MESSAGE_WIDTH = 100
 EVENTS_SHOWN = 10
 LABEL_WIDTH = 17
 
-_GATE_LABELS = {Phase.GPU_PREFLIGHT: GATE_PREFLIGHT, Phase.ACCURACY_GATE: GATE_ACCURACY}
-_VERDICT_ICONS = {
-    GateVerdict.RUNNING: RUNNING,
-    GateVerdict.PASS: PASSED,
-    GateVerdict.SAFE: PASSED,
-    GateVerdict.FAIL: FAILED,
-    GateVerdict.BREACH: FAILED,
-    GateVerdict.UNSAFE: FAILED,
-    GateVerdict.ERROR: FAILED,
-    GateVerdict.INCONCLUSIVE: WARNING,
+_PHASE_ICONS = {
+    AnalysisPhase.RUNNING: RUNNING,
+    AnalysisPhase.SUCCESSFUL: PASSED,
+    AnalysisPhase.FAILED: FAILED,
+    AnalysisPhase.ERROR: FAILED,
+    AnalysisPhase.INCONCLUSIVE: WARNING,
 }
 
 
@@ -188,7 +185,7 @@ def _plan_lines(plan: Plan) -> list[str]:
 def _job_gate_line(name: str, result: GateResult | None, planned: bool, max_samples: int | None = None) -> str:
     if result is None:
         return f"  {name:<13} {NOT_PLANNED if not planned else RUNNING + ' pending'}"
-    icon = _VERDICT_ICONS.get(result.verdict, RUNNING)
+    icon = _PHASE_ICONS[result.verdict.phase]
     parts = [f"  {name:<13} {icon} {result.verdict.value:<12}"]
     if result.recovery is not None:
         interval = ""
@@ -205,6 +202,33 @@ def _job_gate_line(name: str, result: GateResult | None, planned: bool, max_samp
     if result.job:
         parts.append(f"job {result.job}")
     return " ".join(parts)
+
+
+def _score(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def profile_lines(profile: LengthProfileResult, indent: str = "    ") -> list[str]:
+    """The accuracy gate's length profile: its AUC and shift finding, then one row per bucket (shared with the
+    demo's report)."""
+    shift = (
+        f"{WARNING} systematic shift: canary below baseline in {profile.negative_buckets}/{len(profile.buckets)} "
+        f"buckets (sign test p {profile.shift_p_value or 0:.2g}): calibrate the KV scales"
+        if profile.systematic_shift
+        else f"no systematic shift ({profile.negative_buckets}/{len(profile.buckets)} buckets below, sign test "
+        f"p {'-' if profile.shift_p_value is None else format(profile.shift_p_value, '.2g')})"
+    )
+    summary = (
+        f"{indent}Length profile: AUC canary {_score(profile.canary_auc)} / baseline {_score(profile.baseline_auc)} "
+        f"(recovery {_score(profile.auc_recovery)}); {shift}"
+    )
+    rows = [["TOKENS", "CANARY", "BASELINE", "RECOVERY", "PROMPTS", "CANARY-ONLY", "BASELINE-ONLY"]]
+    rows += [
+        [str(b.length_tokens), _score(b.canary_score), _score(b.baseline_score), _score(b.recovery), str(b.prompts),
+         str(b.canary_only), str(b.baseline_only)]
+        for b in profile.buckets
+    ]  # fmt: skip
+    return [summary, *table(rows, indent + "  ")]
 
 
 def _latency_lines(parsed: Parsed, now: datetime) -> list[str]:
@@ -368,9 +392,11 @@ def render_get(raw: Mapping[str, Any], events: Sequence[Mapping[str, Any]], now:
     lines += ["", "Gates:"]
     gates = status.plan.gates if status.plan else []
     for gate in PHASE_GATES:
-        label = _GATE_LABELS[gate.phase]
-        cap = spec.gates.accuracy.max_samples if spec is not None and label == GATE_ACCURACY else None
-        lines.append(_job_gate_line(label, gate.result(status), label in gates, cap))
+        cap = gate.sample_cap(spec) if spec is not None else None
+        lines.append(_job_gate_line(gate.label, gate.result(status), gate.label in gates, cap))
+        result = gate.result(status)
+        if result is not None and result.profile is not None:
+            lines += profile_lines(result.profile)
     lines += _latency_lines(parsed, now)
     lines += _traffic_lines(parsed, now)
     if status.decision is not None:

@@ -9,9 +9,17 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from kvpolicy.api.v1alpha1 import API_VERSION, KIND, KVPolicySpec, Parallelism, Plan, PodTemplateRecord
+from kvpolicy.api.v1alpha1 import (
+    API_VERSION,
+    KIND,
+    ContainerRecord,
+    KVPolicySpec,
+    Parallelism,
+    Plan,
+    PodTemplateRecord,
+)
 from kvpolicy.gate_programs.report import DEFAULT_TERMINATION_LOG
 from kvpolicy.rollout.child_names import child_name, label_value
 
@@ -116,6 +124,9 @@ def index_in(containers: Sequence[Mapping[str, Any]], container: str | None, own
     raise TargetShapeError(f"{owner} has no container {container!r} (it has: {names}); fix spec.targetRef.container")
 
 
+R = TypeVar("R", bound=ContainerRecord)
+
+
 def container_record(container: Mapping[str, Any]) -> PodTemplateRecord:
     """What a rollback must restore: image, command, args, env, exactly as they were."""
     return PodTemplateRecord(
@@ -194,7 +205,7 @@ def _additional_args(env: Sequence[Mapping[str, Any]] | None) -> list[str]:
     return []
 
 
-def serving_tokens(record: PodTemplateRecord) -> list[str]:
+def serving_tokens(record: ContainerRecord) -> list[str]:
     """The vLLM flags a container gives, in the order vLLM reads them: command, VLLM_ADDITIONAL_ARGS, args."""
     return [*(record.command or []), *_additional_args(record.env), *(record.args or [])]
 
@@ -211,7 +222,7 @@ def _env_without_kv_flags(env: list[dict[str, Any]] | None) -> list[dict[str, An
     ]
 
 
-def parallelism(record: PodTemplateRecord) -> Parallelism:
+def parallelism(record: ContainerRecord) -> Parallelism:
     """The parallel sizes a command line asks vLLM for (the last of a repeated flag wins, as in argparse)."""
     tokens = serving_tokens(record)
     sizes: dict[str, int] = {}
@@ -230,30 +241,45 @@ def runs_fp8(record: PodTemplateRecord) -> bool:
     return kv_cache_dtype(serving_tokens(record)).startswith("fp8")
 
 
-def with_plan(record: PodTemplateRecord, plan: Plan) -> PodTemplateRecord:
+def with_plan(record: R, plan: Plan) -> R:
     """The container configuration the plan asks for: plan image (or the same), KV flags replaced by the plan's."""
     return with_kv_flags(record, plan.extra_args, plan.image or record.image)
 
 
-def with_kv_flags(record: PodTemplateRecord, flags: Sequence[str], image: str) -> PodTemplateRecord:
-    """`record` running `image`, its plan-owned flags replaced by `flags` (in args, or in the command without any)."""
+def with_kv_flags(record: R, flags: Sequence[str], image: str) -> R:
+    """`record` running `image`, its plan-owned flags replaced by `flags` (in args, or in the command without any);
+    its companions as they are."""
     command = strip_kv_flags(record.command) if record.command is not None else None
     args = strip_kv_flags(record.args) if record.args is not None else None
     if args is not None or command is None:
         args = [*(args or []), *flags]
     else:
         command = [*command, *flags]
-    return PodTemplateRecord(image=image, command=command, args=args, env=_env_without_kv_flags(record.env))
+    return record.model_copy(
+        update={"image": image, "command": command, "args": args, "env": _env_without_kv_flags(record.env)}
+    )
 
 
 def without_fp8(record: PodTemplateRecord) -> PodTemplateRecord:
-    """The BF16 configuration of a container that was set to FP8 outside a recorded promotion."""
-    return PodTemplateRecord(
-        image=record.image,
-        command=strip_kv_flags(record.command) if record.command is not None else None,
-        args=strip_kv_flags(record.args) if record.args is not None else None,
-        env=_env_without_kv_flags(record.env),
-    )
+    """The BF16 configuration of a target that was set to FP8 outside a recorded promotion (companions too)."""
+
+    def bf16(item: R) -> R:
+        return item.model_copy(
+            update={
+                "command": strip_kv_flags(item.command) if item.command is not None else None,
+                "args": strip_kv_flags(item.args) if item.args is not None else None,
+                "env": _env_without_kv_flags(item.env),
+            }
+        )
+
+    companions = {role: bf16(item) for role, item in (record.companions or {}).items()}
+    return bf16(record).model_copy(update={"companions": companions or None})
+
+
+def follow_image(companion: R, main_before: str, main_after: str) -> R:
+    """A companion container's image once the main container goes from `main_before` to `main_after`: the new one
+    where it ran the main container's image, its own otherwise."""
+    return companion.model_copy(update={"image": main_after if companion.image == main_before else companion.image})
 
 
 SERVING_FIELDS = ("image", "command", "args", "env")
@@ -266,7 +292,7 @@ def container_patch(deployment: Mapping[str, Any], container: str | None, desire
     return container_ops(f"/spec/template/spec/containers/{index}", current, desired)
 
 
-def container_ops(path: str, current: Mapping[str, Any], desired: PodTemplateRecord) -> list[Obj]:
+def container_ops(path: str, current: Mapping[str, Any], desired: ContainerRecord) -> list[Obj]:
     """JSON patch operations setting the container at `path` (now `current`) to `desired`.
 
     They first test the container's name and the values they replace, so a patch computed against an old template
@@ -279,6 +305,8 @@ def container_ops(path: str, current: Mapping[str, Any], desired: PodTemplateRec
         {"op": "test", "path": f"{path}/{name}", "value": current[name]} for name in SERVING_FIELDS if name in current
     ]
     for attribute, value in (("image", desired.image), ("command", desired.command), ("args", desired.args)):
+        if attribute == "image" and not value and "image" not in current:
+            continue  # no image of its own (a KServe template's container takes its preset's)
         if value is not None:
             ops.append({"op": "add", "path": f"{path}/{attribute}", "value": value})
         elif attribute in current:
@@ -290,9 +318,11 @@ def container_ops(path: str, current: Mapping[str, Any], desired: PodTemplateRec
     return ops
 
 
-def set_container(container: Obj, record: PodTemplateRecord) -> None:
-    """Give a container (in place) the record's image, command, args and env; a None field is removed."""
-    container["image"] = record.image
+def set_container(container: Obj, record: ContainerRecord) -> None:
+    """Give a container (in place) the record's image, command, args and env; a None field is removed (an empty
+    image too: a KServe template's container may take its preset's)."""
+    if record.image or "image" in container:
+        container["image"] = record.image
     for attribute, value in (("command", record.command), ("args", record.args), ("env", record.env)):
         if value is None:
             container.pop(attribute, None)
@@ -300,7 +330,7 @@ def set_container(container: Obj, record: PodTemplateRecord) -> None:
             container[attribute] = copy.deepcopy(value)
 
 
-def container_entry(current: Mapping[str, Any], desired: PodTemplateRecord) -> Obj:
+def container_entry(current: Mapping[str, Any], desired: ContainerRecord) -> Obj:
     """The container `current` as a strategic/merge patch entry setting it to `desired` (null removes a field)."""
     entry: Obj = {"name": current.get("name"), "image": desired.image}
     for attribute, value in (("command", desired.command), ("args", desired.args), ("env", desired.env)):
@@ -384,8 +414,11 @@ def _service(policy: PolicyRef, name: str, role: str, selector: Mapping[str, str
     }
 
 
-def canary_service(policy: PolicyRef, name: str, port: int) -> Obj:
-    return _service(policy, name, ROLE_CANARY, {**policy_labels(policy.name), CANARY_LABEL: name}, port)
+def canary_service(policy: PolicyRef, name: str, port: int, serving: Mapping[str, str] | None = None) -> Obj:
+    """The canary's serving pods (`serving`: labels only they carry among the canary's pods, where its workers carry
+    the canary label too)."""
+    selector = {**policy_labels(policy.name), CANARY_LABEL: name, **(serving or {})}
+    return _service(policy, name, ROLE_CANARY, selector, port)
 
 
 def baseline_service(policy: PolicyRef, selector: Mapping[str, str], port: int, name: str) -> Obj:
@@ -502,94 +535,8 @@ def api_key_env(spec: KVPolicySpec) -> list[Obj]:
     return [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
-def _api_key_args(spec: KVPolicySpec) -> list[str]:
+def api_key_args(spec: KVPolicySpec) -> list[str]:
     return ["--api-key-env", API_KEY_ENV] if spec.vllm_auth is not None else []
-
-
-def accuracy_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]:
-    accuracy = spec.gates.accuracy
-    return [
-        "kvpolicy",
-        "gate",
-        "accuracy",
-        "--canary",
-        canary_url,
-        "--baseline",
-        baseline_url,
-        "--length",
-        str(spec.capped_accuracy_length),
-        "--model",
-        spec.model.served_model_name,
-        "--min-recovery",
-        accuracy.min_recovery,
-        "--confidence",
-        accuracy.confidence,
-        "--max-samples",
-        str(accuracy.max_samples),
-        "--baseline-floor",
-        accuracy.baseline_floor,
-        *_baseline_pace_args(spec),
-        *_api_key_args(spec),
-    ]
-
-
-def _baseline_pace_args(spec: KVPolicySpec) -> list[str]:
-    rate = spec.gates.accuracy.baseline_requests_per_minute
-    return ["--baseline-requests-per-minute", str(rate)] if rate is not None else []
-
-
-def latency_lengths(spec: KVPolicySpec) -> list[int]:
-    """Prompt lengths the latency probe fits its curves over (at least three): spread up to the longest prompt."""
-    longest = spec.capped_accuracy_length
-    lengths = {max(1, longest // 16), max(1, longest // 4), min(spec.workload.typical_tokens, longest), longest}
-    return sorted(lengths)
-
-
-def latency_command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]:
-    latency = spec.gates.latency
-    longest = spec.capped_accuracy_length
-    workload = sorted({min(spec.workload.typical_tokens, longest), longest})
-    return [
-        "kvpolicy",
-        "gate",
-        "latency",
-        "--canary",
-        canary_url,
-        "--baseline",
-        baseline_url,
-        "--model",
-        spec.model.served_model_name,
-        "--lengths",
-        *[str(length) for length in latency_lengths(spec)],
-        "--workload-lengths",
-        *[str(length) for length in workload],
-        "--ttft-max-ratio",
-        latency.ttft_max_ratio,
-        "--itl-max-ratio",
-        latency.itl_max_ratio,
-        # Load matching: the canary carries what a baseline pod serves its users, per canary pod (latency.py).
-        "--canary-pods",
-        str(spec.rollout.canary_replicas),
-        *_api_key_args(spec),
-    ]
-
-
-def preflight_command(spec: KVPolicySpec, probe_backend: str) -> list[str]:
-    """The probe measures the attention the canary will run (`probe_backend`, see attention.PROBE_BACKENDS) up to
-    the full context the gates vouch for: it sends no prompt, so it needs no room for an answer (hence the uncapped
-    `accuracy_length`)."""
-    return [
-        "python",
-        "-m",
-        "kvkernels.probe",
-        "--backend",
-        probe_backend,
-        "--max-len",
-        str(spec.accuracy_length),
-        "--head-dim",
-        str(spec.model.head_dim),
-        "--json",
-    ]
 
 
 def pod_placement(pod_spec: Mapping[str, Any]) -> Obj:

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvpolicy.api.v1alpha1 import Advice, Difference, PodTemplateRecord
+from kvpolicy.api.v1alpha1 import Advice, ContainerRecord, Difference, PodTemplateRecord
 from kvpolicy.rollout import builders as b
 
 if TYPE_CHECKING:  # the target kinds use drift's Deployment helpers
@@ -34,7 +34,7 @@ def _tokens(tokens: Sequence[str] | None) -> str:
     return _short(" ".join(tokens)) if tokens else NONE
 
 
-def kv_arguments(record: PodTemplateRecord) -> list[str]:
+def kv_arguments(record: ContainerRecord) -> list[str]:
     """The plan-owned flags of a container's command line, in order (`--kv-cache-dtype fp8 --attention-backend X`)."""
     return b.split_kv_flags(b.serving_tokens(record))[1]
 
@@ -54,8 +54,29 @@ def _env_value(entry: str) -> str:
 
 
 def differences(expected: PodTemplateRecord, observed: PodTemplateRecord) -> list[Difference]:
-    """How `observed` differs from `expected`, field by field; empty when it serves the same. Env order does not
-    matter (the API server keeps it, vLLM does not care); argument order does."""
+    """How `observed` differs from `expected`, field by field, its companions' too (a LeaderWorkerSet's worker
+    template edited by hand is a changed target as much as its leader's); empty when it serves the same. Env order
+    does not matter (the API server keeps it, vLLM does not care); argument order does. A record made before
+    companions were recorded (`companions` unset) compares the main container alone."""
+    found = _container_differences(expected, observed)
+    if expected.companions is None:
+        return found
+    ours, theirs = expected.companions, observed.companions or {}
+    for role in sorted(ours.keys() | theirs.keys()):
+        if role not in ours or role not in theirs:
+            where = "missing" if role not in theirs else "added"
+            found.append(
+                Difference(field=f"{role} Container", expected="present" if role in ours else NONE, observed=where)
+            )
+            continue
+        found += [
+            item.model_copy(update={"field": f"{role} {item.field}"})
+            for item in _container_differences(ours[role], theirs[role])
+        ]
+    return found
+
+
+def _container_differences(expected: ContainerRecord, observed: ContainerRecord) -> list[Difference]:
     found: list[Difference] = []
     if expected.image != observed.image:
         found.append(Difference(field="Image", expected=expected.image, observed=observed.image))

@@ -3,7 +3,7 @@ its report, and move on as its judgement says."""
 
 from __future__ import annotations
 
-from kvpolicy.rollout.job_gates import JobGate, Then
+from kvpolicy.rollout.gates.job import JobGate, Then
 from kvpolicy.rollout.tick import Tick, advance, rollback, run_job
 
 

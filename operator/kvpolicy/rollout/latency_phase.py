@@ -9,8 +9,9 @@ from datetime import datetime, timedelta
 from kvpolicy.analysis.model import Action as AnalysisAction
 from kvpolicy.analysis.model import AnalysisState, Outcome, Verdict
 from kvpolicy.analysis.verdicts import next_analysis_state
-from kvpolicy.api.reasons import Reason
+from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import (
+    AnalysisPhase,
     ConditionStatus,
     ConditionType,
     GateResult,
@@ -18,13 +19,15 @@ from kvpolicy.api.v1alpha1 import (
     LatencyAnalysis,
     LatencyCheck,
     OnInconclusive,
+    RoutingGroupStatus,
+    RoutingGroupTraffic,
     Traffic,
-    VerdictKind,
 )
 from kvpolicy.rollout import traffic_router, traffic_share
-from kvpolicy.rollout.job_gates import LATENCY_PROBE, Then
+from kvpolicy.rollout.gates.job import Then
+from kvpolicy.rollout.gates.latency_probe import LATENCY_PROBE
 from kvpolicy.rollout.rules import latency_gate_config
-from kvpolicy.rollout.step_types import parse_timestamp, timestamp
+from kvpolicy.rollout.step_types import Obj, Patch, parse_timestamp, timestamp
 from kvpolicy.rollout.tick import Tick, advance, deadline_rollback, rollback, run_job, watch_capacity
 
 GATE = ConditionType.LATENCY_GATE_PASSED
@@ -46,9 +49,65 @@ def _passed(t: Tick, reason: str, message: str) -> None:
 
 
 def _step_passed(t: Tick) -> None:
-    """The analysis passed at this share of the traffic: the next step's share (InferencePool), else promotion."""
-    if not traffic_router.next_step(t):
+    """The analysis passed at this share of the traffic: the next step's share (InferencePool, a routing group), else
+    promotion."""
+    if not traffic_router.next_step(t) and not _next_weight_step(t):
         advance(t)
+
+
+def _group_steps(t: Tick) -> list[int]:
+    return sorted((t.spec.rollout.routing_group or RoutingGroupTraffic()).steps)
+
+
+def _next_weight_step(t: Tick) -> bool:
+    """A canary in a routing group whose step passed: on to the next step's share (True), or False after the last."""
+    group = t.status.routing_group
+    if group is None or group.step + 1 >= len(_group_steps(t)):
+        return False
+    t.status.routing_group = RoutingGroupStatus(group=group.group, step=group.step + 1)
+    t.status.latency = LatencyAnalysis()
+    t.requeue = 0
+    return True
+
+
+def _at_step_weight(t: Tick, target: Obj, canary: Obj) -> bool:
+    """A target whose traffic the canary joined by weight (a KServe routing group): set the canary's weight for this
+    step's share of the group's traffic; True once the target's group status lists the canary at that weight (the
+    step counts only then). Kinds whose canary's share is its replicas are there at once."""
+    kind, name = t.target_kind, t.canary.deployment
+    steps = _group_steps(t)
+    group = t.status.routing_group or RoutingGroupStatus(group="", step=0)
+    share = steps[group.step]
+    weight = kind.step_weight(name, target, share)
+    if weight is None:
+        return True
+    if group.since is None:
+        group = group.model_copy(update={"since": timestamp(t.now)})
+    t.status.routing_group = group
+    asked = parse_timestamp(group.since) or t.now
+    late = (t.now - asked).total_seconds() > t.spec.rollout.progress_deadline_seconds
+    if isinstance(weight, str):
+        t.status.message = weight
+        if late:
+            rollback(t, DecisionReason.PROGRESS_DEADLINE_EXCEEDED, f"canary {name}: {weight}")
+        return False
+    group.group, group.share_percent, group.weight = kind.routing_group(target) or "", share, weight
+    if kind.canary_weight(canary) != weight:
+        t.add(Patch(kind.object_kind, name, kind.weight_patch(weight)))
+        t.status.message = f"canary {name}: weight {weight} for {share}% of the traffic (step {group.step + 1})"
+        t.requeue = 0
+        return False
+    awaited = kind.traffic_confirmed(name, target, weight)
+    if awaited is not None:
+        t.status.message = awaited
+        if late:
+            rollback(t, DecisionReason.PROGRESS_DEADLINE_EXCEEDED, f"canary {name} ({awaited})")
+        return False
+    if group.confirmed_at is None:
+        group.confirmed_at = timestamp(t.now)
+        where = f"canary {name} at weight {weight}: {share}% of routing group {group.group} (step {group.step + 1} of "
+        t.event("Normal", Reason.TRAFFIC_SHIFTED, f"{where}{len(steps)}), confirmed by its status")
+    return True
 
 
 def _inconclusive(t: Tick, reason: str, message: str) -> None:
@@ -156,10 +215,10 @@ def background_analysis(t: Tick) -> bool:
             t.condition(GATE, ConditionStatus.FALSE, outcome.reason, f"{waiting}: {outcome.message}")
             rollback(t, outcome.reason, f"{waiting}: {outcome.message}")
             return False
-        if verdict.kind == VerdictKind.PASS:
+        if verdict.phase is AnalysisPhase.SUCCESSFUL:
             t.condition(GATE, ConditionStatus.TRUE, outcome.reason, f"{waiting}: {verdict.message}")
         else:
-            if verdict.kind == VerdictKind.BREACH:
+            if verdict.phase is AnalysisPhase.FAILED:
                 t.event("Warning", Reason.LATENCY_BREACH, f"{waiting}: {outcome.message}")
             t.condition(GATE, ConditionStatus.UNKNOWN, outcome.reason, f"{waiting}: {outcome.message}")
     t.requeue = min(t.requeue, _next_check_in(t))
@@ -172,7 +231,7 @@ def _live(t: Tick) -> None:
     verdict = t.obs.analysis_verdict()
     if verdict is not None:
         outcome = _fold(t, verdict)
-        if verdict.kind == VerdictKind.BREACH and outcome.action != AnalysisAction.ROLLBACK:
+        if verdict.phase is AnalysisPhase.FAILED and outcome.action != AnalysisAction.ROLLBACK:
             t.event("Warning", Reason.LATENCY_BREACH, outcome.message)
         if outcome.action == AnalysisAction.PROMOTE:
             t.condition(GATE, ConditionStatus.TRUE, outcome.reason, outcome.message)
@@ -231,8 +290,12 @@ def latency_analysis(t: Tick) -> None:
             return
         if routed and not traffic_router.shifted(t):
             return
+        if joining and not _at_step_weight(t, target, canary):
+            return
         latency.started_at = timestamp(t.now)
-        if joining:
+        if joining and t.status.routing_group is not None and t.status.routing_group.step > 0:
+            pass  # a later step of a routing group: its TrafficShifted event said so
+        elif joining:
             joined = f"canary {t.canary.deployment} now serves a share of the users' traffic"
             t.event("Normal", Reason.TRAFFIC_JOINED, joined)
         elif not routed:  # a routed canary's TrafficShifted event said where the traffic goes

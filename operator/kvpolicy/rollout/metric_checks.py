@@ -14,15 +14,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from kvpolicy.analysis.checks import AnyCheck, MetricsCheck, Sides, Stage
+from kvpolicy.analysis.checks import AnyCheck, CheckVerdict, MetricsCheck, Sides, Stage
 from kvpolicy.analysis.custom import custom_checks
 from kvpolicy.analysis.latency_check import latency_snapshots
 from kvpolicy.analysis.model import SideMetrics, Verdict
 from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.analysis.served import CANARY_CONFIG
 from kvpolicy.analysis.verdicts import assess
-from kvpolicy.api.v1alpha1 import KVPolicy, Phase
-from kvpolicy.rollout.conditions import condition_holds
+from kvpolicy.api.v1alpha1 import AnalysisPhase, ConditionStatus, KVPolicy, KVPolicyStatus, Phase
+from kvpolicy.rollout.conditions import condition_holds, find_condition
 from kvpolicy.rollout.rules import latency_check_due, latency_gate_config
 
 
@@ -63,3 +63,31 @@ def needs_baseline(checks: Sequence[AnyCheck]) -> bool:
     """An ANALYSIS check compares the canary with the target's pods, and so does a VERIFY check that says so (the
     canary configuration check's parity)."""
     return any(check.stage is Stage.ANALYSIS or check.reads_baseline for check in checks)
+
+
+# The condition status a VERIFY check's conclusive verdict sets.
+_CONCLUDED = {AnalysisPhase.SUCCESSFUL: ConditionStatus.TRUE, AnalysisPhase.FAILED: ConditionStatus.FALSE}
+
+
+def taken_checks(before: KVPolicyStatus, after: KVPolicyStatus, checks: Sequence[CheckVerdict]) -> list[CheckVerdict]:
+    """The verdicts of this pass's metrics checks that the step took, each once: what the gate-results metric counts,
+    as it counts a Job gate's record once it is final (`gates.finished_gates`). An ANALYSIS check counts when the
+    analysis folded this pass's check in (every one is a measurement); a VERIFY check when its verdict concluded the
+    check (its condition turned True on a pass, False on a breach), not while it waits for data."""
+    counted_before = before.latency.checks if before.latency else 0
+    analysed = after.latency is not None and after.latency.checks > counted_before
+    taken = []
+    for result in checks:
+        if result.check.stage is Stage.ANALYSIS:
+            if analysed:
+                taken.append(result)
+            continue
+        verification = result.check.verification
+        concluded = _CONCLUDED.get(result.verdict.phase)
+        if verification is None or concluded is None:
+            continue
+        old = find_condition(before.conditions, verification.condition)
+        new = find_condition(after.conditions, verification.condition)
+        if new is not None and new.status == concluded and (old is None or old.status != concluded):
+            taken.append(result)
+    return taken

@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+# Where a policy names its target: the observer lists only the policies naming the same one (a cache indexes it).
+TARGET_NAME_PATH = ("spec", "targetRef", "name")
+
 
 def target_name(policy: Mapping[str, Any]) -> str | None:
     """spec.targetRef.name as stored, read without validating the rest of the spec (an invalid policy keeps its claim:
@@ -27,8 +30,8 @@ def _seniority(policy: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def governing_policy(metadata: Mapping[str, Any], target: str, peers: Sequence[Mapping[str, Any]]) -> str | None:
-    """The name of the other KVPolicy (among `peers`, the policies of the namespace) that governs `target`, the
-    Deployment of the policy with this `metadata`; None when this policy does."""
+    """The name of the other KVPolicy (among `peers`, the policies of the namespace, or those of them naming
+    `target`) that governs `target`, the Deployment of the policy with this `metadata`; None when this policy does."""
     me: Mapping[str, Any] = {"metadata": metadata}
     uid = metadata.get("uid")
     others = [peer for peer in peers if target_name(peer) == target and (peer.get("metadata") or {}).get("uid") != uid]

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 from kvpolicy.analysis.model import LatencyGateConfig, parse_ratio
 from kvpolicy.api.v1alpha1 import (
+    AnalysisPhase,
     ApplyMode,
     ConditionType,
     KVPolicy,
@@ -17,11 +18,11 @@ from kvpolicy.api.v1alpha1 import (
     Phase,
     Plan,
     Traffic,
-    VerdictKind,
     parse_decimal,
 )
 from kvpolicy.rollout.conditions import condition_holds
-from kvpolicy.rollout.job_gates import GATE_OF_PHASE, LATENCY_PROBE
+from kvpolicy.rollout.gates import GATE_OF_PHASE
+from kvpolicy.rollout.gates.latency_probe import LATENCY_PROBE
 from kvpolicy.rollout.step_types import parse_timestamp
 
 # Spec fields that steer a running rollout, or say how its decision is applied and watched, rather than define what
@@ -137,7 +138,7 @@ def stale_evidence(spec: KVPolicySpec, status: KVPolicyStatus, now: datetime) ->
     if last is None or at is None:
         return "no latency check is recorded"
     age = (now - at).total_seconds()
-    if last.verdict != VerdictKind.PASS:
+    if last.verdict.phase is not AnalysisPhase.SUCCESSFUL:
         return f"the latest latency check, {age:.0f} s ago, was {last.verdict.value} ({last.reason})"
     limit = 2 * spec.gates.latency.interval_seconds
     if age > limit:

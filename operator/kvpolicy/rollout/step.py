@@ -5,7 +5,7 @@ is idempotent (deterministic names, create-if-absent, patches computed from what
 after a crash or an operator restart repeats nothing harmful and loses nothing.
 
 The phases (`Phase` in the API) are handled here, except the Job gates' (gate_phase.py, one table entry each in
-job_gates.py) and LatencyAnalysis (latency_phase.py); `Tick` and the transitions are in tick.py, the spec-derived rules
+gates/) and LatencyAnalysis (latency_phase.py); `Tick` and the transitions are in tick.py, the spec-derived rules
 in rules.py. Metrics checks (metric_checks.py) are reacted to by their stage: VERIFY ones here, before any gate.
 """
 
@@ -19,6 +19,7 @@ from kvpolicy.analysis.checks import Stage, Verification
 from kvpolicy.analysis.model import Verdict
 from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import (
+    AnalysisPhase,
     CanaryRef,
     ConditionStatus,
     ConditionType,
@@ -31,14 +32,14 @@ from kvpolicy.api.v1alpha1 import (
     Phase,
     PodTemplateRecord,
     Traffic,
-    VerdictKind,
 )
 from kvpolicy.planning.gpu import planning_change
 from kvpolicy.planning.planner import bf16_cause, plan
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout import drift, traffic_router
 from kvpolicy.rollout.gate_phase import job_gate_phase
-from kvpolicy.rollout.job_gates import PHASE_GATES, JobGate
+from kvpolicy.rollout.gates import PHASE_GATES
+from kvpolicy.rollout.gates.job import JobGate
 from kvpolicy.rollout.latency_phase import background_analysis, keep_joined, latency_analysis
 from kvpolicy.rollout.rules import rollout_hash, stale_evidence, uses_live_analysis
 from kvpolicy.rollout.step_types import (
@@ -134,7 +135,8 @@ def _ensure_canary_objects(t: Tick) -> None:
     if t.observed_canary is None:
         t.add(Create(t.target_kind.object_kind, t.target_kind.canary(t.ref, name, target, t.spec, t.plan)))
     if t.canary.service not in t.obs.services:
-        t.add(Create(Kind.SERVICE, b.canary_service(t.ref, t.canary.service, port)))
+        serving = t.target_kind.serving_labels(target)
+        t.add(Create(Kind.SERVICE, b.canary_service(t.ref, t.canary.service, port, serving)))
     baseline = t.baseline_service_name()
     if baseline not in t.obs.services:
         selector = t.target_kind.serving_selector(target)
@@ -204,13 +206,13 @@ def _verify(t: Tick, verification: Verification, verdict: Verdict) -> bool:
     """One VERIFY check's verdict: a pass records its evidence, a breach rolls back, and no data waits up to
     progressDeadlineSeconds."""
     condition = verification.condition
-    if verdict.kind is VerdictKind.PASS:
+    if verdict.phase is AnalysisPhase.SUCCESSFUL:
         if verdict.evidence is not None:
             verdict.evidence.record(t.status)
         t.condition(condition, ConditionStatus.TRUE, verdict.reason, verdict.message)
         t.event("Normal", verification.passed_event, verdict.message)
         return True
-    if verdict.kind is VerdictKind.BREACH:
+    if verdict.phase is AnalysisPhase.FAILED:
         t.condition(condition, ConditionStatus.FALSE, verdict.reason, verdict.message)
         rollback(t, verdict.reason, verdict.message)
         return False
@@ -347,14 +349,20 @@ def _still_gated(t: Tick) -> bool:
     return True
 
 
-def _remove_children(t: Tick) -> bool:
-    """Put the user's route back (traffic InferencePool), then delete the canary, its pool, its Services and any gate
-    Job still running; True when nothing is left."""
+def _remove_children(t: Tick, *, promoted: bool) -> bool:
+    """Put the user's route back (traffic InferencePool), then delete the canary (after a promotion, where its kind
+    keeps it as a way back, stop it instead: status.retainedCanary), its pool, its Services and any gate Job still
+    running; True when nothing is left to do."""
     gone = traffic_router.release(t)
     if t.obs.canary is not None:
-        for action in t.target_kind.retire(t.obs.canary["metadata"]["name"]):
+        name = t.obs.canary["metadata"]["name"]
+        kept = t.target_kind.keep_after_promotion(t.obs.canary) if promoted else None
+        for action in t.target_kind.retire(name) if kept is None else kept:
             t.add(action)
-        gone = False
+        if kept == []:
+            t.status.retained_canary = name
+        else:
+            gone = False
     for service in sorted(t.obs.services):
         t.add(Delete(Kind.SERVICE, service))
         gone = False
@@ -387,7 +395,7 @@ def _promoting(t: Tick) -> None:
         _await_adoption(t, target, current, desired)
         return
     patched = _converge_target(t, desired)
-    removed = _remove_children(t)
+    removed = _remove_children(t, promoted=True)
     if patched and removed:
         message = f"{t.spec.target_ref.name} runs FP8 KV ({' '.join(desired.args or desired.command or [])})"
         _promoted(t, desired, DecisionReason.GATES_PASSED, message)
@@ -416,7 +424,7 @@ def _await_adoption(t: Tick, target: Obj, current: PodTemplateRecord, desired: P
     """Advisory: publish the change, free the canary's GPUs, and count the rollout as promoted once the target's pods
     all run the change."""
     _advise(t, desired)
-    removed = _remove_children(t)
+    removed = _remove_children(t, promoted=True)
     adopted = not drift.differences(desired, current)
     if adopted and t.target_kind.rolled_out(target) and removed:
         message = (
@@ -443,7 +451,7 @@ def _bf16_configuration(t: Tick, current: PodTemplateRecord) -> PodTemplateRecor
 def _rolling_back(t: Tick) -> None:
     current = _observed(t)
     restored = current is None or _converge_target(t, _bf16_configuration(t, current))
-    removed = _remove_children(t)
+    removed = _remove_children(t, promoted=False)
     if restored and removed:
         decision = t.status.decision
         reason = decision.reason if decision else Reason.ROLLED_BACK

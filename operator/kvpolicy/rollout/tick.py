@@ -30,7 +30,8 @@ from kvpolicy.api.v1alpha1 import (
 from kvpolicy.gate_programs.report import read_report
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.conditions import condition_holds, find_condition, set_condition
-from kvpolicy.rollout.job_gates import JOB_GATES, PHASE_GATES, JobGate, JobInputs
+from kvpolicy.rollout.gates import JOB_GATES, PHASE_GATES
+from kvpolicy.rollout.gates.job import JobGate, JobInputs
 from kvpolicy.rollout.step_types import (
     Action,
     Create,
@@ -292,6 +293,8 @@ def restart(t: Tick, spec_hash: str, why: str, warning: Reason | None = None, *,
             result = gate.result(previous)
             if result is not None and result.job and result.verdict == GateVerdict.RUNNING:
                 t.add(Delete(Kind.JOB, result.job))
+    if previous.retained_canary is not None:  # a promoted canary kept as a way back: a new rollout replaces it
+        t.add(Delete(t.target_kind.object_kind, previous.retained_canary))
     if warning is not None:
         t.event("Warning", warning, why)
     elif previous.spec_hash is not None:
@@ -316,6 +319,8 @@ def restart(t: Tick, spec_hash: str, why: str, warning: Reason | None = None, *,
             "target_decided": None,
             "advice": None,
             "traffic": None if route_restored else previous.traffic,  # else put back by the next rollout
+            "routing_group": None,
+            "retained_canary": None,
             "previous_template": None if target_changed else previous.previous_template,
         }
     )

@@ -38,6 +38,9 @@ def intended_percent(t: Tick) -> float | None:
         return 100.0 * mirrored / (100.0 + mirrored)
     if traffic == Traffic.INFERENCE_POOL:
         return float(routed.weight) if routed is not None else None
+    group = t.status.routing_group
+    if traffic == Traffic.REPLICA_RATIO and group is not None and group.confirmed_at is not None:
+        return float(group.share_percent)  # a routing group's weights, not the replicas, set the share
     if traffic == Traffic.REPLICA_RATIO and t.obs.target is not None:
         canary = t.spec.rollout.canary_replicas
         target = int(t.obs.target["spec"].get("replicas", 1))

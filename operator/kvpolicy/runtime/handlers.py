@@ -211,6 +211,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
 @kopf.on.cleanup(registry=registry)
 async def shutdown(memo: Any, **_: Any) -> None:
     reconciler = memo.get("reconciler")
+    if reconciler is not None:
+        await reconciler.stop_all()
     if reconciler is not None and reconciler.analyser is not None:
         await reconciler.analyser.close()
     if reconciler is not None and reconciler.notifier is not None:
@@ -219,22 +221,25 @@ async def shutdown(memo: Any, **_: Any) -> None:
         await memo["api"].close()
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, registry=registry)
-async def rollout(stopped: kopf.DaemonStopped, meta: kopf.Meta, memo: Any, **_: Any) -> None:
-    """One loop per KVPolicy for its whole life; all its progress is in its status."""
-    await _reconciler(memo).run_policy(str(meta["namespace"]), str(meta["name"]), str(meta["uid"]), stopped)
-
-
 @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-def watched(body: kopf.Body, event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    """Wake a policy's loop at once when its spec changes, instead of at its next requeue; once a policy is gone,
-    wake those that waited for its target."""
+async def watched(body: kopf.Body, event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    """Run one loop per KVPolicy for its whole life (all its progress is in its status), started by its first event
+    (the initial list's included); wake it at once when its spec changes, instead of at its next requeue; once a
+    policy is gone, wake those that waited for its target. The loop ends by itself once it sees the policy being
+    deleted or gone. Async, so that it runs on kopf's loop, where the loops live (kopf runs a sync handler in a
+    thread)."""
     if "reconciler" in memo:
         meta = body.get("metadata", {})
         reconciler = _reconciler(memo)
-        reconciler.notice(str(meta.get("uid")), meta.get("generation"), bool(meta.get("deletionTimestamp")))
+        namespace, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
+        deleting = bool(meta.get("deletionTimestamp"))
+        if not deleting and event.get("type") != "DELETED" and not reconciler.running(uid):
+            reconciler.start(
+                namespace, name, uid, {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), **body}
+            )
+        reconciler.notice(uid, meta.get("generation"), deleting)
         if event.get("type") == "DELETED":
-            reconciler.released(str(meta.get("namespace")), str(meta.get("name")))
+            reconciler.released(namespace, name)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
@@ -242,6 +247,7 @@ async def deleted(body: kopf.Body, memo: Any, **_: Any) -> None:
     """Remove the canary, Services and Jobs now (ownerReferences would, later) and say what the target runs."""
     reconciler = _reconciler(memo)
     raw = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), **dict(body)}
+    await reconciler.stop(str(body.get("metadata", {}).get("uid")))  # its loop's last pass ends before the cleanup
     try:
         stated = await reconciler.cleanup(raw)
     except ApiError as error:

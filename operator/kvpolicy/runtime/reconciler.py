@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -34,14 +34,15 @@ from kvpolicy.api.v1alpha1 import (
     PodTemplateRecord,
     TargetRef,
 )
-from kvpolicy.kube.api import JOBS, KVPOLICIES, SERVICES, ApiError, KubeApi, label_selector
+from kvpolicy.kube.api import JOBS, KVPOLICIES, REQUEST_CONNECTIONS, SERVICES, ApiError, KubeApi, label_selector
 from kvpolicy.kube.executor import Rejected, apply_actions, post_events, resource_for, write_status
 from kvpolicy.kube.observe import LatencyAnalyser, Observer, traffic_objects
 from kvpolicy.notify import metrics
 from kvpolicy.notify.notifier import Notifier
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.conditions import set_condition
-from kvpolicy.rollout.job_gates import JOB_GATES, finished_gates
+from kvpolicy.rollout.gates import JOB_GATES, finished_gates
+from kvpolicy.rollout.metric_checks import taken_checks
 from kvpolicy.rollout.rules import phase_deadline
 from kvpolicy.rollout.step import step
 from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult, parse_timestamp, timestamp
@@ -51,6 +52,8 @@ from kvpolicy.rollout.traffic_routes import restore_actions
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
 MAX_MESSAGE = 1024
+# How long a stopped loop may finish its pass before it is cancelled (kopf's daemons had the same).
+STOP_SECONDS = 10.0
 
 
 def invalid_spec_message(error: ValidationError) -> str:
@@ -75,11 +78,19 @@ def _conditions(raw: Obj) -> list[Condition]:
 
 
 class StopFlag(Protocol):
-    """kopf's DaemonStopped, or anything truthy once the loop must end with an awaitable `wait()`."""
+    """Truthy once a policy's loop must end (checked before each pass); who sets it wakes the loop too."""
 
     def __bool__(self) -> bool: ...
 
-    def wait(self) -> Awaitable[Any]: ...
+
+@dataclass
+class LoopStop:
+    """The stop flag of a loop `Reconciler.start` runs; `Reconciler.stop` sets it."""
+
+    stopped: bool = False
+
+    def __bool__(self) -> bool:
+        return self.stopped
 
 
 def policy_info(spec: KVPolicySpec, status: KVPolicyStatus) -> metrics.PolicyInfo:
@@ -111,6 +122,8 @@ class Reconciler:
     _wake: dict[str, asyncio.Event] = field(default_factory=dict, init=False)
     _generations: dict[str, int] = field(default_factory=dict, init=False)
     _phases: dict[str, str] = field(default_factory=dict, init=False)
+    # How many policies are in each phase, kept with `_phases`: counting all of them on every pass cost N per pass.
+    _phase_counts: Counter[str] = field(default_factory=Counter, init=False)
     # The policy as the API server returned it to this loop's last status write: the next pass starts from it
     # instead of reading the policy again, unless a watch event says the spec changed (or a write failed). Kept only
     # for policies looked at again within the idle period (rollouts in flight): one at rest is read again at its
@@ -120,6 +133,14 @@ class Reconciler:
     _waiting: dict[tuple[str, str], set[str]] = field(default_factory=dict, init=False)
     # Loops sleeping out a retryable API failure: `wake_backing_off` wakes them when the API server answers again.
     _backing_off: set[str] = field(default_factory=set, init=False)
+    # The policies' loops `start` runs, by uid: a task each, rather than a kopf daemon each, whose machinery (a stop
+    # flag with a thread event, a logger, the handler's kwargs, the latest body kept for it) cost more memory than
+    # the loop itself (issue 28).
+    _loops: dict[str, tuple[asyncio.Task[None], LoopStop]] = field(default_factory=dict, init=False)
+    # Passes in flight at once. The client has this many connections: thousands of passes started together (a
+    # restart, a batch of new policies) would otherwise all hold their policy, observations and step result while
+    # queued for one, and all finish late rather than in turn (issue 28).
+    _passes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(REQUEST_CONNECTIONS), init=False)
 
     @property
     def observer(self) -> Observer:
@@ -133,44 +154,86 @@ class Reconciler:
         if deleting or (generation is not None and seen is not None and generation != seen):
             # What the loop last wrote is no longer the whole truth: read the policy again.
             self._known.pop(uid, None)
-            self._wake.setdefault(uid, asyncio.Event()).set()
+            self._wake_up(uid)
 
     def released(self, namespace: str, name: str) -> None:
         """A policy is gone: wake the loops of the policies that waited for its target."""
         for uid in self._waiting.pop((namespace, name), set()):
             self._known.pop(uid, None)
-            self._wake.setdefault(uid, asyncio.Event()).set()
+            self._wake_up(uid)
 
     def wake_backing_off(self) -> None:
         """The API server answers again (supervisor.py's probe): loops backing off after an API failure look again
         now rather than at the end of their backoff (up to a minute)."""
         for uid in self._backing_off:
-            self._wake.setdefault(uid, asyncio.Event()).set()
+            self._wake_up(uid)
 
-    async def _sleep(self, uid: str, stopped: StopFlag, delay: float) -> None:
+    def _wake_up(self, uid: str) -> None:
+        """End the loop's sleep, or its next one when it is in a pass. Only a running loop has an event to set: one
+        made for a policy whose loop has ended (its DELETED event comes after) would stay for the process's life."""
+        event = self._wake.get(uid)
+        if event is not None:
+            event.set()
+
+    async def _sleep(self, uid: str, delay: float) -> None:
         event = self._wake.setdefault(uid, asyncio.Event())
         if not event.is_set() and delay > 0:
-
-            async def until_stopped() -> None:
-                await stopped.wait()
-
-            waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(until_stopped())}
-            try:
-                await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in waiters:
-                    waiter.cancel()
-                await asyncio.gather(*waiters, return_exceptions=True)
+            # A timer on the one event rather than a task per thing to wait for: thousands of loops sleep at once.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await event.wait()
         event.clear()
+
+    # ----------------------------------------------------------------------------------------------------- loops
+
+    def start(self, namespace: str, name: str, uid: str, seen: Obj | None = None) -> None:
+        """Run the policy's loop in a task of its own, unless it runs already (called for each watch event of a
+        policy that is not being deleted: the first one starts it). `seen`: the policy as the event brought it, which
+        the first pass starts from instead of reading it again (a GET per policy when thousands start at once)."""
+        if uid in self._loops:
+            return
+        if seen is not None:
+            self._known[uid] = seen
+        stop = LoopStop()
+        task = asyncio.create_task(self.run_policy(namespace, name, uid, stop), name=f"policy {namespace}/{name}")
+        self._loops[uid] = (task, stop)
+
+        def ended(_: asyncio.Task[None]) -> None:
+            if self._loops.get(uid, (None, None))[0] is task:
+                del self._loops[uid]
+
+        task.add_done_callback(ended)
+
+    def running(self, uid: str) -> bool:
+        return uid in self._loops
+
+    async def stop(self, uid: str, timeout_seconds: float = STOP_SECONDS) -> None:
+        """End the policy's loop and wait for it (after its pass in flight, cancelled after `timeout_seconds`), so
+        that nothing it does overlaps what comes next: the deletion's cleanup, or the operator's exit."""
+        running = self._loops.get(uid)
+        if running is None:
+            return
+        task, stop = running
+        stop.stopped = True
+        self._wake_up(uid)
+        done, _ = await asyncio.wait({task}, timeout=timeout_seconds)
+        if not done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def stop_all(self, timeout_seconds: float = STOP_SECONDS) -> None:
+        await asyncio.gather(*(self.stop(uid, timeout_seconds) for uid in list(self._loops)))
 
     # ------------------------------------------------------------------------------------------------------ loop
 
     async def run_policy(self, namespace: str, name: str, uid: str, stopped: StopFlag) -> None:
         failures = 0
+        self._wake.setdefault(uid, asyncio.Event())  # a wake-up during the first pass ends the first sleep
         try:
             while not stopped:
                 try:
-                    delay = await self.reconcile_once(namespace, name, uid)
+                    async with self._passes:
+                        delay = await self.reconcile_once(namespace, name, uid)
                     failures = 0
                     self._backing_off.discard(uid)
                 except ApiError as error:
@@ -196,7 +259,7 @@ class Reconciler:
                     logger.exception("%s/%s: unexpected error; retrying in %.1f s", namespace, name, delay)
                 if delay is None:
                     return
-                await self._sleep(uid, stopped, delay)
+                await self._sleep(uid, delay)
         finally:
             self._wake.pop(uid, None)
             self._generations.pop(uid, None)
@@ -300,12 +363,23 @@ class Reconciler:
         status_obj = {**(raw.get("status") or {}), "conditions": [c.to_k8s() for c in conditions]}
         await write_status(self.api, raw, status_obj)  # what it returns is not kept: the next pass is not soon
 
+    def _set_phase(self, uid: str, phase: str | None) -> None:
+        """Keep `_phases` and `_phase_counts` together; None: the policy is gone."""
+        before = self._phases.pop(uid, None)
+        if before is not None:
+            self._phase_counts[before] -= 1
+            if not self._phase_counts[before]:
+                del self._phase_counts[before]
+        if phase is not None:
+            self._phases[uid] = phase
+            self._phase_counts[phase] += 1
+
     def _record_metrics(self, policy: KVPolicy, observations: Observations, result: StepResult) -> None:
         namespace, name = str(policy.metadata["namespace"]), str(policy.metadata["name"])
         before, after = policy.status, result.status
         uid = str(policy.metadata.get("uid"))
-        self._phases[uid] = after.phase or Phase.PLANNING
-        metrics.set_policies_by_phase(Counter(self._phases.values()))
+        self._set_phase(uid, after.phase or Phase.PLANNING)
+        metrics.set_policies_by_phase(self._phase_counts)
         if after.decision is not None and after.decision != before.decision:
             metrics.record_decision(after.decision.result, after.decision.reason, namespace, name)
             started = parse_timestamp(after.rollout_started_at)
@@ -323,6 +397,8 @@ class Reconciler:
                 done.baseline_score,
                 gate.min_recovery(policy.spec),
             )
+        for taken in taken_checks(before, after, observations.checks):
+            metrics.count_gate_result(taken.check.name, taken.verdict.kind)
         for gate in JOB_GATES:
             if gate.result(after) is None:
                 metrics.clear_gate(namespace, name, gate.name)
@@ -367,8 +443,8 @@ class Reconciler:
             for child in await self.api.list_objects(resource, namespace, selector):
                 if any(ref.get("uid") == uid for ref in child["metadata"].get("ownerReferences") or []):
                     await self.api.delete(resource, namespace, child["metadata"]["name"])
-        self._phases.pop(uid, None)
-        metrics.set_policies_by_phase(Counter(self._phases.values()))
+        self._set_phase(uid, None)
+        metrics.set_policies_by_phase(self._phase_counts)
         metrics.forget_policy(namespace, name)
         if target_ref is None:
             return "its spec names no readable targetRef, so no target was touched"

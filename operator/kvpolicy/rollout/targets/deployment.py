@@ -20,8 +20,10 @@ class DeploymentTarget(ServingTarget):
         spec: Obj = target.get("spec", {}).get("template", {}).get("spec") or {}
         return spec
 
-    def patch(self, target: Mapping[str, Any], container: str | None, desired: PodTemplateRecord) -> list[Obj]:
-        return b.container_patch(target, container, desired)
+    advice_patch_type = "strategic merge"
+
+    def container_path(self, target: Mapping[str, Any], container: str | None) -> str:
+        return f"/spec/template/spec/containers/{b.container_index(target, container)}"
 
     def canary(self, policy: b.PolicyRef, name: str, target: Mapping[str, Any], spec: KVPolicySpec, plan: Plan) -> Obj:
         return b.canary_deployment(policy, name, target, spec, plan)

@@ -15,17 +15,18 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from kvpolicy.api.v1alpha1 import KVPolicySpec, Plan, PodTemplateRecord, TargetKind
+from kvpolicy.api.v1alpha1 import KVPolicySpec, Plan, TargetKind
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout import drift
 from kvpolicy.rollout.step_types import CustomKind
-from kvpolicy.rollout.targets.base import Obj, ServingTarget
+from kvpolicy.rollout.targets.base import Companion, Obj, ServingTarget
 
 # The labels the LeaderWorkerSet controller gives every pod of a set (sigs.k8s.io/lws api/leaderworkerset/v1).
 SET_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 LEADER_INDEX = "0"
 TEMPLATE = "/spec/leaderWorkerTemplate"
+WORKER = "worker"
 
 
 def _templates(target: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -45,44 +46,31 @@ def _runs_vllm(container: Mapping[str, Any]) -> bool:
     return any("vllm" in token or token in markers for token in tokens) or bool(b.split_kv_flags(tokens)[1])
 
 
-def follow(worker: PodTemplateRecord, leader_before: PodTemplateRecord, leader: PodTemplateRecord) -> PodTemplateRecord:
-    """The worker's configuration for a leader going from `leader_before` to `leader`: the leader's KV flags, and its
-    image where the worker ran the leader's image; the worker's own arguments and env stay."""
-    image = leader.image if worker.image == leader_before.image else worker.image
-    return b.with_kv_flags(worker, drift.kv_arguments(leader), image)
-
-
 class LeaderWorkerSetTarget(ServingTarget):
     kind = TargetKind.LEADER_WORKER_SET
     object_kind = CustomKind("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet")
-    advice_patch_type = "merge"  # custom resources take no strategic merge patch
 
     def pod_spec(self, target: Mapping[str, Any]) -> Obj:
         spec: Obj = (_templates(target).get(_leader_key(target)) or {}).get("spec") or {}
         return spec
 
-    def _worker(self, target: Mapping[str, Any], container: str | None) -> tuple[int, Obj] | None:
+    def container_path(self, target: Mapping[str, Any], container: str | None) -> str:
+        index = b.index_in(self.pod_spec(target).get("containers") or [], container, self.describe(target))
+        return f"{TEMPLATE}/{_leader_key(target)}/spec/containers/{index}"
+
+    def companions(self, target: Mapping[str, Any], container: str | None) -> dict[str, Companion]:
         """The worker template's vLLM container (by the leader's container name), when the leader has a template of
         its own and the workers run vLLM."""
         if _leader_key(target) != "leaderTemplate":
-            return None
+            return {}
         containers = ((_templates(target).get("workerTemplate") or {}).get("spec") or {}).get("containers") or []
-        name = self.container(target, container).get("name")
+        name = str(self.container(target, container).get("name"))
         for index, item in enumerate(containers):
             if item.get("name") == name or (container is None and index == 0 and len(containers) == 1):
-                return (index, item) if _runs_vllm(item) else None
-        return None
-
-    def patch(self, target: Mapping[str, Any], container: str | None, desired: PodTemplateRecord) -> list[Obj]:
-        leader = self.container(target, container)
-        index = b.index_in(self.pod_spec(target)["containers"], container, self.describe(target))
-        ops = b.container_ops(f"{TEMPLATE}/{_leader_key(target)}/spec/containers/{index}", leader, desired)
-        worker = self._worker(target, container)
-        if worker is not None:
-            before = b.container_record(leader)
-            wanted = follow(b.container_record(worker[1]), before, desired)
-            ops += b.container_ops(f"{TEMPLATE}/workerTemplate/spec/containers/{worker[0]}", worker[1], wanted)
-        return ops
+                if not _runs_vllm(item):
+                    return {}
+                return {WORKER: Companion(f"{TEMPLATE}/workerTemplate/spec", containers, index, name)}
+        return {}
 
     def canary(self, policy: b.PolicyRef, name: str, target: Mapping[str, Any], spec: KVPolicySpec, plan: Plan) -> Obj:
         container = spec.target_ref.container
@@ -106,13 +94,7 @@ class LeaderWorkerSetTarget(ServingTarget):
                 },
             },
         }
-        leader = self.container(canary, container)
-        before = b.container_record(leader)
-        desired = self.with_plan(before, plan)
-        worker = self._worker(canary, container)
-        b.set_container(leader, desired)
-        if worker is not None:
-            b.set_container(worker[1], follow(b.container_record(worker[1]), before, desired))
+        self.write(canary, container, self.with_plan(self.record(canary, container), plan))
         templates["leaderTemplate"].setdefault("metadata", {})["labels"] = b.canary_pod_labels(policy, name, {}, False)
         templates["workerTemplate"].setdefault("metadata", {})["labels"] = policy.labels(b.ROLE_CANARY)
         return canary
@@ -131,22 +113,3 @@ class LeaderWorkerSetTarget(ServingTarget):
     def rolled_out(self, target: Mapping[str, Any]) -> bool:
         # Its status counts groups as a Deployment's counts pods: replicas, updatedReplicas, readyReplicas.
         return drift.rolled_out(target)
-
-    def advice_patch(self, target: Mapping[str, Any], container: str | None, desired: PodTemplateRecord) -> Obj:
-        """A merge patch replacing the containers of both templates (a merge patch replaces lists whole)."""
-        changed = copy.deepcopy(dict(target))
-        templates = changed["spec"]["leaderWorkerTemplate"]
-        leader = self.container(changed, container)
-        worker = self._worker(changed, container)
-        before = b.container_record(leader)
-        b.set_container(leader, desired)
-        if worker is not None:
-            b.set_container(worker[1], follow(b.container_record(worker[1]), before, desired))
-        keys = [_leader_key(target), *(["workerTemplate"] if worker is not None else [])]
-        return {
-            "spec": {
-                "leaderWorkerTemplate": {
-                    key: {"spec": {"containers": templates[key]["spec"]["containers"]}} for key in keys
-                }
-            }
-        }
