@@ -85,6 +85,8 @@ def requested(method: str, path: ApiPath, params: dict[str, str]) -> tuple[Tripl
 # The other target kinds: their CRD (the controllers' stand-ins make their pods), the chart value granting them, the
 # target made from the same vLLM container, and the Deployment rule such a rollout never uses.
 DEPLOYMENT_RULES = {("apps", "deployments", verb) for verb in ("get", "list", "create", "patch", "delete")}
+# A ReplicaRatio canary of a Deployment joins the users' Service by its pods' labels (issue 23 item 6): the only use.
+POD_JOIN_RULES = {("", "pods", "patch")}
 
 
 def leaderworkerset(namespace: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
@@ -251,6 +253,7 @@ def test_rbac_allows_exactly_what_the_operator_requests_in_a_rollout(
         - used.keys()
         - ADMISSION_ONLY
         - (DEPLOYMENT_RULES if kind in OTHER_KINDS else set())
+        - (POD_JOIN_RULES if kind in OTHER_KINDS or routed else set())
     )
     assert unused == set(), "permissions the operator never used"
     subjects = only(manifests, "RoleBinding")["subjects"]

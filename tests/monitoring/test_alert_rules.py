@@ -19,6 +19,7 @@ RUNBOOK_URL = "https://github.com/kvpolicy/kvpolicy/blob/main/monitoring/runbook
 ALERTS = {
     "KVPolicyRolledBack",
     "KVPolicyRolloutStuck",
+    "KVPolicyAwaitingApproval",
     "KVPolicyAnalysisStalled",
     "KVPolicyAccuracyRecoveryLow",
     "KVPolicyCanaryTTFTRegression",

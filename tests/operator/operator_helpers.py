@@ -4,6 +4,7 @@ a step's actions against an in-memory world so multi-step scenarios stay pure.""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -216,6 +217,7 @@ class World:
     creates: list[str] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
     target_patches: int = 0
+    pod_patches: int = 0
 
     def apply(self, result: StepResult) -> None:
         for action in result.actions:
@@ -238,6 +240,13 @@ class World:
         return stores.get(kind, self.deployments)
 
     def _patch(self, action: Patch) -> None:
+        if action.kind == Kind.POD:  # only a pod's labels are ever patched; the pod keeps running
+            assert action.patch_type == "merge" and isinstance(action.patch, dict)
+            pod = self.pods[action.name]
+            labels = {**pod.labels, **action.patch["metadata"]["labels"]}
+            self.pods[action.name] = dataclasses.replace(pod, labels=labels)
+            self.pod_patches += 1
+            return
         assert action.kind == self.kind.object_kind
         if self.target is not None and action.name == self.target["metadata"]["name"]:
             assert action.patch_type == "json"
@@ -256,7 +265,9 @@ class World:
             labels = serving_pod_labels(self.kind, deployment)
             for index in range(deployment["spec"]["replicas"]):
                 pod = f"{name}-{index}"
-                self.pods[pod] = PodView(pod, "127.0.0.5", ready, unschedulable, dict(labels))
+                # A pod still there keeps the labels it was given (a joined Deployment canary's).
+                kept = self.pods[pod].labels if pod in self.pods else {}
+                self.pods[pod] = PodView(pod, "127.0.0.5", ready, unschedulable, {**kept, **labels})
 
     def finish_job(self, gate: str, output: str | None, exit_code: int = 0, failure: str | None = None) -> None:
         # The newest generation's Job of that gate (an edited spec leaves the earlier one behind).
@@ -395,8 +406,9 @@ def verdict(kind: GateVerdict) -> Verdict:
 def live(**spec: Any) -> Driver:
     driver = Driver(make_policy(**{"gates.accuracy.enabled": False, "gates.latency.enabled": True, **spec}))
     run_to_canary(driver)
-    driver.tick()
-    driver.world.canary_up()
+    driver.tick()  # joins: a Deployment's running pods are labelled, other kinds' replaced
+    if not driver.world.pods:
+        driver.world.canary_up()
     driver.tick()
     assert driver.policy.status.latency.started_at is not None
     return driver

@@ -9,6 +9,7 @@ import pytest
 from kvpolicy.api.v1alpha1 import KVCacheDtype, Plan, PodTemplateRecord
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.gates import accuracy, latency_probe
+from kvpolicy.rollout.step_types import Kind, Patch, PodView
 from kvpolicy.rollout.targets.deployment import DeploymentTarget
 from operator_helpers import CONFIG, TARGET_ARGS, make_policy, target_deployment
 
@@ -133,13 +134,27 @@ def test_canary_deployment_joins_only_when_asked() -> None:
     assert canary["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "h200"}
     assert DEPLOYMENT.container(canary, None)["args"] == [*TARGET_ARGS, *FP8_PLAN.extra_args]
     assert not DEPLOYMENT.is_joined(canary, target)
-    patch = b.join_patch(POLICY, "llama-fp8-canary-g1", target)
-    joined = copy.deepcopy(canary)
-    joined["spec"]["template"]["metadata"]["labels"] = patch["spec"]["template"]["metadata"]["labels"]
-    assert DEPLOYMENT.is_joined(joined, target)
-    selector = canary["spec"]["selector"]["matchLabels"]
-    assert all(joined["spec"]["template"]["metadata"]["labels"][k] == v for k, v in selector.items())
     assert target["spec"]["template"]["metadata"]["labels"] == {"app": "llama", "tier": "serving"}, "not mutated"
+
+
+def test_a_deployment_canary_joins_by_labelling_its_running_pods_not_its_template() -> None:
+    """Issue 23 item 6: a template change would replace the pod that passed the accuracy gate with a cold one."""
+    spec = make_policy(**{"rollout.canaryReplicas": 2}).spec
+    target = target_deployment()
+    name = "llama-fp8-canary-g1"
+    canary = b.canary_deployment(POLICY, name, target, spec, FP8_PLAN)
+    own = canary["spec"]["template"]["metadata"]["labels"]
+    pods = [
+        PodView(f"{name}-a", "10.0.0.1", True, labels=own),
+        PodView(f"{name}-b", "10.0.0.2", False, labels={**own, "app": "llama", "tier": "serving"}),  # joined already
+        PodView("llama-fp8-canary-g0-a", "10.0.0.3", True, labels={**own, b.CANARY_LABEL: "llama-fp8-canary-g0"}),
+    ]
+    actions = DEPLOYMENT.join_actions(POLICY, name, canary, target, pods)
+    assert actions == [Patch(Kind.POD, f"{name}-a", {"metadata": {"labels": {"app": "llama", "tier": "serving"}}})]
+    joined = [PodView(p.name, p.ip, p.ready, labels={**p.labels, "app": "llama", "tier": "serving"}) for p in pods]
+    assert DEPLOYMENT.join_actions(POLICY, name, canary, target, joined) == [], "nothing more once joined"
+    # The ReplicaSet keeps the labelled pods: its selector is a subset of their labels.
+    assert all(joined[0].labels[k] == v for k, v in canary["spec"]["selector"]["matchLabels"].items())
 
 
 def test_gate_job_is_single_shot_with_a_deadline_and_a_termination_message() -> None:
@@ -174,3 +189,17 @@ def test_latency_probe_sweeps_at_least_three_lengths_up_to_the_longest() -> None
     assert command[start : start + 2] == ["8192", "32768"]
     full = make_policy(**{"workload.typicalContextTokens": 131072}).spec
     assert latency_probe.lengths(full) == [8184, 32736, 130944], "the longest leaves room for the answer"
+
+
+def test_the_gate_jobs_carry_the_baseline_pace_and_the_canary_pods() -> None:
+    """Issue 23 item 7: the accuracy gate's prompts to production keep gates.accuracy.baselineRequestsPerMinute; the
+    latency probe loads the canary's pods as a baseline pod is loaded."""
+    unpaced = make_policy().spec
+    assert "--baseline-requests-per-minute" not in accuracy.command(unpaced, "http://c", "http://b")
+    paced = make_policy(**{"gates.accuracy.baselineRequestsPerMinute": 30}).spec
+    command = accuracy.command(paced, "http://c", "http://b")
+    assert command[command.index("--baseline-requests-per-minute") + 1] == "30"
+    two = make_policy(**{"rollout.canaryReplicas": 2}).spec
+    command = latency_probe.command(two, "http://c", "http://b")
+    assert command[command.index("--canary-pods") + 1] == "2"
+    assert "--no-match-load" not in command

@@ -83,16 +83,17 @@ def test_hopper_fixed_image_passes_every_gate_and_promotes_the_target() -> None:
     driver.tick()
     assert driver.phase == "LatencyAnalysis"
     assert driver.condition("AccuracyGatePassed") == ("True", "RecoveryAboveMinimum")
+    # Issue 23 item 6: the pod that passed the accuracy gate joins the users' Service as it runs (its labels), not
+    # through the canary's template, which would replace it with a cold pod.
     joins = [a for r in driver.results[start:] for a in r.actions if isinstance(a, Patch)]
-    assert len(joins) == 1 and joins[0].name == "llama-fp8-canary-g1"
+    assert [(a.kind, a.name) for a in joins] == [(Kind.POD, "llama-fp8-canary-g1-0")]
     canary_labels = driver.world.deployments["llama-fp8-canary-g1"]["spec"]["template"]["metadata"]["labels"]
-    assert canary_labels["app"] == "llama" and canary_labels["kvpolicy.dev/role"] == "canary"
+    assert "app" not in canary_labels and canary_labels["kvpolicy.dev/role"] == "canary", "template unchanged"
+    pod = driver.world.pods["llama-fp8-canary-g1-0"]
+    assert pod.ready and pod.labels["app"] == "llama" and pod.labels["kvpolicy.dev/canary"] == "llama-fp8-canary-g1"
 
-    driver.tick()  # the relabelled pods are not up yet
-    assert driver.phase == "LatencyAnalysis" and driver.policy.status.latency.started_at is None
-    driver.world.canary_up()
     start = len(driver.results)
-    driver.tick()  # joined and ready: bake 0 and latency gate disabled -> promoting
+    driver.tick()  # joined and still ready, no pod replaced: bake 0 and latency gate disabled -> promoting
     recorded = next(r for r in driver.results[start:] if r.status.previous_template is not None)
     assert not [a for a in recorded.actions if isinstance(a, Patch)], "record the template before patching"
     assert recorded.status.previous_template.image == TARGET_IMAGE

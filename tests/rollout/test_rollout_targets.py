@@ -47,7 +47,7 @@ def test_the_step_writes_the_target_and_its_canary_only_as_the_targets_kind(
     driver = Driver(make_policy(**spec), World(kind=ServerTarget()))
     driver.tick()
     driver.world.canary_up()
-    driver.tick()  # ready: the canary joins the target's traffic (a merge patch of the canary)
+    driver.tick()  # ready: the canary joins the target's traffic (its running pods are labelled)
     if outcome == "RolledBack":
         driver.edit({"rollout.abort": True})
     for _ in range(4):
@@ -55,7 +55,7 @@ def test_the_step_writes_the_target_and_its_canary_only_as_the_targets_kind(
         driver.tick(10)
     assert driver.phase == outcome
     actions = [action for result in driver.results for action in result.actions]
-    workloads = [action for action in actions if action.kind not in (Kind.SERVICE, Kind.JOB)]
+    workloads = [action for action in actions if action.kind not in (Kind.SERVICE, Kind.JOB, Kind.POD)]
     assert workloads and all(action.kind == SERVER for action in workloads), workloads
     assert Create in {type(action) for action in workloads} and Delete in {type(action) for action in workloads}
     target_patches = [action for action in workloads if isinstance(action, Patch) and action.name == "llama"]

@@ -85,9 +85,10 @@ Granted cluster-wide (ClusterRole) without watchNamespaces, or per namespace (Ro
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["list", "watch", "create", "delete"]
+# patch: a ReplicaRatio canary joins the users' Service by its running pods' labels (the pods the accuracy gate judged).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

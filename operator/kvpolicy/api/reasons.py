@@ -71,6 +71,8 @@ class Reason(StrEnum):
     BAKING = "Baking"
     AWAITING_APPROVAL = "AwaitingApproval"
     APPROVED = "Approved"
+    # Approved, but the latest latency check is not a recent pass: the promotion waits for one.
+    APPROVAL_AWAITS_ANALYSIS = "ApprovalAwaitsAnalysis"
     PROMOTING = "Promoting"
     PROMOTED = "Promoted"
     ROLLING_BACK = "RollingBack"
@@ -102,6 +104,7 @@ class DecisionReason(StrEnum):
     TARGET_NOT_FOUND = "TargetNotFound"
     CAPACITY_UNAVAILABLE = "CapacityUnavailable"
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+    APPROVAL_TIMED_OUT = "ApprovalTimedOut"  # Manual approval: not approved within rollout.approvalTimeoutSeconds
     CANARY_CONFIG_MISMATCH = "CanaryConfigMismatch"  # the canary does not serve the planned KV dtype / skip layers
     GPU_PREFLIGHT_UNSAFE = "GpuPreflightUnsafe"
     ACCURACY_RECOVERY_BELOW_MINIMUM = "AccuracyRecoveryBelowMinimum"

@@ -637,6 +637,16 @@ class AccuracyGate(_Model):
     timeout_seconds: Int = Field(
         default=3600, ge=1, le=MAX_DURATION_SECONDS, description="Deadline for the gate Job (at most a week)."
     )
+    baseline_requests_per_minute: Int | None = Field(
+        default=None,
+        ge=1,
+        le=60_000,
+        description="Most prompts a minute the gate sends to the production pods behind the baseline Service, evenly "
+        "spaced (each is a full-length prompt, lengthTokens long: a prefill of the workload's longest context on a "
+        "pod serving users). Unset: no limit (each sample's questions go out together). A limit makes the gate take "
+        "at least (prompts sent / this) minutes: keep timeoutSeconds above it (the default gate asks 8 questions per "
+        "sample, up to maxSamples samples).",
+    )
     length_profile: LengthProfile = Field(
         default_factory=LengthProfile, description="Shorter lengths sampled beside the gate's own (off: 1 bucket)."
     )
@@ -995,6 +1005,16 @@ class RolloutSpec(_Model):
     )
     abort: Bool = Field(default=False, description="Abort and roll back to BF16.")
     approval: Approval = Field(default=Approval.AUTOMATIC, description="Manual holds before promotion.")
+    approval_timeout_seconds: Int = Field(
+        default=86_400,
+        ge=1,
+        le=MAX_DURATION_SECONDS,
+        description="With Manual approval: how long a rollout may wait in AwaitingApproval (at most a week). Past "
+        "it the rollout is rolled back (ApprovalTimedOut): an unapproved change is never promoted, and its canary "
+        "stops holding GPUs and serving users (`kubectl kvpolicy retry` runs it again). While it waits the latency "
+        "analysis keeps checking a canary that serves users, and an approval promotes only on a passing check made "
+        "within the last two gates.latency.intervalSeconds.",
+    )
     approved_rollout: str | None = Field(
         default=None,
         pattern=ROLLOUT_ID_PATTERN,
@@ -1189,6 +1209,17 @@ _CEL_HALVINGS = f"{[2**k for k in range(MAX_PROFILE_BUCKETS)]}[self.gates.accura
 
 class KVPolicySpec(_Model):
     rules = (
+        Rule(
+            cel="!has(self.rollout) || !has(self.rollout.approvalTimeoutSeconds) || !has(self.gates) "
+            "|| !has(self.gates.latency) || !has(self.gates.latency.intervalSeconds) "
+            "|| self.rollout.approvalTimeoutSeconds >= 2 * self.gates.latency.intervalSeconds",
+            message="rollout.approvalTimeoutSeconds must be at least twice gates.latency.intervalSeconds (an approval "
+            "promotes only on a passing latency check made within two intervals)",
+            check=lambda m: m.rollout.approval_timeout_seconds >= 2 * m.gates.latency.interval_seconds,
+            values=lambda m: f"{m.rollout.approval_timeout_seconds} < 2 * {m.gates.latency.interval_seconds}",
+            values_cel="string(self.rollout.approvalTimeoutSeconds) + ' < 2 * ' "
+            "+ string(self.gates.latency.intervalSeconds)",
+        ),
         Rule(
             cel="self.workload.maxContextTokens <= self.model.maxModelLen",
             message="workload.maxContextTokens must not exceed model.maxModelLen",

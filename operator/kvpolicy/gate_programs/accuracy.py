@@ -38,6 +38,7 @@ from kvpolicy.credentials import CredentialsError, CredentialsSource
 from kvpolicy.gate_programs import length_profile, niah
 from kvpolicy.gate_programs.client import RETRY_DELAYS_S, GateError, VllmClient, open_session
 from kvpolicy.gate_programs.length_profile import Bucket, Profile
+from kvpolicy.gate_programs.pacing import paced
 from kvpolicy.gate_programs.stats import Evidence, PairedCounts, RecoveryBounds
 
 ANSWER_TOKENS = 64
@@ -62,6 +63,7 @@ class AccuracyOptions:
     needles: int = 8
     asked: int = 8
     retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S
+    baseline_requests_per_minute: int | None = CRD_DEFAULTS.baseline_requests_per_minute
     length_buckets: int = CRD_DEFAULTS.length_profile.buckets
 
     @property
@@ -441,6 +443,8 @@ async def run_accuracy_gate(
             )
 
         try:
-            return await _evaluate(options, client(options.canary), client(options.baseline), on_progress)
+            # The baseline is production: its prompts keep the policy's pace (pacing.py).
+            baseline = paced(client(options.baseline), options.baseline_requests_per_minute)
+            return await _evaluate(options, client(options.canary), baseline, on_progress)
         except GateError as error:
             return _result(options, "Inconclusive", error.reason, str(error))

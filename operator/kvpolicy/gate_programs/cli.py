@@ -41,6 +41,7 @@ CRD_FLAGS: dict[str, tuple[type[BaseModel], dict[str, str]]] = {
             "--confidence": "confidence",
             "--max-samples": "maxSamples",
             "--baseline-floor": "baselineFloor",
+            "--baseline-requests-per-minute": "baselineRequestsPerMinute",
         },
     ),
     "latency": (LatencyGate, {"--ttft-max-ratio": "ttftMaxRatio", "--itl-max-ratio": "itlMaxRatio"}),
@@ -52,6 +53,8 @@ def check_against_crd(args: argparse.Namespace) -> None:
     model, flags = CRD_FLAGS[args.gate]
     for flag, field in flags.items():
         value = getattr(args, flag[2:].replace("-", "_"))
+        if value is None:  # an optional flag left out (the field's default is unset too)
+            continue
         # The CRD's ratios are decimal strings: 1e-05 is written 0.00001, NaN and inf stay what they are.
         given = value if isinstance(value, int) else format(Decimal(str(value)), "f")
         try:
@@ -97,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     option("--needles", int, "needles hidden in each prompt")
     option("--asked", int, "needles asked about in each prompt")
     option("--seed", int, "selects the prompts")
+    option("--baseline-requests-per-minute", int, "most prompts a minute to the baseline (production), evenly spaced")
     option(
         "--length-buckets",
         int,
@@ -116,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     option("--ttft-max-ratio", float, "largest canary/baseline TTFT allowed")
     option("--itl-max-ratio", float, "largest canary/baseline ITL allowed")
     option("--time-scale", float, "the servers' time scale: measured times are divided by it")
+    option("--canary-pods", int, "the canary's serving pods: load matching keeps this many times a baseline pod's load")
+    latency.add_argument(
+        "--no-match-load",
+        dest="match_load",
+        action="store_false",
+        help="measure the canary idle (by default it carries as many requests as a baseline pod serves its users)",
+    )
     _common(latency, option)
     return parser
 
@@ -211,6 +222,7 @@ def main(argv: list[str]) -> int:
                 seed=args.seed,
                 length_buckets=args.length_buckets,
                 request_timeout_seconds=args.request_timeout_seconds,
+                baseline_requests_per_minute=args.baseline_requests_per_minute,
             )
             validate_accuracy(accuracy)
             progress = _reporter(args.quiet, accuracy_progress)
@@ -227,6 +239,8 @@ def main(argv: list[str]) -> int:
             itl_max_ratio=args.itl_max_ratio,
             time_scale=args.time_scale,
             request_timeout_seconds=args.request_timeout_seconds,
+            match_load=args.match_load,
+            canary_pods=args.canary_pods,
         )
         validate_latency(latency)
         progress = _reporter(args.quiet, latency_progress)

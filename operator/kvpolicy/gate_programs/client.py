@@ -245,6 +245,20 @@ class VllmClient:
             raise EndpointUnavailable(f"/tokenize at {self.base_url} returned no list of token ids")
         return tokens
 
+    async def metrics_text(self) -> str:
+        """The server's Prometheus page (/metrics), as text."""
+
+        async def attempt() -> str:
+            async with self._session.get(
+                self.base_url + "/metrics", headers=self._headers(), timeout=self._timeout
+            ) as response:
+                text = await response.text()
+                if response.status >= 400:
+                    raise self._refused("/metrics", response.status, text)
+                return text
+
+        return await self._with_retries("GET /metrics", attempt)
+
     async def complete(self, prompt: str | list[int], max_tokens: int) -> Completion:
         request = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
 

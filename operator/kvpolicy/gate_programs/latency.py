@@ -38,6 +38,11 @@ class LatencyOptions:
     time_scale: float = 1.0
     request_timeout_seconds: float = 600.0
     retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S
+    # Load matching (`match_load`): the canary's pods, and how many reads of a baseline pod's running requests.
+    match_load: bool = True
+    canary_pods: int = 1
+    load_reads: int = 5
+    load_read_spacing_s: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,8 @@ def validate(options: LatencyOptions) -> None:
         raise ValueError("--lengths and --workload-lengths must be positive")
     if options.requests_per_length < 1 or options.output_tokens < 2:
         raise ValueError("--requests-per-length must be >= 1 and --output-tokens >= 2 (ITL needs two tokens)")
+    if options.canary_pods < 1:
+        raise ValueError(f"--canary-pods must be at least 1, got {options.canary_pods}")
     if options.time_scale <= 0 or options.request_timeout_seconds <= 0:
         raise ValueError("--time-scale and --request-timeout-seconds must be positive")
 
@@ -147,11 +154,27 @@ def probe_prompt(filler: list[int], length: int, serial: int) -> list[int]:
 
 async def _measure(
     clients: list[VllmClient], options: LatencyOptions, on_progress: Callable[[LatencyProgress], None]
-) -> list[list[Measurement]]:
+) -> tuple[list[list[Measurement]], LoadMatch]:
     """One request at a time, alternating between the endpoints so both see the same conditions (and neither
-    client's work delays the other's token timestamps). Every prompt starts differently (`probe_prompt`), so no
-    prefix cache can help: not the previous length's prompt, nor the other side's when both share a server."""
+    client's work delays the other's token timestamps), with the canary loaded as a baseline pod is (`match_load`).
+    Every prompt starts differently (`probe_prompt`), so no prefix cache can help: not the previous length's prompt,
+    nor the other side's when both share a server."""
     fillers = await asyncio.gather(*(_prepare(client, options) for client in clients))
+    load = await match_load(clients[1], options)
+    background = asyncio.create_task(_background(clients[0], fillers[0], options, load.canary_streams))
+    try:
+        return await _measure_sides(clients, fillers, options, on_progress), load
+    finally:
+        background.cancel()
+        await asyncio.gather(background, return_exceptions=True)
+
+
+async def _measure_sides(
+    clients: list[VllmClient],
+    fillers: list[list[int]],
+    options: LatencyOptions,
+    on_progress: Callable[[LatencyProgress], None],
+) -> list[list[Measurement]]:
     measurements: list[list[Measurement]] = [[] for _ in clients]
     scale = 1000 / options.time_scale
     total = len(options.lengths) * options.requests_per_length * len(clients)
@@ -164,6 +187,87 @@ async def _measure(
                 done += 1
                 on_progress(LatencyProgress(side, runs[-1], done, total))
     return measurements
+
+
+RUNNING_REQUESTS = frozenset({"vllm:num_requests_running", "vllm_num_requests_running"})
+
+
+def running_requests(page: str) -> float | None:
+    """vLLM's requests in its running batch (summed over engines) from a /metrics page; None when it has none."""
+    total: float | None = None
+    for line in page.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name not in RUNNING_REQUESTS:
+            continue
+        after_labels = line[line.rindex("}") + 1 :] if "}" in line else line[len(name) :]
+        try:
+            total = (total or 0.0) + float(after_labels.split()[0])
+        except (IndexError, ValueError):
+            continue
+    return total
+
+
+@dataclass(frozen=True)
+class LoadMatch:
+    """The users' load on a baseline pod while the probe measures, and the streams that put as much on the canary."""
+
+    baseline_running: float | None  # median running requests of a baseline pod; None: not readable
+    canary_streams: int
+    note: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"baselineRunningPerPod": self.baseline_running, "canaryBackgroundStreams": self.canary_streams}
+
+
+async def match_load(baseline: VllmClient, options: LatencyOptions) -> LoadMatch:
+    """The baseline pods serve users while the probe measures them; the canary (Synthetic: no users) would be judged
+    idle against loaded pods and look faster than it is. Read a baseline pod's running requests a few times (the
+    Service picks a pod per connection) and keep as many streams per canary pod running during the measurement."""
+    if not options.match_load:
+        return LoadMatch(None, 0, "load matching off: the canary is measured idle")
+    readings: list[float] = []
+    for read in range(options.load_reads):
+        if read:
+            await asyncio.sleep(options.load_read_spacing_s)
+        try:
+            found = running_requests(await baseline.metrics_text())
+        except GateError as error:
+            unread = f"the baseline's /metrics could not be read ({error})"
+            return LoadMatch(None, 0, f"{unread}: the canary is measured idle")
+        if found is not None:
+            readings.append(found)
+    if not readings:
+        missing = "the baseline's /metrics has no vllm:num_requests_running"
+        return LoadMatch(None, 0, f"{missing}: the canary is measured idle")
+    running = float(np.median(readings))
+    streams = round(running * options.canary_pods)
+    note = f"{streams} stream(s) kept on the canary, matching {running:g} running request(s) per baseline pod"
+    return LoadMatch(running, streams, note)
+
+
+async def _background(client: VllmClient, filler: list[int], options: LatencyOptions, streams: int) -> None:
+    """`streams` requests at a time on `client`, each at the shortest workload length, until cancelled. Their own
+    failures are the probe's to find: they are not raised here."""
+    length = min(options.workload_lengths or options.lengths)
+    # Long answers keep each stream in the running batch across many probe requests (a user's request is there for
+    # its whole answer), rather than coming and going between them.
+    output_tokens = options.output_tokens * BACKGROUND_OUTPUT_FACTOR
+
+    async def stream(index: int) -> None:
+        serial = BACKGROUND_SERIALS + index * BACKGROUND_SERIALS
+        while True:
+            serial += 1
+            try:
+                await client.stream_timing(probe_prompt(filler, length, serial), output_tokens)
+            except GateError:
+                await asyncio.sleep(options.load_read_spacing_s)
+
+    await asyncio.gather(*(stream(index) for index in range(streams)))
+
+
+# Background prompts' serials start far above the probe's (a few hundred), so no prompt shares a first cache block.
+BACKGROUND_SERIALS = 100_000
+BACKGROUND_OUTPUT_FACTOR = 8
 
 
 def _evaluate(options: LatencyOptions, canary: Fit, baseline: Fit) -> dict[str, Any]:
@@ -229,7 +333,10 @@ async def run_latency_probe(
             for url in (options.canary, options.baseline)
         ]
         try:
-            canary_runs, baseline_runs = await _measure(clients, options, on_progress)
+            (canary_runs, baseline_runs), load = await _measure(clients, options, on_progress)
         except GateError as error:
             return _inconclusive(options, error.reason, str(error))
-    return _evaluate(options, fit_measurements(canary_runs), fit_measurements(baseline_runs))
+    result = _evaluate(options, fit_measurements(canary_runs), fit_measurements(baseline_runs))
+    result["load"] = load.as_json()
+    result["message"] = f"{result['message']} ({load.note})"
+    return result

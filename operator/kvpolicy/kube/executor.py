@@ -19,6 +19,7 @@ from kvpolicy.kube.api import (
     INFERENCE_POOLS,
     JOBS,
     KVPOLICIES,
+    PODS,
     SERVICES,
     ApiError,
     KubeApi,
@@ -35,6 +36,7 @@ RESOURCES: dict[Kind, Resource] = {
     Kind.JOB: JOBS,
     Kind.INFERENCE_POOL: INFERENCE_POOLS,
     Kind.HTTP_ROUTE: HTTP_ROUTES,
+    Kind.POD: PODS,
 }
 
 

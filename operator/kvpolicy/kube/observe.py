@@ -71,6 +71,8 @@ PHASE_NEEDS: dict[Phase, frozenset[str]] = {
     Phase.CANARY_STARTING: frozenset({"canary", "pods", "services"}),
     **{gate.phase: frozenset({"jobs"}) for gate in PHASE_GATES},
     Phase.LATENCY_ANALYSIS: frozenset({"canary", "pods", "jobs"}),
+    # The background analysis reads the canary's pods while a joined canary waits for its approval.
+    Phase.AWAITING_APPROVAL: frozenset({"canary", "pods"}),
     Phase.PROMOTING: frozenset({"canary", "services"}),
     Phase.ROLLING_BACK: frozenset({"canary", "services", "jobs"}),
 }

@@ -393,17 +393,12 @@ def canary_deployment(
         "spec": {
             "replicas": spec.rollout.canary_replicas,
             "selector": {"matchLabels": {**policy_labels(policy.name), CANARY_LABEL: name}},
-            # Recreate: relabelling the canary to join the traffic must not need a second GPU for a surge pod.
+            # Recreate: a change of the canary's template must not need a second GPU for a surge pod (joining the
+            # traffic changes none: it labels the running pods).
             "strategy": {"type": "Recreate"},
             "template": template,
         },
     }
-
-
-def join_patch(policy: PolicyRef, name: str, target: Mapping[str, Any]) -> Obj:
-    """Merge patch giving the canary's pods the target's labels, so the target's Service sends them traffic."""
-    labels = canary_pod_labels(policy, name, template_labels(target), joined=True)
-    return {"spec": {"template": {"metadata": {"labels": labels}}}}
 
 
 def _service(policy: PolicyRef, name: str, role: str, selector: Mapping[str, str], port: int) -> Obj:

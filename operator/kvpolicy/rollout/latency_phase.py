@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from kvpolicy.analysis.model import Action as AnalysisAction
-from kvpolicy.analysis.model import AnalysisState, Verdict
+from kvpolicy.analysis.model import AnalysisState, Outcome, Verdict
 from kvpolicy.analysis.verdicts import next_analysis_state
 from kvpolicy.api.reasons import DecisionReason, Reason
 from kvpolicy.api.v1alpha1 import (
@@ -180,18 +180,58 @@ def record_check(latency: LatencyAnalysis, state: AnalysisState, verdict: Verdic
     )
 
 
+def _fold(t: Tick, verdict: Verdict) -> Outcome:
+    """One check's verdict folded into the analysis the status keeps; what the analysis says to do next."""
+    latency = t.status.latency
+    assert latency is not None
+    if verdict.needs_attention and (latency.last is None or latency.last.reason != verdict.reason):
+        # Waiting will not fix it (a rejected query, an unusable credential): say so once, as it appears.
+        t.event("Warning", verdict.reason, verdict.message)
+    state, outcome = next_analysis_state(latency_gate_config(t.spec), analysis_state(latency), verdict, t.now)
+    record_check(latency, state, verdict, t.now)
+    traffic_share.record(t, verdict)
+    return outcome
+
+
+def _next_check_in(t: Tick) -> float:
+    """Seconds until the next check is due; a check that was due but not made (no analyser) must not spin: look
+    again after the usual poll."""
+    latency = t.status.latency
+    last = latency.last.at if latency is not None and latency.last else None
+    interval = t.spec.gates.latency.interval_seconds
+    due = (last + timedelta(seconds=interval) - t.now).total_seconds() if last else 0.0
+    return due if due > 0 else t.config.poll_seconds
+
+
+def background_analysis(t: Tick) -> bool:
+    """AwaitingApproval with live traffic: the canary keeps serving its share of the users, so the analysis keeps
+    checking it (Argo Rollouts' background analysis). Breaches up to consecutiveFailureLimit and a stall past the
+    inconclusive deadline with onInconclusive Rollback roll back as they would during the analysis; a pass keeps the
+    gate's condition True. False when it rolled back. Sets the requeue to the next check."""
+    verdict = t.obs.analysis_verdict()
+    if verdict is not None:
+        outcome = _fold(t, verdict)
+        waiting = "while awaiting approval"
+        if outcome.action == AnalysisAction.ROLLBACK:
+            t.condition(GATE, ConditionStatus.FALSE, outcome.reason, f"{waiting}: {outcome.message}")
+            rollback(t, outcome.reason, f"{waiting}: {outcome.message}")
+            return False
+        if verdict.phase is AnalysisPhase.SUCCESSFUL:
+            t.condition(GATE, ConditionStatus.TRUE, outcome.reason, f"{waiting}: {verdict.message}")
+        else:
+            if verdict.phase is AnalysisPhase.FAILED:
+                t.event("Warning", Reason.LATENCY_BREACH, f"{waiting}: {outcome.message}")
+            t.condition(GATE, ConditionStatus.UNKNOWN, outcome.reason, f"{waiting}: {outcome.message}")
+    t.requeue = min(t.requeue, _next_check_in(t))
+    return True
+
+
 def _live(t: Tick) -> None:
     latency = t.status.latency
     assert latency is not None
-    config = latency_gate_config(t.spec)
     verdict = t.obs.analysis_verdict()
     if verdict is not None:
-        if verdict.needs_attention and (latency.last is None or latency.last.reason != verdict.reason):
-            # Waiting will not fix it (a rejected query, an unusable credential): say so once, as it appears.
-            t.event("Warning", verdict.reason, verdict.message)
-        state, outcome = next_analysis_state(config, analysis_state(latency), verdict, t.now)
-        record_check(latency, state, verdict, t.now)
-        traffic_share.record(t, verdict)
+        outcome = _fold(t, verdict)
         if verdict.phase is AnalysisPhase.FAILED and outcome.action != AnalysisAction.ROLLBACK:
             t.event("Warning", Reason.LATENCY_BREACH, outcome.message)
         if outcome.action == AnalysisAction.PROMOTE:
@@ -214,10 +254,19 @@ def _live(t: Tick) -> None:
         else:
             t.condition(GATE, ConditionStatus.UNKNOWN, outcome.reason, outcome.message)
         t.status.message = outcome.message
-    last = latency.last.at if latency.last else None
-    due = (last + timedelta(seconds=config.interval_seconds) - t.now).total_seconds() if last else 0.0
-    # A check that was due but not made (no analyser) must not spin: look again after the usual poll.
-    t.requeue = due if due > 0 else t.config.poll_seconds
+    t.requeue = _next_check_in(t)
+
+
+def keep_joined(t: Tick) -> int:
+    """ReplicaRatio: the writes that make the canary serve the users' traffic, while any is needed (a Deployment's
+    pod made later, after a crash, joins as it appears); how many were added."""
+    canary = t.observed_canary
+    if canary is None or t.obs.target is None:
+        return 0
+    actions = t.target_kind.join_actions(t.ref, t.canary.deployment, canary, t.obs.target, t.obs.canary_pods)
+    for action in actions:
+        t.add(action)
+    return len(actions)
 
 
 def latency_analysis(t: Tick) -> None:
@@ -226,11 +275,10 @@ def latency_analysis(t: Tick) -> None:
     assert target is not None and latency is not None
     joining = t.spec.rollout.traffic == Traffic.REPLICA_RATIO
     routed = t.spec.rollout.traffic == Traffic.INFERENCE_POOL
+    joins = keep_joined(t) if joining else 0
     if latency.started_at is None:
         canary = t.observed_canary
-        if joining and canary is not None and not t.target_kind.is_joined(canary, target):
-            join = t.target_kind.join_patch(t.ref, t.canary.deployment, target)
-            t.add(Patch(t.target_kind.object_kind, t.canary.deployment, join))
+        if joins:
             t.status.message = f"canary {t.canary.deployment} joining the Service(s) of {t.spec.target_ref.name}"
             return
         if canary is None or t.ready_canary_pods(joined=joining) < t.spec.rollout.canary_replicas:

@@ -9,10 +9,12 @@ from datetime import datetime, timedelta
 
 from kvpolicy.analysis.model import LatencyGateConfig, parse_ratio
 from kvpolicy.api.v1alpha1 import (
+    AnalysisPhase,
     ApplyMode,
     ConditionType,
     KVPolicy,
     KVPolicySpec,
+    KVPolicyStatus,
     Phase,
     Plan,
     Traffic,
@@ -25,7 +27,20 @@ from kvpolicy.rollout.gates.latency_probe import LATENCY_PROBE
 # Spec fields that steer a running rollout, or say how its decision is applied and watched, rather than define what
 # is gated: changing them must not restart the analysis (nor must notifications). A field added with a default must be
 # listed here too, or every stored policy would restart when the operator is upgraded.
-CONTROL_FIELDS = ("paused", "abort", "approval", "approved", "approvedRollout", "retryRollout", "applyMode", "onDrift")
+CONTROL_FIELDS = (
+    "paused",
+    "abort",
+    "approval",
+    "approvalTimeoutSeconds",
+    "approved",
+    "approvedRollout",
+    "retryRollout",
+    "applyMode",
+    "onDrift",
+)
+# Phases in which the live analysis checks the canary: LatencyAnalysis, and AwaitingApproval, where a canary that joined
+# the users' traffic keeps serving them (Argo Rollouts' background analysis).
+ANALYSED_PHASES = frozenset({Phase.LATENCY_ANALYSIS, Phase.AWAITING_APPROVAL})
 # Credentials by reference say how to reach the servers and Prometheus, not what is rolled out: fixing a wrong Secret
 # name lets a waiting rollout go on instead of restarting it.
 OUTSIDE_THE_ROLLOUT = ("notifications", "vllmAuth")
@@ -73,7 +88,7 @@ def uses_live_analysis(spec: KVPolicySpec, plan_: Plan | None) -> bool:
 def latency_check_due(policy: KVPolicy, now: datetime) -> bool:
     """Whether observe should run a metrics check for this step (pure, shared by observe and the tests)."""
     status = policy.status
-    if status.phase != Phase.LATENCY_ANALYSIS or not uses_live_analysis(policy.spec, status.plan):
+    if status.phase not in ANALYSED_PHASES or not uses_live_analysis(policy.spec, status.plan):
         return False
     if policy.spec.rollout.paused:  # the step holds the analysis: a check would be thrown away
         return False
@@ -100,6 +115,8 @@ def phase_deadline(policy: KVPolicy) -> datetime | None:
         steps = len(routing.steps) + (routing.mirror_percent is not None) if routing is not None else 1
         seconds = spec.rollout.progress_deadline_seconds + spec.rollout.bake_seconds * steps
         seconds += latency.inconclusive_deadline_seconds if latency.enabled else 0
+    elif phase == Phase.AWAITING_APPROVAL:
+        seconds = spec.rollout.approval_timeout_seconds
     elif phase == Phase.PROMOTING and spec.rollout.apply_mode == ApplyMode.ADVISORY:
         return None  # waiting for a GitOps repository to take the change may take a review's time
     elif phase in (Phase.CANARY_STARTING, Phase.PROMOTING, Phase.ROLLING_BACK):
@@ -107,3 +124,22 @@ def phase_deadline(policy: KVPolicy) -> datetime | None:
     else:
         return None
     return entered + timedelta(seconds=seconds)
+
+
+def stale_evidence(spec: KVPolicySpec, status: KVPolicyStatus, now: datetime) -> str | None:
+    """Why the live analysis' evidence cannot back a promotion now, or None when it can: the latest check must be a
+    pass made within two gates.latency.intervalSeconds (one missed check tolerated). Rollouts judged without live
+    analysis (Synthetic traffic, latency gate off) serve no users while they wait: their evidence does not age."""
+    if not uses_live_analysis(spec, status.plan):
+        return None
+    last = status.latency.last if status.latency is not None else None
+    at = last.at if last is not None else None
+    if last is None or at is None:
+        return "no latency check is recorded"
+    age = (now - at).total_seconds()
+    if last.verdict.phase is not AnalysisPhase.SUCCESSFUL:
+        return f"the latest latency check, {age:.0f} s ago, was {last.verdict.value} ({last.reason})"
+    limit = 2 * spec.gates.latency.interval_seconds
+    if age > limit:
+        return f"the latest passing latency check is {age:.0f} s old (an approval needs one within {limit} s)"
+    return None

@@ -12,6 +12,7 @@ in rules.py. Metrics checks (metric_checks.py) are reacted to by their stage: VE
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 from kvpolicy.analysis.checks import Stage, Verification
@@ -30,6 +31,7 @@ from kvpolicy.api.v1alpha1 import (
     Parallelism,
     Phase,
     PodTemplateRecord,
+    Traffic,
 )
 from kvpolicy.planning.gpu import planning_change
 from kvpolicy.planning.planner import bf16_cause, plan
@@ -38,8 +40,8 @@ from kvpolicy.rollout import drift, traffic_router
 from kvpolicy.rollout.gate_phase import job_gate_phase
 from kvpolicy.rollout.gates import PHASE_GATES
 from kvpolicy.rollout.gates.job import JobGate
-from kvpolicy.rollout.latency_phase import latency_analysis
-from kvpolicy.rollout.rules import rollout_hash
+from kvpolicy.rollout.latency_phase import background_analysis, keep_joined, latency_analysis
+from kvpolicy.rollout.rules import rollout_hash, stale_evidence, uses_live_analysis
 from kvpolicy.rollout.step_types import (
     Create,
     Delete,
@@ -49,6 +51,7 @@ from kvpolicy.rollout.step_types import (
     Patch,
     StepConfig,
     StepResult,
+    timestamp,
 )
 from kvpolicy.rollout.tick import (
     CANARY_PHASES,
@@ -232,19 +235,45 @@ def _verify(t: Tick, verification: Verification, verdict: Verdict) -> bool:
 
 
 def _awaiting_approval(t: Tick) -> None:
+    """Hold with every gate passed until an approval names this rollout. A canary serving users keeps being analysed
+    (background_analysis); an approval promotes only on fresh evidence (rules.stale_evidence); past
+    rollout.approvalTimeoutSeconds the rollout rolls back."""
+    t.requeue = t.config.idle_seconds
+    if t.spec.rollout.traffic == Traffic.REPLICA_RATIO:
+        keep_joined(t)
+    if uses_live_analysis(t.spec, t.plan) and not background_analysis(t):
+        return
+    rollout = t.status.rollout_id
     if approved(t):
-        t.event("Normal", Reason.APPROVED, f"rollout {t.status.rollout_id} approved (spec.rollout.approvedRollout)")
-        start_promotion(t)
+        stale = stale_evidence(t.spec, t.status, t.now)
+        if stale is None:
+            t.event("Normal", Reason.APPROVED, f"rollout {rollout} approved (spec.rollout.approvedRollout)")
+            start_promotion(t)
+            return
+        waiting = f"rollout {rollout} is approved; the promotion waits for a passing latency check"
+        if not (t.status.message or "").startswith(waiting):  # once per wait, not once per pass
+            t.event("Normal", Reason.APPROVAL_AWAITS_ANALYSIS, f"{waiting}: {stale}")
+        t.status.message = f"{waiting}: {stale}"
+    timeout = t.spec.rollout.approval_timeout_seconds
+    if t.phase_age() > timeout:
+        message = (
+            f"rollout {rollout} was not approved and promoted within {timeout} s (rollout.approvalTimeoutSeconds); "
+            f"`kubectl kvpolicy retry {t.ref.name}` runs it again"
+        )
+        rollback(t, DecisionReason.APPROVAL_TIMED_OUT, message)
+        return
+    t.requeue = min(t.requeue, max(1.0, timeout - t.phase_age()))
+    if approved(t):
         return
     named = t.spec.rollout.approved_rollout
+    left = f"rolls back at {timestamp(t.now + timedelta(seconds=timeout - t.phase_age()))} unless approved"
     if named is not None:
         t.status.message = (
             f"all gates passed; spec.rollout.approvedRollout names rollout {named}, not this one "
-            f"({t.status.rollout_id}): waiting for an approval of {t.status.rollout_id}"
+            f"({rollout}): waiting for an approval of {rollout} ({left})"
         )
     else:
-        t.status.message = f"all gates passed; waiting for an approval of rollout {t.status.rollout_id}"
-    t.requeue = t.config.idle_seconds
+        t.status.message = f"all gates passed; waiting for an approval of rollout {rollout} ({left})"
 
 
 def _observed(t: Tick) -> PodTemplateRecord | None:

@@ -23,6 +23,7 @@ class Kind(StrEnum):
     JOB = "Job"
     INFERENCE_POOL = "InferencePool"  # inference.networking.k8s.io/v1
     HTTP_ROUTE = "HTTPRoute"  # gateway.networking.k8s.io/v1: the user's; only its backendRefs are patched
+    POD = "Pod"  # a canary's own pods: only their labels are patched (a Deployment canary joining the traffic)
 
 
 @dataclass(frozen=True)

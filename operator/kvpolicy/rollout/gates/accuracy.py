@@ -46,8 +46,15 @@ def command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]
         accuracy.baseline_floor,
         "--length-buckets",
         str(accuracy.length_profile.buckets),
+        *_baseline_pace_args(spec),
         *b.api_key_args(spec),
     ]
+
+
+def _baseline_pace_args(spec: KVPolicySpec) -> list[str]:
+    """The accuracy gate's pace on the production pods behind the baseline Service (gate_programs/pacing.py)."""
+    rate = spec.gates.accuracy.baseline_requests_per_minute
+    return ["--baseline-requests-per-minute", str(rate)] if rate is not None else []
 
 
 _ACCURACY_VERDICTS = (GateVerdict.PASS, GateVerdict.FAIL, GateVerdict.INCONCLUSIVE)

@@ -51,6 +51,9 @@ def command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]
         latency.ttft_max_ratio,
         "--itl-max-ratio",
         latency.itl_max_ratio,
+        # Load matching: the canary carries what a baseline pod serves its users, per canary pod (latency.py).
+        "--canary-pods",
+        str(spec.rollout.canary_replicas),
         *b.api_key_args(spec),
     ]
 

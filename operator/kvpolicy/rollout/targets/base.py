@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kvpolicy.api.v1alpha1 import ContainerRecord, KVPolicySpec, Parallelism, Plan, PodTemplateRecord, TargetKind
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.builders import R
-from kvpolicy.rollout.step_types import Action, Delete, ObjectKind
+from kvpolicy.rollout.step_types import Action, Delete, ObjectKind, Patch, PodView
 
 Obj = dict[str, Any]
+Pods = Sequence[PodView]
 
 
 @dataclass(frozen=True)
@@ -170,9 +171,20 @@ class ServingTarget(ABC):
     def traffic_labels(self, target: Mapping[str, Any]) -> dict[str, str]:
         """The labels of the target's serving pods that a canary's pods gain when they join the users' traffic."""
 
-    @abstractmethod
+    def join_actions(
+        self, policy: b.PolicyRef, name: str, canary: Mapping[str, Any], target: Mapping[str, Any], pods: Pods
+    ) -> list[Action]:
+        """The writes that make the canary `name` serve the users' traffic (ReplicaRatio); none once it does, so a
+        later pass adds nothing. `pods`: the canary's pods as observed. By default a merge patch of the canary
+        object (`join_patch`), which replaces its pods: a kind that can route its running pods overrides this."""
+        if self.is_joined(canary, target):
+            return []
+        return [Patch(self.object_kind, name, self.join_patch(policy, name, target))]
+
     def join_patch(self, policy: b.PolicyRef, name: str, target: Mapping[str, Any]) -> Obj:
-        """A merge patch giving the canary's serving pods the target's traffic labels."""
+        """A merge patch giving the canary's serving pods the target's traffic labels (for the default
+        `join_actions`; a kind that overrides it has none)."""
+        raise NotImplementedError(f"{self.kind.value} joins the traffic through join_actions")
 
     def is_joined(self, canary: Mapping[str, Any], target: Mapping[str, Any]) -> bool:
         labels = self.traffic_labels(canary)

@@ -8,8 +8,8 @@ from typing import Any
 from kvpolicy.api.v1alpha1 import KVPolicySpec, Plan, PodTemplateRecord, TargetKind
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout import drift
-from kvpolicy.rollout.step_types import Kind
-from kvpolicy.rollout.targets.base import Obj, ServingTarget
+from kvpolicy.rollout.step_types import Action, Kind, Patch
+from kvpolicy.rollout.targets.base import Obj, Pods, ServingTarget
 
 
 class DeploymentTarget(ServingTarget):
@@ -31,8 +31,19 @@ class DeploymentTarget(ServingTarget):
     def traffic_labels(self, target: Mapping[str, Any]) -> dict[str, str]:
         return b.template_labels(target)
 
-    def join_patch(self, policy: b.PolicyRef, name: str, target: Mapping[str, Any]) -> Obj:
-        return b.join_patch(policy, name, target)
+    def join_actions(
+        self, policy: b.PolicyRef, name: str, canary: Mapping[str, Any], target: Mapping[str, Any], pods: Pods
+    ) -> list[Action]:
+        """Label the canary's running pods, not its template: a template change would replace the pod that passed
+        the accuracy gate with a cold one (a model load of minutes) judged by the latency analysis. The ReplicaSet
+        keeps the pods (it selects them by its own labels), and a pod it makes later (a crash, an eviction) is
+        labelled as it appears, on the next pass."""
+        labels = self.traffic_labels(target)
+        return [
+            Patch(Kind.POD, pod.name, {"metadata": {"labels": labels}})
+            for pod in pods
+            if pod.labels.get(b.CANARY_LABEL) == name and any(pod.labels.get(k) != v for k, v in labels.items())
+        ]
 
     def serving_selector(self, target: Mapping[str, Any]) -> dict[str, str]:
         selector: dict[str, str] = target["spec"]["selector"].get("matchLabels") or b.template_labels(target)
