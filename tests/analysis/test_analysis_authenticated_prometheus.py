@@ -254,13 +254,13 @@ async def test_the_operator_reads_the_credentials_from_secrets_and_picks_up_a_ro
     analyser = LatencyAnalyser(references=ReferenceReader(api, ttl_seconds=30, clock=lambda: now[0]))
     try:
         checks = (LATENCY, CANARY_CONFIG)
-        for refused in await analyser.evaluate(policy, target, checks, canary, baseline):
+        for refused in await analyser.evaluate(policy, target, checks, canary, baseline, 600):
             verdict = refused.verdict
             assert (verdict.kind, verdict.reason) == (GateVerdict.PROVIDER_UNAVAILABLE, "PrometheusUnauthorized")
             assert "the credentials sent were refused" in verdict.message and BODY_MARKER not in verdict.message
         api.put("prometheus-reader", token=TOKEN)  # the fixed (rotated) Secret
         now[0] = 31
-        (latency,) = await analyser.evaluate(policy, target, (LATENCY,), canary, baseline)
+        (latency,) = await analyser.evaluate(policy, target, (LATENCY,), canary, baseline, 600)
         assert (latency.verdict.kind, latency.verdict.reason) == (GateVerdict.PASS, "WithinThresholds"), latency
         provider = await analyser.provider(policy)
         served = await provider.served(analyser.side(policy, target, "canary", canary))

@@ -28,6 +28,9 @@ ABORT_RATIO = (
     "/ sum(increase(vllm:request_success_total{ {{ canary }} }[{{ window }}]))"
 )
 
+# A window long enough to hold everything the session's Prometheus has seen.
+WINDOW = 600
+
 
 def check(**fields: Any) -> CustomCheck:
     return CustomCheck.model_validate({"name": "c", "query": MEAN_TTFT, **fields})
@@ -97,16 +100,19 @@ def test_verdicts_made_together_speak_by_severity() -> None:
 
 def policy(url: str, *checks: dict[str, Any], selector_template: str | None = None) -> KVPolicy:
     spec = copy.deepcopy(BASE)
-    # A window long enough to hold everything the session's Prometheus has seen.
-    spec.setdefault("gates", {})["latency"] = {"provider": "Prometheus", "prometheusURL": url, "windowSeconds": 600}
+    spec.setdefault("gates", {})["latency"] = {"provider": "Prometheus", "prometheusURL": url, "windowSeconds": WINDOW}
     spec["analysis"] = {"checks": list(checks)}
     if selector_template is not None:
         spec["analysis"]["selectorTemplate"] = selector_template
     return KVPolicy.model_validate({"metadata": {"name": "p", "namespace": "llm"}, "spec": spec})
 
 
-def sides(canary: str) -> Sides:
-    return Sides(SideSelector("canary", "llm", pods=(canary,)), SideSelector("baseline", "llm", pods=("m-baseline-0",)))
+def sides(canary: str, window_seconds: int = WINDOW) -> Sides:
+    return Sides(
+        SideSelector("canary", "llm", pods=(canary,)),
+        SideSelector("baseline", "llm", pods=("m-baseline-0",)),
+        window_seconds,
+    )
 
 
 async def evaluate(fleet: Fleet, canary: str, *checks: dict[str, Any], template: str | None = None) -> list[Verdict]:

@@ -190,7 +190,7 @@ async def test_the_analyser_turns_a_missing_secret_into_provider_unavailable_for
     policy = policy_with_auth()
     target = {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "ports": [{"containerPort": 8000}]}]}}}}
     pods = [PodView("c-0", "10.0.0.1", True, None, {})]
-    results = await analyser.evaluate(policy, target, METRICS_CHECKS, pods, pods)
+    results = await analyser.evaluate(policy, target, METRICS_CHECKS, pods, pods, 300)
     assert [result.check for result in results] == list(METRICS_CHECKS)
     for result in results:
         verdict = result.verdict

@@ -60,6 +60,7 @@ def _sides(canary: RealVllmServer, baseline: RealVllmServer) -> Sides:
     return Sides(
         SideSelector("canary", NAMESPACE, endpoints=(canary.url,)),
         SideSelector("baseline", NAMESPACE, endpoints=(baseline.url,)),
+        POLICY.spec.gates.latency.window_seconds,
     )
 
 

@@ -12,7 +12,7 @@ from kvpolicy.api.reasons import GateReason
 from kvpolicy.api.v1alpha1 import GateVerdict, LatencyAnalysis
 from kvpolicy.gate_programs.report import read_report
 from kvpolicy.rollout.latency_phase import analysis_state
-from kvpolicy.rollout.rules import latency_check_due, phase_deadline, rollout_hash
+from kvpolicy.rollout.rules import analysis_window_seconds, latency_check_due, phase_deadline, rollout_hash
 from kvpolicy.rollout.step import step
 from kvpolicy.rollout.step_types import Create, Delete, Kind, Patch, PodView
 from operator_helpers import (
@@ -386,11 +386,22 @@ def test_synthetic_probe_failures(verdict: str, on_inconclusive: str, phase: str
         assert driver.condition("LatencyGatePassed") == ("Unknown", "LatencyInconclusive")
 
 
+def test_the_analysis_window_reads_only_the_traffic_since_the_join() -> None:
+    """A warm canary's histograms hold the accuracy gate's long prompts: a check must not read back past the join."""
+    driver = live(**{"gates.latency.windowSeconds": 60, "gates.latency.intervalSeconds": 10})
+    joined = driver.now
+    assert analysis_window_seconds(driver.policy, joined + timedelta(seconds=10)) == 10
+    assert analysis_window_seconds(driver.policy, joined + timedelta(seconds=59.5)) == 59
+    assert analysis_window_seconds(driver.policy, joined + timedelta(minutes=30)) == 60
+
+
 def test_live_analysis_promotes_after_enough_passing_checks() -> None:
     driver = live(
         **{"rollout.bakeSeconds": 120, "gates.latency.windowSeconds": 60, "gates.latency.intervalSeconds": 60}
     )
-    assert latency_check_due(driver.policy, driver.now)
+    # The first check reads the traffic of the interval after the join: none is due at the join itself.
+    assert not latency_check_due(driver.policy, driver.now)
+    assert latency_check_due(driver.policy, driver.now + timedelta(seconds=60))
     driver.tick(60, latency_verdict=verdict(GateVerdict.PASS))
     assert driver.phase == "LatencyAnalysis"
     assert not latency_check_due(driver.policy, driver.now + timedelta(seconds=30))

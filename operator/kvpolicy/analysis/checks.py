@@ -32,10 +32,12 @@ class Stage(Enum):
 
 @dataclass(frozen=True)
 class Sides:
-    """The two sides a check compares: the canary's ready pods and the target's own (the baseline)."""
+    """The two sides a check compares: the canary's ready pods and the target's own (the baseline), over the last
+    `window_seconds` (gates.latency.windowSeconds, cut to the time since the canary joined the traffic)."""
 
     canary: SideSelector
     baseline: SideSelector
+    window_seconds: int
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ class CustomMetricsCheck:
                 f"custom check {name} runs only through gates.latency.provider Prometheus",
                 needs_attention=True,
             )
-        window = policy.spec.gates.latency.window_seconds
+        window = sides.window_seconds
         canary, baseline = promql.matchers(sides.canary), promql.matchers(sides.baseline)
         try:
             on_canary = render_query(self.spec.query, canary, baseline, window)

@@ -45,7 +45,7 @@ from kvpolicy.rollout.conditions import object_condition
 from kvpolicy.rollout.gates import PHASE_GATES
 from kvpolicy.rollout.metric_checks import check_due, checks_for, needs_baseline
 from kvpolicy.rollout.ownership import TARGET_NAME_PATH, governing_policy
-from kvpolicy.rollout.rules import rollout_hash
+from kvpolicy.rollout.rules import analysis_window_seconds, rollout_hash
 from kvpolicy.rollout.step_types import JobView, Observations, PodView
 from kvpolicy.rollout.targets import target_kind
 from kvpolicy.rollout.tick import REPLAN_PHASES
@@ -229,14 +229,18 @@ class LatencyAnalyser:
         checks: Sequence[AnyCheck],
         canary: Sequence[PodView],
         baseline: Sequence[PodView],
+        window_seconds: int,
     ) -> tuple[CheckVerdict, ...]:
-        """Each check's verdict, in order; an unavailable provider is a verdict, never an exception."""
+        """Each check's verdict over the last `window_seconds`, in order; an unavailable provider is a verdict, never
+        an exception."""
         try:
             provider = await self.provider(policy)
         except ProviderUnavailableError as error:
             unavailable = Verdict.provider_unavailable(error)
             return tuple(CheckVerdict(check, unavailable) for check in checks)
-        sides = Sides(self.side(policy, target, "canary", canary), self.side(policy, target, "baseline", baseline))
+        sides = Sides(
+            self.side(policy, target, "canary", canary), self.side(policy, target, "baseline", baseline), window_seconds
+        )
         return tuple([CheckVerdict(check, await check.evaluate(provider, policy, sides)) for check in checks])
 
     async def close(self) -> None:
@@ -370,7 +374,8 @@ class Observer:
         if not due:
             return (), ()
         baseline = await self._baseline(policy, target) if needs_baseline(due) else []
-        return await self.analyser.evaluate(policy, target, due, canary_pods, baseline), tuple(baseline)
+        window = analysis_window_seconds(policy, now)
+        return await self.analyser.evaluate(policy, target, due, canary_pods, baseline, window), tuple(baseline)
 
     async def _baseline(self, policy: KVPolicy, target: Obj) -> list[PodView]:
         """The target's own serving pods (not the canary's that joined its Service)."""

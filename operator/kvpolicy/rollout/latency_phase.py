@@ -194,12 +194,12 @@ def _fold(t: Tick, verdict: Verdict) -> Outcome:
 
 
 def _next_check_in(t: Tick) -> float:
-    """Seconds until the next check is due; a check that was due but not made (no analyser) must not spin: look
-    again after the usual poll."""
+    """Seconds until the next check is due (the first an interval after the join, as rules.latency_check_due); a
+    check that was due but not made (no analyser) must not spin: look again after the usual poll."""
     latency = t.status.latency
-    last = latency.last.at if latency is not None and latency.last else None
+    since = None if latency is None else (latency.last.at if latency.last else None) or latency.started_at
     interval = t.spec.gates.latency.interval_seconds
-    due = (last + timedelta(seconds=interval) - t.now).total_seconds() if last else 0.0
+    due = (since + timedelta(seconds=interval) - t.now).total_seconds() if since else 0.0
     return due if due > 0 else t.config.poll_seconds
 
 

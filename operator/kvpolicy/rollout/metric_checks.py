@@ -12,6 +12,7 @@ Pure: nothing here reads the cluster or the state machine, so observe and the st
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 
 from kvpolicy.analysis.checks import AnyCheck, CheckVerdict, MetricsCheck, Sides, Stage
@@ -27,7 +28,8 @@ from kvpolicy.rollout.rules import latency_check_due, latency_gate_config
 
 
 async def _read_latency(provider: MetricsProvider, policy: KVPolicy, sides: Sides) -> tuple[SideMetrics, SideMetrics]:
-    return await latency_snapshots(provider, latency_gate_config(policy.spec), sides.canary, sides.baseline)
+    config = replace(latency_gate_config(policy.spec), window_seconds=sides.window_seconds)
+    return await latency_snapshots(provider, config, sides.canary, sides.baseline)
 
 
 def _assess_latency(policy: KVPolicy, measured: tuple[SideMetrics, SideMetrics]) -> Verdict:

@@ -92,10 +92,23 @@ def latency_check_due(policy: KVPolicy, now: datetime) -> bool:
         return False
     if policy.spec.rollout.paused:  # the step holds the analysis: a check would be thrown away
         return False
-    if status.latency is None or status.latency.started_at is None:
+    latency = status.latency
+    if latency is None or latency.started_at is None:
         return False
-    last = status.latency.last.at if status.latency.last else None
-    return last is None or now >= last + timedelta(seconds=policy.spec.gates.latency.interval_seconds)
+    # The first check comes an interval after the canary joined: at the join there is nothing of the users' to read.
+    since = (latency.last.at if latency.last else None) or latency.started_at
+    return now >= since + timedelta(seconds=policy.spec.gates.latency.interval_seconds)
+
+
+def analysis_window_seconds(policy: KVPolicy, now: datetime) -> int:
+    """The window a latency analysis check reads: gates.latency.windowSeconds, cut to the whole seconds since the
+    canary joined the traffic (or this step's weight took effect). Before that the canary served only the gates'
+    prompts (long-context ones, slow to first token), and a warm canary's histograms still hold them."""
+    window = policy.spec.gates.latency.window_seconds
+    latency = policy.status.latency
+    if latency is None or latency.started_at is None:
+        return window
+    return max(1, min(window, int((now - latency.started_at).total_seconds())))
 
 
 def phase_deadline(policy: KVPolicy) -> datetime | None:
