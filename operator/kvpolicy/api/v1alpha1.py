@@ -705,7 +705,10 @@ class LatencyGate(_Model):
         default=["0.5", "0.95"], min_length=1, max_length=8, description="Quantiles compared."
     )
     window_seconds: Int = Field(
-        default=300, ge=10, le=86_400, description="Window each check looks back over (at most a day)."
+        default=300,
+        ge=10,
+        le=86_400,
+        description="Window each check looks back over (at most a day), cut to the time since the canary joined.",
     )
     min_requests: Int = Field(
         default=50, ge=0, le=1_000_000, description="Fewer requests per side in the window = NoData."
