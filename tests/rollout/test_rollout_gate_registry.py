@@ -5,6 +5,10 @@ and every reason a gate says, in its records, conditions, events and decisions, 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import pytest
 from kvpolicy.analysis.checks import GateKind
 from kvpolicy.api.reasons import ALL_REASONS, GateReason
 from kvpolicy.api.v1alpha1 import (
@@ -18,6 +22,7 @@ from kvpolicy.api.v1alpha1 import (
     Plan,
 )
 from kvpolicy.gate_programs.report import GateReport
+from kvpolicy.rollout import gates
 from kvpolicy.rollout.gate_registry import gates_for
 from kvpolicy.rollout.gates import GATE_OF_PHASE, JOB_GATES, PHASE_GATES
 from kvpolicy.rollout.gates.job import JobGate
@@ -38,6 +43,25 @@ def test_every_gate_phase_of_the_api_has_one_registered_gate_in_the_apis_order()
     assert all(gate.phase is Phase.LATENCY_ANALYSIS for gate in others)
     assert list(Phase).index(GATE_PHASES[0]) > list(Phase).index(Phase.CANARY_STARTING)
     assert list(Phase).index(GATE_PHASES[-1]) < list(Phase).index(Phase.LATENCY_ANALYSIS)
+
+
+def test_the_registry_finds_a_new_gate_module_without_a_line_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module that defines a gate is all the registry needs (step 1 of the recipe); a gate without a phase of its
+    own comes after those with one, by name. A module importing another's gate does not register it twice."""
+    (tmp_path / "smoke.py").write_text(
+        "from dataclasses import replace\n"
+        "from kvpolicy.rollout.gates.latency_probe import LATENCY_PROBE\n"
+        'SMOKE = replace(LATENCY_PROBE, name="smoke", label="Smoke")\n'
+    )
+    monkeypatch.setattr(gates, "__path__", [*gates.__path__, str(tmp_path)])
+    try:
+        found = gates._find_gates()
+    finally:
+        sys.modules.pop("kvpolicy.rollout.gates.smoke", None)
+        vars(gates).pop("smoke", None)
+    assert [gate.name for gate in found] == [*(gate.name for gate in JOB_GATES), "smoke"]
 
 
 def test_each_gate_has_its_own_name_condition_and_status_record() -> None:
