@@ -1,22 +1,91 @@
-"""Metrics checks, one table entry each (like the Job gates in rollout/gates/): what a check reads through the
-metrics provider, the pure assessor that turns the reading into a typed `Verdict`, and the `Stage` that says how the
-rollout reacts to it. The observer runs every entry that is due the same way, and the step reacts to each verdict by
-its entry's stage alone, so a new check is its reader/assessor module, its line in the table
-(rollout/metric_checks.py), and its reason codes (api/reasons.py)."""
+"""What every gate is (`Gate`), and the metrics checks, one table entry each.
+
+A gate, after Argo Rollouts' metric providers (its `Provider` interface, of which a Job is one provider and
+Prometheus another): a name (the `gate` label of kvpolicy_gate_results_total), the kind of provider that measures it
+(`GateKind`: a Job's report, or the policy's metrics provider), and the results one pass of the step took from it
+(`outcomes`: what the gate-results metric counts). Every gate says its verdict in one vocabulary, `GateVerdict`, whose
+`.phase` is Argo's `AnalysisPhase` (api/v1alpha1.py). The Job gates are `JobGate`s (rollout/gates/), the metrics
+checks `MetricsCheck`s (below); rollout/gate_registry.py lists them all for a policy.
+
+A metrics check: what it reads through the metrics provider, the pure assessor that turns the reading into a typed
+`Verdict`, and the `Stage` that says how the rollout reacts to it. The observer runs every entry that is due the same
+way, and the step reacts to each verdict by its entry's stage alone, so a new check is its reader/assessor module, its
+line in the table (rollout/metric_checks.py), and its reason codes (api/reasons.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from enum import Enum, auto
-from typing import Any, Generic, TypeVar
+from enum import Enum, StrEnum, auto
+from typing import Any, Generic, Protocol, TypeVar
 
 from kvpolicy.analysis.model import ProviderUnavailableError, SideSelector, Verdict
 from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.api.reasons import Reason
-from kvpolicy.api.v1alpha1 import AnalysisPhase, ConditionType, KVPolicy
+from kvpolicy.api.v1alpha1 import (
+    AnalysisPhase,
+    ConditionStatus,
+    ConditionType,
+    GateResult,
+    GateVerdict,
+    KVPolicy,
+    KVPolicySpec,
+    KVPolicyStatus,
+)
 
 Reading = TypeVar("Reading")
+
+# ---------------------------------------------------------------------------------------------------- every gate
+
+
+class GateKind(StrEnum):
+    """What measures a gate (Argo Rollouts' provider type)."""
+
+    JOB = "Job"  # a Job the operator runs, whose report becomes a status record (rollout/gates/)
+    METRICS = "Metrics"  # the policy's metrics provider, read by the observer (a `MetricsCheck`)
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """One gate result a pass took: kvpolicy_gate_results_total{gate, verdict} counts it. A Job gate's carries its
+    status record, whose recovery and scores (beside the gate's least recovery) the per-policy gate gauges publish."""
+
+    gate: str
+    verdict: GateVerdict
+    record: GateResult | None = None
+    min_recovery: float | None = None
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One pass of the step as the gates read it: the status before and after, the statuses of their conditions by
+    type (read through rollout/conditions.py `transition`, the one condition lookup), and the metrics checks'
+    verdicts observed for it."""
+
+    before: KVPolicyStatus
+    after: KVPolicyStatus
+    conditions_before: Mapping[str, str]  # a condition's status by its type
+    conditions_after: Mapping[str, str]
+    observed: Sequence[CheckVerdict] = ()
+
+
+class Gate(Protocol):
+    """Every gate, Job gate and metrics check alike: the registry's one shape (rollout/gate_registry.py)."""
+
+    @property
+    def name(self) -> str:
+        """The `gate` label of kvpolicy_gate_results_total (the alert rules match on it)."""
+        ...
+
+    @property
+    def kind(self) -> GateKind: ...
+
+    def outcomes(self, spec: KVPolicySpec, change: Transition) -> list[GateOutcome]:
+        """The results of this gate that this pass took, each counted once."""
+        ...
+
+
+# ------------------------------------------------------------------------------------------------ metrics checks
 
 
 class Stage(Enum):
@@ -63,6 +132,33 @@ class MetricsCheck(Generic[Reading]):
     verification: Verification | None = None  # VERIFY entries only
     reads_baseline: bool = False  # a VERIFY entry that also reads the target's own pods (ANALYSIS entries always do)
 
+    @property
+    def kind(self) -> GateKind:
+        return GateKind.METRICS
+
+    def took(self, verdict: Verdict, change: Transition) -> bool:
+        """Whether the step took this check's verdict in this pass. An ANALYSIS check's counts when the analysis
+        folded this pass's check in (every one is a measurement); a VERIFY check's when it concluded the check (its
+        condition turned True on a pass, False on a breach), not while it waits for data."""
+        if self.stage is Stage.ANALYSIS:
+            before, after = change.before.latency, change.after.latency
+            return after is not None and after.checks > (before.checks if before else 0)
+        concluded = _CONCLUDED.get(verdict.phase)
+        if self.verification is None or concluded is None:
+            return False
+        condition = self.verification.condition
+        now, then = change.conditions_after.get(condition), change.conditions_before.get(condition)
+        return now == concluded and then != concluded
+
+    def outcomes(self, spec: KVPolicySpec, change: Transition) -> list[GateOutcome]:
+        """This check's verdict observed for the pass, when the step took it (`took`). A check is known by its name:
+        the policy's checks have unique names (the custom ones are built anew for each pass)."""
+        return [
+            GateOutcome(self.name, result.verdict.kind)
+            for result in change.observed
+            if result.check.name == self.name and self.took(result.verdict, change)
+        ]
+
     async def evaluate(self, provider: MetricsProvider, policy: KVPolicy, sides: Sides) -> Verdict:
         """Read and assess; an unavailable provider is a ProviderUnavailable verdict, never an exception."""
         try:
@@ -73,6 +169,9 @@ class MetricsCheck(Generic[Reading]):
 
 
 AnyCheck = MetricsCheck[Any]
+
+# The condition status a VERIFY check's conclusive verdict sets.
+_CONCLUDED = {AnalysisPhase.SUCCESSFUL: ConditionStatus.TRUE, AnalysisPhase.FAILED: ConditionStatus.FALSE}
 
 
 @dataclass(frozen=True)

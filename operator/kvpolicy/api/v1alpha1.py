@@ -255,6 +255,11 @@ class Phase(StrEnum):
 
 TERMINAL_PHASES = frozenset({Phase.HELD_BF16, Phase.PROMOTED, Phase.ROLLED_BACK})
 
+# The phases a gate Job holds the rollout in, in the order they run (between CanaryStarting and LatencyAnalysis):
+# each has one gate in rollout/gates/, which the registry orders by this tuple. A new gate of its own phase adds its
+# Phase here, with its condition type, spec and status fields (tests/rollout/test_rollout_gate_registry.py).
+GATE_PHASES = (Phase.GPU_PREFLIGHT, Phase.ACCURACY_GATE)
+
 
 class AnalysisPhase(StrEnum):
     """The one verdict every gate comes to, Job gate and metrics check alike (after Argo Rollouts' AnalysisPhase): the

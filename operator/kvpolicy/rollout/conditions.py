@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from kvpolicy.api.v1alpha1 import Condition, ConditionStatus, ConditionType
+from kvpolicy.analysis.checks import CheckVerdict, Transition
+from kvpolicy.api.v1alpha1 import Condition, ConditionStatus, ConditionType, KVPolicyStatus
 
 
 def set_condition(
@@ -48,6 +49,15 @@ def set_condition(
 
 def find_condition(conditions: Sequence[Condition], type_: ConditionType) -> Condition | None:
     return next((condition for condition in conditions if condition.type == type_), None)
+
+
+def transition(before: KVPolicyStatus, after: KVPolicyStatus, observed: Sequence[CheckVerdict] = ()) -> Transition:
+    """One pass as the gates read it (`Gate.outcomes`), with the statuses of both statuses' conditions."""
+
+    def statuses(conditions: Sequence[Condition]) -> dict[str, str]:
+        return {condition.type: condition.status for condition in conditions}
+
+    return Transition(before, after, statuses(before.conditions), statuses(after.conditions), tuple(observed))
 
 
 def condition_holds(

@@ -1,5 +1,6 @@
 """The metrics checks, one table entry each (analysis/checks.py has the contract): the canary configuration check, the
-TTFT/ITL comparison, and the policy's custom checks built from spec.analysis.checks.
+TTFT/ITL comparison, and the policy's custom checks built from spec.analysis.checks. They are the gates of kind
+Metrics, as rollout/gates/ holds those of kind Job: rollout/gate_registry.py lists both for a policy.
 
 The observer evaluates every entry that is due (`check_due`) through the policy's metrics provider; the step reacts
 to each verdict by its entry's `Stage` alone. Adding a check: its reader/assessor module (with its `MetricsCheck`), its
@@ -22,8 +23,8 @@ from kvpolicy.analysis.model import SideMetrics, Verdict
 from kvpolicy.analysis.provider import MetricsProvider
 from kvpolicy.analysis.served import CANARY_CONFIG
 from kvpolicy.analysis.verdicts import assess
-from kvpolicy.api.v1alpha1 import AnalysisPhase, ConditionStatus, KVPolicy, KVPolicyStatus, Phase
-from kvpolicy.rollout.conditions import condition_holds, find_condition
+from kvpolicy.api.v1alpha1 import KVPolicy, KVPolicyStatus, Phase
+from kvpolicy.rollout.conditions import condition_holds, transition
 from kvpolicy.rollout.rules import latency_check_due, latency_gate_config
 
 
@@ -67,29 +68,8 @@ def needs_baseline(checks: Sequence[AnyCheck]) -> bool:
     return any(check.stage is Stage.ANALYSIS or check.reads_baseline for check in checks)
 
 
-# The condition status a VERIFY check's conclusive verdict sets.
-_CONCLUDED = {AnalysisPhase.SUCCESSFUL: ConditionStatus.TRUE, AnalysisPhase.FAILED: ConditionStatus.FALSE}
-
-
 def taken_checks(before: KVPolicyStatus, after: KVPolicyStatus, checks: Sequence[CheckVerdict]) -> list[CheckVerdict]:
-    """The verdicts of this pass's metrics checks that the step took, each once: what the gate-results metric counts,
-    as it counts a Job gate's record once it is final (`gates.finished_gates`). An ANALYSIS check counts when the
-    analysis folded this pass's check in (every one is a measurement); a VERIFY check when its verdict concluded the
-    check (its condition turned True on a pass, False on a breach), not while it waits for data."""
-    counted_before = before.latency.checks if before.latency else 0
-    analysed = after.latency is not None and after.latency.checks > counted_before
-    taken = []
-    for result in checks:
-        if result.check.stage is Stage.ANALYSIS:
-            if analysed:
-                taken.append(result)
-            continue
-        verification = result.check.verification
-        concluded = _CONCLUDED.get(result.verdict.phase)
-        if verification is None or concluded is None:
-            continue
-        old = find_condition(before.conditions, verification.condition)
-        new = find_condition(after.conditions, verification.condition)
-        if new is not None and new.status == concluded and (old is None or old.status != concluded):
-            taken.append(result)
-    return taken
+    """The verdicts of this pass's metrics checks that the step took, each once (`MetricsCheck.took`): what the
+    gate-results metric counts, as it counts a Job gate's record once it is final (`gates.finished_gates`)."""
+    change = transition(before, after, checks)
+    return [result for result in checks if result.check.took(result.verdict, change)]

@@ -41,8 +41,8 @@ from kvpolicy.notify import metrics
 from kvpolicy.notify.notifier import Notifier
 from kvpolicy.rollout import builders as b
 from kvpolicy.rollout.conditions import set_condition
-from kvpolicy.rollout.gates import JOB_GATES, finished_gates
-from kvpolicy.rollout.metric_checks import taken_checks
+from kvpolicy.rollout.gate_registry import gate_outcomes
+from kvpolicy.rollout.gates import JOB_GATES
 from kvpolicy.rollout.rules import phase_deadline
 from kvpolicy.rollout.step import step
 from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult
@@ -386,19 +386,21 @@ class Reconciler:
             if started is not None:
                 elapsed = (observations.now - started).total_seconds()
                 metrics.observe_rollout_duration(elapsed, after.decision.result)
-        for gate, done in finished_gates(before, after):
-            metrics.record_gate_result(
-                name,
-                namespace,
-                gate.name,
-                done.verdict,
-                done.recovery,
-                done.canary_score,
-                done.baseline_score,
-                gate.min_recovery(policy.spec),
-            )
-        for taken in taken_checks(before, after, observations.checks):
-            metrics.count_gate_result(taken.check.name, taken.verdict.kind)
+        for outcome in gate_outcomes(policy, after, observations.checks):
+            record = outcome.record
+            if record is None:
+                metrics.count_gate_result(outcome.gate, outcome.verdict)
+            else:
+                metrics.record_gate_result(
+                    name,
+                    namespace,
+                    outcome.gate,
+                    outcome.verdict,
+                    record.recovery,
+                    record.canary_score,
+                    record.baseline_score,
+                    outcome.min_recovery,
+                )
         for gate in JOB_GATES:
             if gate.result(after) is None:
                 metrics.clear_gate(namespace, name, gate.name)

@@ -1,6 +1,7 @@
 """What every Job gate is (after Argo Rollouts' job metric provider): how its Job is built, how long it may run, how
 its report becomes a status record, and how that record becomes a transition. One module per gate in this package
-(`preflight.py`, `accuracy.py`, `latency_probe.py`), one line each in the registry (`__init__.py`).
+(`preflight.py`, `accuracy.py`, `latency_probe.py`), which the registry (`__init__.py`) finds. A `JobGate` is a
+`Gate` (analysis/checks.py) of kind Job, as a metrics check is one of kind Metrics.
 
 The step runs every gate the same way (`tick.run_job`): create the Job if it is missing, time it out past its
 deadline, read its `GateReport` when it has finished. A gate of its own phase (GPU preflight, accuracy) then moves
@@ -17,8 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, auto
 
+from kvpolicy.analysis.checks import GateKind, GateOutcome, Transition
 from kvpolicy.api.reasons import REPORT_PROBLEMS
 from kvpolicy.api.v1alpha1 import (
+    AnalysisPhase,
     ConditionStatus,
     ConditionType,
     GateResult,
@@ -102,6 +105,23 @@ class JobGate:
     min_recovery: Callable[[KVPolicySpec], float | None] = lambda spec: None
     # The most samples the gate takes, which `kubectl kvpolicy` shows beside its progress; None: not counted.
     sample_cap: Callable[[KVPolicySpec], int | None] = lambda spec: None
+
+    @property
+    def kind(self) -> GateKind:
+        return GateKind.JOB
+
+    def finished(self, before: KVPolicyStatus, after: KVPolicyStatus) -> GateResult | None:
+        """Its record, when it turned from absent or Running into a verdict between two statuses."""
+        old, new = self.result(before), self.result(after)
+        running = AnalysisPhase.RUNNING
+        if new is not None and new.verdict.phase is not running and (old is None or old.verdict.phase is running):
+            return new
+        return None
+
+    def outcomes(self, spec: KVPolicySpec, change: Transition) -> list[GateOutcome]:
+        """Its record once it is final, with the least recovery the gate accepts."""
+        record = self.finished(change.before, change.after)
+        return [] if record is None else [GateOutcome(self.name, record.verdict, record, self.min_recovery(spec))]
 
 
 def readable(report: GateReport, verdicts: tuple[GateVerdict, ...]) -> bool:
