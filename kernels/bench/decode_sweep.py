@@ -50,11 +50,16 @@ FA3_POWERS = (1, 2, 4, 8, 16, 32, 64, 128)
 # Our launch choices beside the default, each timed (graph replay) and checked at every shape. A variant is a config
 # and -D values added to the build's (kernel_for caches each build apart). Run 2 of 2026-12-02's third pass timed splits
 # planned by the kernel from seq_lens ("device plan": MmaDecodeConfig(plan_on_device=True)) and partials stored
-# straight from the mma fragments ("unstaged stores": STAGED_STORES=0); run 3, 32-token tiles.
+# straight from the mma fragments ("unstaged stores": STAGED_STORES=0); run 3, 32-token tiles; the fourth pass, the
+# splits merged in the partial kernel behind a grid-wide barrier (MmaDecodeConfig(fused_merge=True), then the default,
+# with the reduce kernel's merge as the variant "unfused"), 8 or 16 loads in flight a merging lane.
+# Variants that differ from the default only where their plan merges in the kernel (FUSED_ONLY) are timed at those
+# shapes only; elsewhere they run the default's kernel and take its figures.
 VARIANTS: dict[str, tuple[MmaDecodeConfig, dict[str, int]]] = {
-    "tile 32": (MmaDecodeConfig(tile=32), {}),
-    "tile 32, 2 stages": (MmaDecodeConfig(tile=32, stages=2), {}),
+    "fused merge": (MmaDecodeConfig(fused_merge=True), {}),
+    "fused merge, 16 loads a lane": (MmaDecodeConfig(fused_merge=True), {"MERGE_LOADS": 16}),
 }
+FUSED_ONLY = set(VARIANTS)
 _build_defines = _decode_mma.defines
 _extra_defines: dict[str, int] = {}
 
@@ -233,11 +238,14 @@ def measure_shape(shape: Shape, with_fa3: bool, seed: int) -> dict[str, Any]:
     ours.update(timed(fn))
     plan, _ = mma_launch(q, cache, max_len, MmaDecodeConfig())
     splits = sequence_splits(shape.lengths, plan)
-    ours["plan"] = {"grid": plan.grid, "num_parts": plan.num_parts, "busy_blocks": sum(splits),
+    ours["plan"] = {"grid": plan.grid, "num_parts": plan.num_parts, "busy_blocks": sum(splits), "fused": plan.fused,
                     "splits": sorted(set(splits)) if len(set(splits)) <= 4 else [min(splits), max(splits)]}  # fmt: skip
     entry["ours"] = ours
     variants: dict[str, Any] = {}
     for name, (config, extra) in VARIANTS.items():
+        if name in FUSED_ONLY and not mma_launch(q, cache, max_len, config)[0].fused:
+            variants[name] = {**ours, "same_as_default": True}
+            continue
         _extra_defines.update(extra)
         try:
             variant: dict[str, Any] = errors(ours_fn(q, cache, max_len, out_dtype=torch.float32, config=config)(), ref)
@@ -275,7 +283,8 @@ def table_rows(data: dict[str, Any]) -> Iterator[list[str]]:
             row += ["n/a", "n/a"]
         plan = ours["plan"]
         row += [f"{ours['meanRelError']:.1e} / {ours['worstRowError']:.1e}",
-                f"{plan['busy_blocks']} of grid {tuple(plan['grid'])}, splits {plan['splits']}"]  # fmt: skip
+                f"{plan['busy_blocks']} of grid {tuple(plan['grid'])}, splits {plan['splits']}"
+                + (", fused" if plan.get("fused") else "")]  # fmt: skip
         yield row
 
 

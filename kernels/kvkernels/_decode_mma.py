@@ -22,8 +22,11 @@ PAGE_MULTIPLE = 16  # a 16-token chunk must lie inside one page
 _P, _I32, _I64, _F32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
 # q, k_cache, v_cache, block_table, seq_lens, part_acc, part_max, part_sum, part_index, qk_scale, group, then the plan
 # (tokens_per_split for a host plan; seqs, wave, most_waves, min_split_steps, fixed_splits for a device plan), then the
-# strides s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt, s_as, s_ah, s_ap, s_ms, s_mh.
-SIGNATURE = (_P,) * 9 + (_F32,) + (_I32,) * 7 + (_I64,) * 14
+# strides s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt, s_as, s_ah, s_ap, s_ms, s_mh, then for a fused merge
+# the barrier's two counters, the output, v_scale and the output's strides s_os, s_oh (unused by other builds).
+SIGNATURE = (_P,) * 9 + (_F32,) + (_I32,) * 7 + (_I64,) * 14 + (_P, _P, _F32, _I64, _I64)
+# The output types a fused merge writes (OUT_KIND).
+OUT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,13 @@ class MmaDecodeConfig:
 
     `plan_on_device`: each sequence split by its own length, planned by the kernel from `seq_lens` (no host sync):
     one or two long sequences among short ones then fill the GPU, but that build streams ~17% slower on an H200
-    (BENCHMARKS.md); by default every sequence is split as the longest (`max_seq_len`) is, planned on the host."""
+    (BENCHMARKS.md); by default every sequence is split as the longest (`max_seq_len`) is, planned on the host.
+
+    `fused_merge`: a host plan of at most one wave (every block resident at once) merges the splits in the same
+    kernel, behind a grid-wide barrier, instead of launching the reduce kernel after it (`LaunchPlan.fused`). Off by
+    default: on an H200 it took 1.0-5.1 us more than the reduce kernel at 1, 2 and 4 sequences, and from 2.5 us less
+    to 0.8 us more at 8 (BENCHMARKS.md, issue 27 fourth pass); no other launch may use its stream's counters while it
+    runs (`barrier_for`), and each block waits for all others, so it needs the GPU's multiprocessors to itself."""
 
     tile: int = 16
     stages: int = 3
@@ -48,6 +57,7 @@ class MmaDecodeConfig:
     blocks_per_multiprocessor: int = 4
     min_split_steps: int = 128
     plan_on_device: bool = False
+    fused_merge: bool = False
 
     def heads_in_block(self, kv_heads: int) -> int:
         return math.gcd(kv_heads, self.heads_per_block)
@@ -126,7 +136,9 @@ class LaunchPlan:
     from `seq_lens` (`sequence_splits`) with what the host gives: `wave` blocks fill the GPU once (multiprocessors x
     resident blocks), at most `most_waves` waves, splits of at least `min_split_steps` steps of `tokens_per_step`
     tokens, or `fixed_splits` per sequence (0: planned); a block's rows are `block x slices + slice`, and the kernel
-    writes each sequence's (first row, rows) for the reduce."""
+    writes each sequence's (first row, rows) for the reduce.
+    `fused`: the kernel merges the splits itself (a host plan whose grid fits one wave: the barrier it waits at needs
+    every block resident at once)."""
 
     grid: tuple[int, int, int]
     threads: int
@@ -141,6 +153,7 @@ class LaunchPlan:
     tokens_per_step: int
     num_parts: int
     max_parts: int
+    fused: bool = False
 
 
 def plan_launch(
@@ -173,6 +186,7 @@ def plan_launch(
     else:
         blocks = max(budget, seqs)
         grid, per_sequence, rows = (blocks, kv_blocks, 1), (min(most_steps, budget) if budget > seqs else 1), blocks
+    fused = config.fused_merge and not config.plan_on_device and math.prod(grid) <= wave
     return LaunchPlan(
         grid=grid,
         threads=32 * heads_in_block * config.warps_per_head,
@@ -189,6 +203,7 @@ def plan_launch(
         tokens_per_step=tokens_per_step,
         num_parts=rows * config.warps_per_head,
         max_parts=per_sequence * config.warps_per_head,
+        fused=fused,
     )
 
 
@@ -196,8 +211,12 @@ def source() -> str:
     return resources.files("kvkernels").joinpath("csrc", SOURCE_NAME).read_text()
 
 
-def defines(config: MmaDecodeConfig, head_dim: int, page_size: int, kv_heads: int, group: int) -> dict[str, int]:
-    return {
+def defines(
+    config: MmaDecodeConfig, head_dim: int, page_size: int, kv_heads: int, group: int, out_kind: int | None = None
+) -> dict[str, int]:
+    """The build's -D values; `out_kind` (OUT_KINDS) builds the fused merge writing that output type."""
+    fused = {} if out_kind is None else {"FUSED_MERGE": 1, "OUT_KIND": out_kind}
+    return fused | {
         "HEAD_DIM": head_dim,
         "PAGE_SIZE": page_size,
         "TILE": config.tile,
@@ -253,13 +272,21 @@ _kernels_lock = threading.Lock()
 
 
 def kernel_for(
-    device: torch.device, config: MmaDecodeConfig, head_dim: int, page_size: int, kv_heads: int, group: int
+    device: torch.device,
+    config: MmaDecodeConfig,
+    head_dim: int,
+    page_size: int,
+    kv_heads: int,
+    group: int,
+    out_dtype: torch.dtype | None = None,
 ) -> CudaKernel:
-    """The compiled and loaded kernel for this shape (cached per device)."""
+    """The compiled and loaded kernel for this shape (cached per device); with `out_dtype`, the build that merges
+    the splits itself and writes that type (a fused plan)."""
     config.validate()
     index = device.index if device.index is not None else torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(index)
-    consts = defines(config, head_dim, page_size, kv_heads, group)
+    out_kind = None if out_dtype is None else OUT_KINDS[out_dtype]
+    consts = defines(config, head_dim, page_size, kv_heads, group, out_kind)
     key = (index, tuple(sorted(consts.items())))
     with _kernels_lock:
         if key not in _kernels:
@@ -268,3 +295,30 @@ def kernel_for(
                 cubin, FUNCTION_NAME, torch.device("cuda", index), SIGNATURE, config.shared_bytes(head_dim, kv_heads)
             )
         return _kernels[key]
+
+
+# The fused merge's barrier counters: two per stream a device's launches run on (launches on one stream never
+# overlap; each leaves its counters at 0). Created outside any CUDA-graph capture, zeroed once.
+BARRIER_SLOTS = 64
+_barriers: dict[int, torch.Tensor] = {}
+_barrier_slots: dict[tuple[int, int], int] = {}
+
+
+def barrier_for(device: torch.device, stream: int) -> torch.Tensor | None:
+    """The two counters of the fused merge's barrier for launches on `stream` (a CUDA stream handle) of `device`, or
+    None where there are none to give (every slot taken, or the first call is being captured into a CUDA graph, when
+    no memory may be zeroed outside it): the caller then merges with the reduce kernel."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _kernels_lock:
+        if index not in _barriers:
+            if torch.cuda.is_current_stream_capturing():
+                return None
+            _barriers[index] = torch.zeros(BARRIER_SLOTS, 2, dtype=torch.int32, device=torch.device("cuda", index))
+            torch.cuda.synchronize(index)  # zero before any stream's first launch reads them (once per device)
+        slot = _barrier_slots.get((index, stream))
+        if slot is None:
+            taken = sum(1 for key in _barrier_slots if key[0] == index)
+            if taken >= BARRIER_SLOTS:
+                return None
+            slot = _barrier_slots[(index, stream)] = taken
+        return _barriers[index][slot]

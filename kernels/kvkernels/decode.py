@@ -132,7 +132,9 @@ def paged_decode(
     qk_scale = qk_log2_scale(q.shape[2], softmax_scale, q_scale, k_scale)
     cfg = config if config is not None else default_decode_config(q, cache, mode)
     if isinstance(cfg, MmaDecodeConfig):
-        return _mma_partials(q, cache, max_seq_len, mode, qk_scale, num_splits, cfg).merge(v_scale, out_dtype)
+        _check_mma(q, cache, mode)
+        launch = mma_launch(q, cache, max_seq_len, cfg, num_splits)
+        return _mma_decode(q, cache, launch, cfg, qk_scale, v_scale, out_dtype)
     part_acc, part_max, part_sum = _triton_partials(q, cache, max_seq_len, mode, qk_scale, num_splits, cfg)
     return combine_partials(part_acc, part_max, part_sum, v_scale, out_dtype)
 
@@ -245,6 +247,42 @@ class MmaPartials:
         return combine_partials(*per_seq, v_scale, out_dtype)
 
 
+def _mma_decode(
+    q: torch.Tensor,
+    cache: PagedKVCache,
+    launch: tuple[LaunchPlan, CudaKernel],
+    cfg: MmaDecodeConfig,
+    qk_scale: float,
+    v_scale: float,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The CUDA kernel's output for this call, launched as `launch` (mma_launch) says: merged in the same kernel
+    where the plan is fused (one launch), else by the reduce kernel after it."""
+    plan, kernel = launch
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    barrier = _decode_mma.barrier_for(q.device, stream) if plan.fused else None
+    if barrier is None or out_dtype not in _decode_mma.OUT_KINDS:
+        return _launch_partials(q, cache, qk_scale, plan, kernel).merge(v_scale, out_dtype)
+    seqs, heads, head_dim = q.shape
+    page_size, kv_heads = cache.key_cache.shape[1], cache.key_cache.shape[2]
+    fused = _decode_mma.kernel_for(q.device, cfg, head_dim, page_size, kv_heads, heads // kv_heads, out_dtype)
+    if fused.resident_blocks(plan.threads) * _multiprocessors(q.device) < math.prod(plan.grid):
+        return _launch_partials(q, cache, qk_scale, plan, kernel).merge(v_scale, out_dtype)  # not all resident
+    out = torch.empty(seqs, heads, head_dim, device=q.device, dtype=out_dtype)
+    _launch_partials(q, cache, qk_scale, plan, fused, (barrier, out, v_scale, out.stride(0), out.stride(1)))
+    return out
+
+
+def _check_mma(q: torch.Tensor, cache: PagedKVCache, mode: AccumulationMode) -> None:
+    if not mode.two_level:
+        raise ValueError(
+            "the CUDA decode kernel (MmaDecodeConfig) is two-level only; use DecodeConfig for single-level"
+        )
+    reason = _decode_mma.unsupported_reason(q, cache.key_cache, cache.value_cache)
+    if reason is not None:
+        raise ValueError(f"MmaDecodeConfig cannot run this call: {reason}; use DecodeConfig (the Triton kernel)")
+
+
 def _mma_partials(
     q: torch.Tensor,
     cache: PagedKVCache,
@@ -255,18 +293,24 @@ def _mma_partials(
     cfg: MmaDecodeConfig,
     plan: LaunchPlan | None = None,
 ) -> MmaPartials:
-    """The CUDA partial kernel's outputs for this call; `plan` replaces the one planned for this GPU (tests run
-    another GPU's plan with it)."""
-    if not mode.two_level:
-        raise ValueError(
-            "the CUDA decode kernel (MmaDecodeConfig) is two-level only; use DecodeConfig for single-level"
-        )
-    kc, vc = cache.key_cache, cache.value_cache
-    reason = _decode_mma.unsupported_reason(q, kc, vc)
-    if reason is not None:
-        raise ValueError(f"MmaDecodeConfig cannot run this call: {reason}; use DecodeConfig (the Triton kernel)")
+    """The CUDA partial kernel's outputs for this call, never merged in the kernel (the reduce kernel merges them);
+    `plan` replaces the one planned for this GPU (tests run another GPU's plan with it)."""
+    _check_mma(q, cache, mode)
     planned, kernel = mma_launch(q, cache, max_seq_len, cfg, num_splits)
-    plan = plan if plan is not None else planned
+    return _launch_partials(q, cache, qk_scale, plan if plan is not None else planned, kernel)
+
+
+def _launch_partials(
+    q: torch.Tensor,
+    cache: PagedKVCache,
+    qk_scale: float,
+    plan: LaunchPlan,
+    kernel: CudaKernel,
+    fused: tuple[torch.Tensor, torch.Tensor, float, int, int] | None = None,
+) -> MmaPartials:
+    """Launches `kernel` as `plan` says; `fused` (the barrier's counters, the output, v_scale, the output's
+    strides) for the build that merges the splits itself."""
+    kc, vc = cache.key_cache, cache.value_cache
     seqs, heads, head_dim = q.shape
     part_acc = torch.empty(heads, plan.num_parts, head_dim, device=q.device, dtype=torch.float32)
     part_max = torch.empty(heads, plan.num_parts, device=q.device, dtype=torch.float32)
@@ -289,6 +333,7 @@ def _mma_partials(
             cache.block_table.stride(0),
             seq_stride * part_acc.stride(1), part_acc.stride(0), part_acc.stride(1),
             seq_stride * part_max.stride(1), part_max.stride(0),
+            *(fused if fused is not None else (part_max, part_max, 1.0, 0, 0)),
         ],
     )  # fmt: skip
     return MmaPartials(part_acc, part_max, part_sum, part_index if plan.on_device else None, plan.max_parts)

@@ -190,3 +190,34 @@ def test_nvrtc_reports_compile_errors_with_the_log() -> None:
 
     with pytest.raises(CudaBuildError, match="did not compile"):
         compile_cubin('extern "C" __global__ void broken() { undefined_name; }', "broken.cu", 90, {})
+
+
+@pytest.mark.parametrize(
+    ("seqs", "length", "resident", "fused"),
+    [
+        (1, 32768, 1, True),  # one wave of 132 splits: merged in the kernel
+        (2, 65536, 1, True),
+        (8, 32768, 1, True),  # 128 blocks
+        (4, 262144, 1, False),  # 3 waves (99 splits of 4 sequences): blocks would wait on ones not yet resident
+        (16, 131072, 1, False),
+        (2, 65536, 2, True),  # two resident blocks an SM: a wave of 264
+    ],
+)
+def test_fused_merge_only_where_every_block_is_resident(seqs: int, length: int, resident: int, fused: bool) -> None:
+    config = MmaDecodeConfig(fused_merge=True)
+    plan = plan_launch(config, seqs, 32, 8, length, H200_SMS, resident_blocks=resident)
+    assert plan.fused == fused
+    assert not fused or plan.grid[0] * plan.grid[1] * plan.grid[2] <= H200_SMS * resident
+    assert not plan_launch(MmaDecodeConfig(), seqs, 32, 8, length, H200_SMS).fused  # opt-in
+    device = MmaDecodeConfig(fused_merge=True, plan_on_device=True)
+    assert not plan_launch(device, seqs, 32, 8, length, H200_SMS, resident_blocks=resident).fused
+
+
+@pytest.mark.parametrize("out_kind", [0, 1, 2])
+@pytest.mark.parametrize(("head_dim", "group"), [(128, 4), (128, 12), (256, 8)])
+def test_nvrtc_builds_the_fused_merge(head_dim: int, group: int, out_kind: int) -> None:
+    _nvrtc_or_skip()
+    consts = defines(MmaDecodeConfig(), head_dim, 16, 8, group, out_kind)
+    assert (consts["FUSED_MERGE"], consts["OUT_KIND"]) == (1, out_kind)
+    assert "FUSED_MERGE" not in defines(MmaDecodeConfig(), head_dim, 16, 8, group)
+    assert compile_cubin(source(), "paged_decode_fp8.cu", 90, consts)[:4] == b"\x7fELF"

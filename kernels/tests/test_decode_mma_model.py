@@ -8,9 +8,10 @@ kernel on a GPU (same grid), and the mutation test shows that this grid catches 
 
 from __future__ import annotations
 
+import math
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import mma_decode_model
@@ -197,6 +198,24 @@ def test_model_uses_the_kernels_launch_plan() -> None:
             assert (plan.grid, splits) == expected[case.name], case.name
         if not plan.on_device:
             assert plan.tokens_per_split * plan.grid[0] >= max(case.lengths), case.name
+
+
+def test_fused_merge_changes_who_merges_not_the_plan() -> None:
+    """MmaDecodeConfig(fused_merge=True) (opt-in) cuts every case's work as the default plan does: the same grid,
+    splits and partial rows, so the model's partials and merge (model_combine: the reduce kernel's, and the fused
+    merge's, weights) stand for both; only one-wave host plans are marked fused."""
+    for case in CASES:
+        inputs = make_inputs(case)
+        plans = [
+            mma_decode_model.model_launch(
+                inputs.q, inputs.cache, max_seq_len=max(case.lengths), config=replace(case.config, fused_merge=fused),
+                num_splits=case.num_splits, multiprocessors=case.multiprocessors, resident_blocks=case.resident_blocks,
+            )
+            for fused in (False, True)
+        ]  # fmt: skip
+        assert replace(plans[1], fused=False) == plans[0], case.name
+        one_wave = math.prod(plans[0].grid) <= plans[0].wave
+        assert plans[1].fused == (one_wave and not case.config.plan_on_device) and not plans[0].fused, case.name
 
 
 @pytest.mark.parametrize("seed", range(40))

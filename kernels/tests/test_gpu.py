@@ -1,6 +1,7 @@
 """GPU-only checks at sizes the interpreter cannot reach: the cliff itself, and accuracy at realistic shapes."""
 
 import os
+from collections.abc import Callable
 from functools import partial
 
 import pytest
@@ -191,14 +192,7 @@ def test_device_plan_follows_seq_lens_changed_under_a_cuda_graph() -> None:
     config = MmaDecodeConfig(plan_on_device=True)
     step = partial(paged_decode, q8, cache, max_seq_len=max(lengths), q_scale=qs, k_scale=ks, v_scale=vs,
                    out_dtype=torch.float32, config=config)  # fmt: skip
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        replayed = step()
+    graph, replayed = _captured(step)
     for new in ([70000, 1, 3000, 16, 40000], [1000, 1, 2999, 16, 40000], [5, 1, 1, 1, 1]):
         cache.seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
         graph.replay()
@@ -211,6 +205,19 @@ def test_device_plan_follows_seq_lens_changed_under_a_cuda_graph() -> None:
         assert row_errors(replayed, ref)[0] < 1e-4
 
 
+def _captured(step: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """A CUDA graph of one call of `step` (warmed up first on a side stream, as torch asks) and its output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = step()
+    return graph, replayed
+
+
 @pytest.mark.parametrize("head_dim", [128, 256])
 def test_default_launch_keeps_one_block_per_h200_multiprocessor(head_dim: int) -> None:
     """The occupancy the CPU tests' plans assume for an H200 (H200_RESIDENT_BLOCKS), read from the driver."""
@@ -220,3 +227,45 @@ def test_default_launch_keeps_one_block_per_h200_multiprocessor(head_dim: int) -
     q8, _ = quantize_fp8(torch.randn(2, 32, head_dim, device="cuda"))
     plan, kernel = mma_launch(q8, cache, 300, MmaDecodeConfig())
     assert kernel.resident_blocks(plan.threads) == H200_RESIDENT_BLOCKS
+
+
+@pytest.mark.parametrize(
+    ("lengths", "kv_heads", "group", "head_dim", "page"),
+    [
+        ((32768,), 8, 4, 128, 16),  # one sequence: 132 splits, every lane of a merge warp on one vector
+        ((20001, 1, 4099, 65536), 8, 8, 128, 32),  # ragged, a sequence of one token (most splits empty)
+        ((3000, 17), 2, 12, 256, 16),  # 16 mma rows, head_dim 256, two KV heads a block
+        ((40000,) * 8, 4, 2, 128, 16),  # 8 sequences: more vectors than lanes to spare
+    ],
+)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fused_merge_matches_the_reduce_kernel_and_float64(
+    lengths: tuple[int, ...], kv_heads: int, group: int, head_dim: int, page: int, out_dtype: torch.dtype
+) -> None:
+    """A one-wave host plan merges its splits in the partial kernel behind a grid-wide barrier: its output is the
+    reduce kernel's (same partials, same weights; merge order and ex2.approx aside) and float64's, eagerly and from a
+    CUDA graph replayed with new queries (the barrier's counters go back to 0 after every launch)."""
+    cache, ks, vs = _ragged_fp8_cache(list(lengths), page, kv_heads, head_dim, seed=len(lengths) + head_dim)
+    q8, qs = quantize_fp8(torch.randn(len(lengths), kv_heads * group, head_dim, device="cuda"))
+    fused = MmaDecodeConfig(fused_merge=True)
+    plan, _ = mma_launch(q8, cache, max(lengths), fused)
+    assert plan.fused
+    unfused = partial(paged_decode, q8, cache, max_seq_len=max(lengths), q_scale=qs, k_scale=ks, v_scale=vs,
+                      out_dtype=out_dtype)  # fmt: skip
+    step = partial(unfused, config=fused)
+    tolerance = {torch.float32: 2e-6, torch.bfloat16: 2**-8, torch.float16: 2**-10}[out_dtype]
+    graph, replayed = _captured(step)
+    for round_ in range(3):
+        if round_:
+            q8.copy_(quantize_fp8(torch.randn_like(q8, dtype=torch.float32), qs)[0])
+        graph.replay()
+        eager = step()
+        torch.testing.assert_close(replayed, eager, rtol=0.0, atol=0.0)
+        reduced = unfused()
+        rel = (eager.float() - reduced.float()).norm(dim=-1) / reduced.float().norm(dim=-1)
+        assert float(rel.max()) <= tolerance, (round_, float(rel.max()))
+        ref = paged_decode_reference(
+            q8, cache.key_cache, cache.value_cache, cache.block_table, cache.seq_lens, q_scale=qs, k_scale=ks,
+            v_scale=vs,
+        )  # fmt: skip
+        assert row_errors(eager.float(), ref)[0] < max(1e-4, tolerance)

@@ -27,7 +27,8 @@
 //
 // Compile-time constants (-D): HEAD_DIM (128 or 256), PAGE_SIZE (multiple of 16), TILE (tokens per step, multiple of
 // 16), STAGES (>= 2), HEADS_PER_BLOCK, SLICES, ROWS16 (1 when the GQA group has more than 8 query heads per KV head),
-// DEVICE_PLAN (0 or 1),
+// DEVICE_PLAN (0 or 1), FUSED_MERGE (0 or 1: the merge of the splits in this kernel, behind a grid-wide barrier; a host
+// plan of at most one wave only), OUT_KIND (with FUSED_MERGE: the output's type, 0 float32, 1 bfloat16, 2 float16),
 // (no L2 options: bulk L2 prefetch of page rows and 256-byte L2 fetches were measured slower, BENCHMARKS.md)
 
 typedef unsigned int u32;
@@ -135,6 +136,142 @@ __device__ __forceinline__ Floats4 load_shared16f(u32 smem) {
 // one j) each hit 8 different bank groups.
 __device__ __forceinline__ int out_slot(int chunk, int j, int row) { return chunk ^ ((j & 3) | ((row & 1) << 2)); }
 
+#ifndef FUSED_MERGE
+#define FUSED_MERGE 0
+#endif
+#ifndef OUT_KIND
+#define OUT_KIND 0
+#endif
+
+#if FUSED_MERGE
+#ifndef MERGE_LOADS
+#define MERGE_LOADS 8  // splits a merging lane loads at once
+#endif
+// The merge of the splits folded into the partial kernel (a host plan of at most one wave, so that every block is
+// resident at once): each block stores its partials, waits at a grid-wide barrier, then merges a share of every
+// sequence's (head, 4 columns) vectors from L2. Saves the reduce kernel's launch and its own round trips.
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float load_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ Floats4 load_cg4(const float* p) {
+    Floats4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+
+// barrier[0] counts the blocks that arrived, barrier[1] those that left; the last to leave sets both back to 0 for
+// the next launch (stream order puts it after this one). A block that waits ~2 s (never, with every block resident)
+// traps rather than hang the GPU.
+__device__ __forceinline__ void grid_barrier(unsigned* barrier, unsigned blocks) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(barrier, 1u);
+        const long long began = clock64();
+        while (load_acquire(barrier) < blocks) {
+            if (clock64() - began > 4000000000LL) __trap();
+        }
+        __threadfence();
+        if (atomicAdd(barrier + 1, 1u) == blocks - 1) {
+            atomicExch(barrier, 0u);
+            atomicExch(barrier + 1, 0u);
+        }
+    }
+    __syncthreads();
+}
+
+// (m, l, acc) of some splits merged with another's: weights exp2(max - new max), a side that saw no token (-inf) 0.
+__device__ __forceinline__ void merge_into(float& m, float& l, Floats4& a, float m2, float l2, Floats4 a2) {
+    const float m_new = fmaxf(m, m2);
+    if (m_new == NEG_INF) return;
+    const float r = fast_exp2(m - m_new), w = fast_exp2(m2 - m_new);
+    l = l * r + l2 * w;
+    a = Floats4{a.x * r + a2.x * w, a.y * r + a2.y * w, a.z * r + a2.z * w, a.w * r + a2.w * w};
+    m = m_new;
+}
+
+__device__ __forceinline__ void store_out(void* out, long long index, Floats4 v) {
+#if OUT_KIND == 0
+    *(Floats4*)((float*)out + index) = v;
+#else
+    u32 lo, hi;
+#if OUT_KIND == 1
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(v.y), "f"(v.x));
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(v.w), "f"(v.z));
+#else
+    lo = pack_f16x2(v.x, v.y);
+    hi = pack_f16x2(v.z, v.w);
+#endif
+    u32* dst = (u32*)((u16*)out + index);
+    dst[0] = lo;
+    dst[1] = hi;
+#endif
+}
+
+// Every sequence's output: vector v = (seq, head, 4 columns) merged by `lanes` lanes of one warp (a power of two up to
+// 32, as many as the grid's threads allow), lane p taking splits p, p + lanes, ... (MERGE_LOADS splits' loads in
+// flight), then a butterfly over the lanes; scaled by out_scale / sum, as the reduce kernel does. Not inlined: the
+// main loop then compiles as in the build without the merge (SASS compared).
+__device__ __noinline__ void merge_splits(const float* __restrict__ part_acc, const float* __restrict__ part_max,
+                             const float* __restrict__ part_sum, void* __restrict__ out, float out_scale, int splits,
+                             int heads, long long s_as, long long s_ah, long long s_ap, long long s_ms, long long s_mh,
+                             long long s_os, long long s_oh) {
+    const long long threads = (long long)gridDim.x * gridDim.y * gridDim.z * blockDim.x;
+    const long long thread =
+        ((long long)(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+    const long long vectors = (long long)gridDim.z * heads * (HEAD_DIM / 4);
+    int lanes = 32;
+    while (lanes > 1 && vectors * lanes > threads) lanes >>= 1;
+    // vectors is a multiple of 32 (HEAD_DIM / 4 is), so whole warps take items and the shuffles see every lane.
+    for (long long item = thread; item < vectors * lanes; item += threads) {
+        const long long v = item / lanes;
+        const int p = (int)(item % lanes);
+        const int c4 = (int)(v % (HEAD_DIM / 4));
+        const long long sh = v / (HEAD_DIM / 4);
+        const int head = (int)(sh % heads), seq = (int)(sh / heads);
+        const float* maxes = part_max + seq * s_ms + head * s_mh;
+        const float* sums = part_sum + seq * s_ms + head * s_mh;
+        const float* accs = part_acc + seq * s_as + head * s_ah + 4 * c4;
+        float m = NEG_INF, l = 0.f;
+        Floats4 a{0.f, 0.f, 0.f, 0.f};
+        for (int s0 = p; s0 < splits; s0 += MERGE_LOADS * lanes) {
+            float mx[MERGE_LOADS], sm[MERGE_LOADS];
+            Floats4 ac[MERGE_LOADS];
+#pragma unroll
+            for (int u = 0; u < MERGE_LOADS; ++u) {
+                const int s = s0 + u * lanes;
+                const bool ok = s < splits;
+                mx[u] = ok ? load_cg(maxes + s) : NEG_INF;
+                sm[u] = ok ? load_cg(sums + s) : 0.f;
+                ac[u] = ok ? load_cg4(accs + s * s_ap) : Floats4{0.f, 0.f, 0.f, 0.f};
+            }
+#pragma unroll
+            for (int u = 0; u < MERGE_LOADS; ++u) merge_into(m, l, a, mx[u], sm[u], ac[u]);
+        }
+        for (int offset = 1; offset < lanes; offset <<= 1) {
+            const float m2 = __shfl_xor_sync(0xffffffffu, m, offset), l2 = __shfl_xor_sync(0xffffffffu, l, offset);
+            const Floats4 a2{__shfl_xor_sync(0xffffffffu, a.x, offset), __shfl_xor_sync(0xffffffffu, a.y, offset),
+                             __shfl_xor_sync(0xffffffffu, a.z, offset), __shfl_xor_sync(0xffffffffu, a.w, offset)};
+            merge_into(m, l, a, m2, l2, a2);
+        }
+        if (p == 0) {
+            const float scale = out_scale / l;
+            store_out(out, seq * s_os + head * s_oh + 4 * c4,
+                      Floats4{a.x * scale, a.y * scale, a.z * scale, a.w * scale});
+        }
+    }
+}
+#endif
+
 #if DEVICE_PLAN
 #define TOKENS_PER_STEP (TILE * SLICES)
 #define MAX_WARPS 32
@@ -235,7 +372,8 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
     float* __restrict__ part_max, float* __restrict__ part_sum, int* __restrict__ part_index, float qk_scale,
     int group, int tokens_per_split, int seqs, int wave, int most_waves, int min_split_steps, int fixed_splits,
     long long s_qs, long long s_qh, long long s_kb, long long s_kt, long long s_kh, long long s_vb, long long s_vt,
-    long long s_vh, long long s_bt, long long s_as, long long s_ah, long long s_ap, long long s_ms, long long s_mh) {
+    long long s_vh, long long s_bt, long long s_as, long long s_ah, long long s_ap, long long s_ms, long long s_mh,
+    unsigned* __restrict__ barrier, void* __restrict__ merged, float out_scale, long long s_os, long long s_oh) {
     extern __shared__ __align__(16) u8 shared[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r = lane >> 2, j = lane & 3;
@@ -509,4 +647,11 @@ extern "C" __global__ void __launch_bounds__(HEADS_PER_BLOCK * SLICES * 32) page
         }
 #endif
     }
+#if FUSED_MERGE && !DEVICE_PLAN
+    // merged: the output; out_scale: v_scale; s_os, s_oh: its strides (elements). Sequence s's rows are [s * gridDim.x * SLICES,
+    // ...): s_as and s_ms step over them.
+    grid_barrier(barrier, gridDim.x * gridDim.y * gridDim.z);
+    merge_splits(part_acc, part_max, part_sum, merged, out_scale, gridDim.x * SLICES, gridDim.y * HEADS_PER_BLOCK * group,
+                 s_as, s_ah, s_ap, s_ms, s_mh, s_os, s_oh);
+#endif
 }
