@@ -131,24 +131,26 @@ def _uniform(*parts: object) -> float:
 
 
 def answer_needles(
-    needles: dict[str, str],
+    needles: dict[str, tuple[str, ...]],
     asked: tuple[str, ...],
     prompt_tokens: int,
     capability_p: float,
     survival_p: float,
     seed: int,
 ) -> str:
-    """The simulated model's answer to a question for the `asked` keys of a prompt holding `needles`."""
+    """The simulated model's answer to a question for the `asked` keys of a prompt holding `needles` (each key's
+    values: one, or several for RULER's niah_multivalue). Each value is recalled on its own draws."""
     values = []
     for key in asked:
-        truth = needles.get(key)
-        remembered = _uniform("capability", key, truth, prompt_tokens) < capability_p
-        intact = _uniform("numerics", seed, key, truth, prompt_tokens) < survival_p
-        if truth is not None and remembered and intact:
-            values.append(truth)
-        else:
-            # A wrong answer is a distractor from the haystack when there is one, else a made-up number.
-            others = sorted(value for value in needles.values() if value != truth)
-            pick = _uniform("wrong", seed, key, prompt_tokens)
-            values.append(others[int(pick * len(others))] if others else str(1_000_000 + int(pick * 9_000_000)))
+        own = needles.get(key, ())
+        for truth in own or (None,):
+            remembered = _uniform("capability", key, truth, prompt_tokens) < capability_p
+            intact = _uniform("numerics", seed, key, truth, prompt_tokens) < survival_p
+            if truth is not None and remembered and intact:
+                values.append(truth)
+            else:
+                # A wrong answer is a distractor from the haystack when there is one, else a made-up number.
+                others = sorted({value for group in needles.values() for value in group if value not in own})
+                pick = _uniform("wrong", seed, key, truth, prompt_tokens)
+                values.append(others[int(pick * len(others))] if others else str(1_000_000 + int(pick * 9_000_000)))
     return " " + ", ".join(values) + "."

@@ -195,6 +195,20 @@ class OnSystematicShift(StrEnum):
     FAIL = "Fail"
 
 
+class AccuracyTask(StrEnum):
+    """The accuracy gate's task (gate_programs/tasks.py). `multikey` and `multiquery` are this project's RULER-style
+    mix (8 word-key needles in the filler haystack, asked one per request or all at once); the `niah_*` ones are
+    RULER's own (NVIDIA/RULER scripts/synthetic.yaml: its templates, answer prefix and string_match_all)."""
+
+    MULTIKEY = "multikey"
+    MULTIQUERY = "multiquery"
+    NIAH_SINGLE_1 = "niah_single_1"
+    NIAH_MULTIKEY_2 = "niah_multikey_2"
+    NIAH_MULTIKEY_3 = "niah_multikey_3"
+    NIAH_MULTIVALUE = "niah_multivalue"
+    NIAH_MULTIQUERY = "niah_multiquery"
+
+
 class Traffic(StrEnum):
     REPLICA_RATIO = "ReplicaRatio"
     SYNTHETIC = "Synthetic"
@@ -611,6 +625,16 @@ class AccuracyGate(_Model):
     )
 
     enabled: Bool = Field(default=True, description="Run the long-context accuracy gate before any traffic.")
+    task: AccuracyTask = Field(
+        default=AccuracyTask.MULTIKEY,
+        description="What the prompts ask. multikey (default): 8 needles in RULER's filler haystack, each asked in a "
+        "request of its own over the shared haystack (one long prefill scores 8 needles; fewest prompts per decision, "
+        "BENCHMARKS.md); multiquery: the same 8 asked in one question. RULER's own tasks, with its templates, answer "
+        "prefix and string_match_all: niah_single_1 (one word key, number value, repeated filler), niah_multikey_2 "
+        "(a haystack of distractor needles), niah_multikey_3 (UUID keys and values among UUID distractors), "
+        "niah_multivalue (4 values of one key) and niah_multiquery (4 keys asked at once); RULER draws the last two's "
+        "haystack from essays, which cannot be shipped here: they use the repeated filler.",
+    )
     length_tokens: Int | None = Field(
         default=None,
         ge=1,
@@ -1487,6 +1511,7 @@ class GateResult(_Status):
     recovery_low: float | None = None
     recovery_high: float | None = None
     profile: LengthProfileResult | None = Field(default=None, description="The accuracy gate's length profile.")
+    task: AccuracyTask | None = Field(default=None, description="The accuracy gate's task.")
     finished_at: Timestamp | None = None
 
 

@@ -1,7 +1,8 @@
 """The long-context accuracy gate: does the canary keep the baseline's needle-retrieval score at N tokens?
 
-Canary and baseline answer the same seeded RULER-style prompts of exactly N tokens: one haystack per sample, asked
-about its needles in one request per needle by default (niah.NiahTask). Each prompt is built in token space
+Canary and baseline answer the same seeded prompts of the policy's task (tasks.py: the RULER-style mix by default,
+asking each of a haystack's needles in a request of its own, or one of RULER's niah tasks) of exactly N tokens. Each
+prompt is built in token space
 (niah.assemble) from pieces the baseline's /tokenize gave once, and sent as token ids, so its length is exact for any
 tokenizer by construction, never by trial; the canary must tokenize the shared pieces the same way, and each server's
 usage.prompt_tokens must confirm N. A sample's first request goes alone and the rest follow together, so a server
@@ -30,12 +31,13 @@ from kvpolicy.api.reasons import GateReason
 from kvpolicy.api.v1alpha1 import (
     MAX_PROFILE_BUCKETS,
     AccuracyGate,
+    AccuracyTask,
     LengthBucketResult,
     LengthProfileResult,
     parse_decimal,
 )
 from kvpolicy.credentials import CredentialsError, CredentialsSource
-from kvpolicy.gate_programs import length_profile, niah
+from kvpolicy.gate_programs import length_profile, niah, tasks
 from kvpolicy.gate_programs.client import RETRY_DELAYS_S, GateError, VllmClient, open_session
 from kvpolicy.gate_programs.length_profile import Bucket, Profile
 from kvpolicy.gate_programs.pacing import paced
@@ -59,7 +61,7 @@ class AccuracyOptions:
     min_samples: int = 2
     seed: int = 0
     request_timeout_seconds: float = 600.0
-    task: niah.NiahTask = niah.NiahTask.MULTIKEY
+    task: AccuracyTask = CRD_DEFAULTS.task
     needles: int = 8
     asked: int = 8
     retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S
@@ -109,12 +111,13 @@ class Tokenizing(Protocol):
     async def tokenize(self, prompt: str, add_special_tokens: bool) -> list[int]: ...
 
 
-async def shared_pieces(client: Tokenizing) -> SharedPieces:
-    sentences = niah.filler_sentences()
+async def shared_pieces(client: Tokenizing, task: tasks.Task, seed: int = 0) -> SharedPieces:
+    """The pieces every sample of `task` shares (its header, its haystack's units), as `client` tokenizes them."""
+    units = task.units(seed)
     with_special, header, *filler = await asyncio.gather(
-        client.tokenize(niah.HEADER, add_special_tokens=True),
-        client.tokenize(niah.HEADER, add_special_tokens=False),
-        *(client.tokenize(sentence, add_special_tokens=False) for sentence in sentences),
+        client.tokenize(task.header, add_special_tokens=True),
+        client.tokenize(task.header, add_special_tokens=False),
+        *(client.tokenize(unit, add_special_tokens=False) for unit in units),
     )
     if not all(filler):
         raise GateError(GateReason.MALFORMED_RESPONSE, f"{client.base_url} tokenized a filler sentence to no tokens")
@@ -128,42 +131,42 @@ async def shared_pieces(client: Tokenizing) -> SharedPieces:
     return SharedPieces(prefix, suffix, tuple(header), tuple(tuple(ids) for ids in filler))
 
 
-async def sample_pieces(
-    client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample, task: niah.NiahTask
-) -> niah.PromptPieces:
-    """`sample`'s prompt pieces: the shared ones, and its needles and questions as `client` tokenizes them."""
-    questions = sample.questions(task)
+async def sample_pieces(client: Tokenizing, shared: SharedPieces, sample: niah.TaskSample) -> niah.PromptPieces:
+    """`sample`'s prompt pieces: the shared ones (its haystack's units in its order), and its needles and questions
+    as `client` tokenizes them."""
     tokenized = await asyncio.gather(
-        *(client.tokenize(niah.needle_text(needle), add_special_tokens=False) for needle in sample.needles),
-        *(client.tokenize(niah.question_text(asked), add_special_tokens=False) for asked in questions),
+        *(client.tokenize(needle, add_special_tokens=False) for needle in sample.needles),
+        *(client.tokenize(question.text, add_special_tokens=False) for question in sample.questions),
     )
     needles = tokenized[: len(sample.needles)]
     if not all(needles):
         raise GateError(GateReason.MALFORMED_RESPONSE, f"{client.base_url} tokenized a needle to no tokens")
+    order = sample.unit_order
+    sentences = shared.sentences if order is None else tuple(shared.sentences[i] for i in order)
     return niah.PromptPieces(
         prefix=shared.prefix,
         suffix=shared.suffix,
         header=shared.header,
-        sentences=shared.sentences,
+        sentences=sentences,
         needles=tuple(tuple(ids) for ids in needles),
         questions=tuple(tuple(ids) for ids in tokenized[len(sample.needles) :]),
     )
 
 
 async def sized_prompts(
-    client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample, task: niah.NiahTask, length: int
+    client: Tokenizing, shared: SharedPieces, sample: niah.TaskSample, length: int
 ) -> list[list[int]]:
-    """`sample`'s prompts (one per question of `task`), each exactly `length` token ids for `client`'s tokenizer,
-    needles whole (see niah.assemble)."""
-    [prompts] = await profile_prompts(client, shared, sample, task, (length,))
+    """`sample`'s prompts (one per question), each exactly `length` token ids for `client`'s tokenizer, needles
+    whole (see niah.assemble)."""
+    [prompts] = await profile_prompts(client, shared, sample, (length,))
     return prompts
 
 
 async def profile_prompts(
-    client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample, task: niah.NiahTask, lengths: tuple[int, ...]
+    client: Tokenizing, shared: SharedPieces, sample: niah.TaskSample, lengths: tuple[int, ...]
 ) -> list[list[list[int]]]:
     """`sample`'s prompts at each of `lengths` (see `sized_prompts`), its pieces tokenized once for all of them."""
-    pieces = await sample_pieces(client, shared, sample, task)
+    pieces = await sample_pieces(client, shared, sample)
     shortest = min(lengths)
     if pieces.fixed_tokens > shortest:
         bucket = f"the length profile's shortest bucket, {shortest}," if len(lengths) > 1 else f"length {shortest}"
@@ -239,6 +242,7 @@ def _result(
         "verdict": verdict,
         "reason": reason,
         "message": message,
+        "task": options.task.value,
         "lengthTokens": options.length,
         "samples": samples,
         "canaryScore": number(counts.canary_score) if counts else None,
@@ -299,7 +303,9 @@ def decision_message(reason: GateReason, evidence: Evidence, samples: int, optio
     return f"recovery {point} (interval {bounds.low:.2f}-{bounds.high:.2f}) {after} lies {side} {options.min_recovery}"
 
 
-async def _check_endpoints(canary: VllmClient, baseline: VllmClient, length: int) -> SharedPieces:
+async def _check_endpoints(
+    canary: VllmClient, baseline: VllmClient, length: int, task: tasks.Task, seed: int
+) -> SharedPieces:
     """Both serve the model with room for the prompt and tokenize alike; the baseline's shared pieces."""
     limits = await asyncio.gather(canary.max_model_len(), baseline.max_model_len())
     for client, limit in zip((canary, baseline), limits, strict=True):
@@ -309,7 +315,9 @@ async def _check_endpoints(canary: VllmClient, baseline: VllmClient, length: int
                 f"{client.base_url} serves at most {limit} tokens; a {length}-token prompt plus {ANSWER_TOKENS} "
                 f"answer tokens does not fit (lower --length or raise --max-model-len)",
             )
-    canary_pieces, baseline_pieces = await asyncio.gather(shared_pieces(canary), shared_pieces(baseline))
+    canary_pieces, baseline_pieces = await asyncio.gather(
+        shared_pieces(canary, task, seed), shared_pieces(baseline, task, seed)
+    )
     if canary_pieces != baseline_pieces:
         raise GateError(
             GateReason.TOKENIZER_MISMATCH,
@@ -341,23 +349,21 @@ async def _evaluate(
     baseline: VllmClient,
     on_progress: Callable[[AccuracyProgress], None],
 ) -> dict[str, Any]:
-    shared = await _check_endpoints(canary, baseline, options.length)
+    task = tasks.task(options.task, options.needles, options.asked)
+    shared = await _check_endpoints(canary, baseline, options.length, task, options.seed)
     lengths = options.lengths
 
-    async def prepare(index: int) -> tuple[niah.NiahSample, list[list[list[int]]]]:
-        sample = niah.draw_sample(options.seed, index, options.needles, options.asked)
-        return sample, await profile_prompts(baseline, shared, sample, options.task, lengths)
+    async def prepare(index: int) -> tuple[niah.TaskSample, list[list[list[int]]]]:
+        sample = task.draw(options.seed, index)
+        return sample, await profile_prompts(baseline, shared, sample, lengths)
 
-    def score(sample: niah.NiahSample, canary_texts: list[str], baseline_texts: list[str]) -> list[tuple[bool, bool]]:
-        """(canary right, baseline right) for each asked needle of one sample."""
+    def score(sample: niah.TaskSample, canary_texts: list[str], baseline_texts: list[str]) -> list[tuple[bool, bool]]:
+        """(canary right, baseline right) for each answer a sample's questions expect (string_match_all's parts)."""
         pairs: list[tuple[bool, bool]] = []
-        for asked, canary_text, baseline_text in zip(
-            sample.questions(options.task), canary_texts, baseline_texts, strict=True
-        ):
-            expected = tuple(needle.value for needle in asked)
+        for question, canary_text, baseline_text in zip(sample.questions, canary_texts, baseline_texts, strict=True):
             pairs += zip(
-                niah.matches_per_needle(canary_text, expected),
-                niah.matches_per_needle(baseline_text, expected),
+                task.score(canary_text, question.expected),
+                task.score(baseline_text, question.expected),
                 strict=True,
             )
         return pairs

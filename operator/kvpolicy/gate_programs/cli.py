@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from kvpolicy.api.exit_codes import UsageParser
-from kvpolicy.api.v1alpha1 import AccuracyGate, LatencyGate
+from kvpolicy.api.v1alpha1 import AccuracyGate, AccuracyTask, LatencyGate
 from kvpolicy.credentials import CredentialsSource, SecretValue, TlsSource
 from kvpolicy.gate_programs import report
 from kvpolicy.gate_programs.accuracy import AccuracyOptions, AccuracyProgress, run_accuracy_gate
@@ -29,7 +29,6 @@ from kvpolicy.gate_programs.accuracy import validate as validate_accuracy
 from kvpolicy.gate_programs.client import base_url
 from kvpolicy.gate_programs.latency import LatencyOptions, LatencyProgress, run_latency_probe
 from kvpolicy.gate_programs.latency import validate as validate_latency
-from kvpolicy.gate_programs.niah import NiahTask
 
 # The flags whose values a KVPolicy carries too, checked by the CRD's own models and rules (what `kubectl apply` would
 # refuse is refused here, with the same words): the gate a Job runs and the one run by hand judge alike.
@@ -91,14 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     option("--baseline-floor", float, "baseline score below which the gate cannot judge (inconclusive)")
     accuracy.add_argument(
         "--task",
-        type=NiahTask,
-        choices=list(NiahTask),
+        type=AccuracyTask,
+        choices=list(AccuracyTask),
         default=AccuracyOptions.task,
         help="multikey: each asked needle in its own request over the shared haystack; multiquery: all in one "
-        "question (default: %(default)s)",
+        "question; niah_*: RULER's tasks (gates.accuracy.task) (default: %(default)s)",
     )
-    option("--needles", int, "needles hidden in each prompt")
-    option("--asked", int, "needles asked about in each prompt")
+    option("--needles", int, "needles hidden in each prompt (multikey, multiquery)")
+    option("--asked", int, "needles asked about in each prompt (multikey, multiquery)")
     option("--seed", int, "selects the prompts")
     option("--baseline-requests-per-minute", int, "most prompts a minute to the baseline (production), evenly spaced")
     option(

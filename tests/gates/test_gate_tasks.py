@@ -1,0 +1,155 @@
+"""The accuracy gate's tasks (gate_programs/tasks.py, ruler.py): RULER's templates, answer prefix and string_match_all
+against hand-written cases, every task of the CRD's enum in the registry, and, through `kvpolicy gate accuracy` against
+simulators, an H200 canary without two-level accumulation failing at 128k on every task."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gate_fakes import FAST, MODEL, run_gate
+from kvpolicy.api.v1alpha1 import AccuracyGate, AccuracyTask
+from kvpolicy.gate_programs import niah, ruler, tasks
+from kvpolicy.gate_programs.accuracy import shared_pieces, sized_prompts
+from kvpolicy_dev.sim import start_simulator_subprocess
+from kvpolicy_dev.sim.accuracy import answer_needles
+from kvpolicy_dev.sim.tokenizer_zoo import Family
+from tokenizer_families import LocalTokenizer
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+SINGLE_QUESTION = (
+    "\nWhat is the special magic number for amber-anchor mentioned in the provided text? The special magic number for "
+    "amber-anchor mentioned in the provided text is"
+)
+
+
+def test_every_task_the_crd_names_is_registered_and_the_default_is_the_mix() -> None:
+    assert set(tasks.TASKS) == set(AccuracyTask)
+    assert AccuracyGate().task == AccuracyTask.MULTIKEY
+    for name in AccuracyTask:
+        assert tasks.task(name).name == name
+
+
+def test_rulers_singular_template_for_one_value() -> None:
+    # RULER's template with its answer prefix, after its own replacements (Some -> A, are all -> is, are -> is).
+    assert ruler.NIAH_SINGLE_1.header() == (
+        "A special magic number is hidden within the following text. Make sure to memorize it. I will quiz you about "
+        "the number afterwards."
+    )
+    assert ruler.NIAH_SINGLE_1.question(["amber-anchor"]) == SINGLE_QUESTION
+    assert ruler.NIAH_SINGLE_1.needle("amber-anchor", "1234567") == (
+        "\nOne of the special magic numbers for amber-anchor is: 1234567."
+    )
+    uuid_key = "0b1c2d3e-1111-4222-8333-444455556666"
+    assert ruler.NIAH_MULTIKEY_3.header().endswith("I will quiz you about the uuid afterwards.")
+    assert ruler.NIAH_MULTIKEY_3.question([uuid_key]).startswith(f"\nWhat is the special magic uuid for {uuid_key} ")
+    assert ruler.NIAH_MULTIKEY_3.needle(uuid_key, "v").startswith("\nOne of the special magic uuids for ")
+
+
+def test_rulers_plural_template_and_query_list() -> None:
+    assert ruler.NIAH_MULTIQUERY.header() == (
+        "Some special magic numbers are hidden within the following text. Make sure to memorize it. I will quiz you "
+        "about the numbers afterwards."
+    )
+    assert ruler.NIAH_MULTIQUERY.question(["a-b", "c-d", "e-f", "g-h"]) == (
+        "\nWhat are all the special magic numbers for a-b, c-d, e-f, and g-h mentioned in the provided text? The "
+        "special magic numbers for a-b, c-d, e-f, and g-h mentioned in the provided text are"
+    )
+    assert ruler.NIAH_MULTIVALUE.question(["a-b"]).endswith("for a-b mentioned in the provided text are")
+
+
+@pytest.mark.parametrize(
+    ("name", "needles", "asked", "expected", "haystack"),
+    [
+        (AccuracyTask.NIAH_SINGLE_1, 1, 1, 1, ruler.Haystack.NOISE),
+        (AccuracyTask.NIAH_MULTIKEY_2, 1, 1, 1, ruler.Haystack.NEEDLE),
+        (AccuracyTask.NIAH_MULTIKEY_3, 1, 1, 1, ruler.Haystack.NEEDLE),
+        (AccuracyTask.NIAH_MULTIVALUE, 4, 1, 4, ruler.Haystack.NOISE),
+        (AccuracyTask.NIAH_MULTIQUERY, 4, 4, 4, ruler.Haystack.NOISE),
+    ],
+)
+def test_rulers_samples_have_its_shape(
+    name: AccuracyTask, needles: int, asked: int, expected: int, haystack: ruler.Haystack
+) -> None:
+    task = tasks.task(name)
+    sample = task.draw(7, 3)
+    assert sample == task.draw(7, 3) and sample != task.draw(7, 4)
+    [question] = sample.questions
+    assert len(sample.needles) == needles and len(question.expected) == expected
+    assert list(sample.depths) == sorted(sample.depths) and all(0 <= d < 1 for d in sample.depths)
+    parsed, keys = niah.parse_prompt("".join(sample.needles) + question.text)
+    assert len(keys) == asked
+    assert sorted(value for key in keys for value in parsed[key]) == sorted(question.expected)
+    units = task.units(7)
+    if haystack == ruler.Haystack.NOISE:
+        assert units == ("\n" + FILLER,) and sample.unit_order is None
+    else:
+        # A pool of distinct distractors, none with the asked key, in a per-sample order.
+        distractors, _ = niah.parse_prompt("".join(units))
+        assert len(distractors) == len(units) == ruler.DISTRACTOR_POOL
+        assert not set(keys) & set(distractors)
+        assert sorted(sample.unit_order or ()) == list(range(ruler.DISTRACTOR_POOL))
+
+
+def test_a_prompt_is_rulers_text_line_by_line() -> None:
+    """Header, filler lines and the needle line joined by newlines, then the question and the answer prefix."""
+    tokenizer = LocalTokenizer(Family.BYTE_LEVEL_BPE)
+    task = tasks.task(AccuracyTask.NIAH_SINGLE_1)
+    needle = ruler.NIAH_SINGLE_1.needle("amber-anchor", "1234567")
+    question = niah.Question(SINGLE_QUESTION, ("1234567",))
+    sample = niah.TaskSample(needles=(needle,), depths=(0.5,), questions=(question,))
+
+    async def build() -> str:
+        shared = await shared_pieces(tokenizer, task)
+        line = len(shared.sentences[0])
+        fixed = len(shared.header) + len(await tokenizer.tokenize(needle, False))
+        fixed += len(await tokenizer.tokenize(SINGLE_QUESTION, False)) + len(shared.prefix) + len(shared.suffix)
+        [prompt] = await sized_prompts(tokenizer, shared, sample, fixed + 2 * line)
+        return tokenizer.decode(prompt)
+
+    assert asyncio.run(build()) == (
+        f"{ruler.NIAH_SINGLE_1.header()}\n{FILLER}\nOne of the special magic numbers for amber-anchor is: "
+        f"1234567.\n{FILLER}{SINGLE_QUESTION}"
+    )
+
+
+def test_string_match_all_by_hand() -> None:
+    task = tasks.task(AccuracyTask.NIAH_MULTIVALUE)
+    expected = ("1234567", "7654321", "1111111", "2222222")
+    answer = " 7654321, 1234567 and 9999999."
+    assert task.score(answer, expected) == (True, True, False, False)
+    assert niah.string_match_all(answer, expected) == 0.5
+    # Case-insensitive, as RULER's (a UUID in capitals still counts).
+    uuid_value = "94959d75-ff78-4b4a-b3a0-23e74269393e"
+    assert tasks.task(AccuracyTask.NIAH_MULTIKEY_3).score(f" {uuid_value.upper()}.", (uuid_value,)) == (True,)
+
+
+def test_the_simulator_recalls_each_of_a_keys_values() -> None:
+    needles = {"amber-anchor": ("1234567", "7654321", "1111111", "2222222"), "calm-dune": ("3333333",)}
+    right = answer_needles(needles, ("amber-anchor",), 1000, capability_p=1.0, survival_p=1.0, seed=0)
+    assert right == " 1234567, 7654321, 1111111, 2222222."
+    wrong = answer_needles(needles, ("amber-anchor",), 1000, capability_p=1.0, survival_p=0.0, seed=0)
+    # A lost value is never another of the key's own.
+    assert wrong == " 3333333, 3333333, 3333333, 3333333."
+
+
+@pytest.fixture(scope="module")
+def h200() -> Iterator[str]:
+    with contextlib.ExitStack() as stack:
+        yield stack.enter_context(
+            start_simulator_subprocess([MODEL, *FAST, "--kv-cache-dtype", "fp8", "--gpu", "h200"])
+        )
+
+
+@pytest.mark.parametrize("name", list(AccuracyTask))
+def test_an_h200_canary_without_two_level_accumulation_fails_at_128k_on_every_task(
+    name: AccuracyTask, h200: str, simulators: dict[str, str], tmp_path: Path
+) -> None:
+    code, result = run_gate(
+        "accuracy", h200, simulators["bf16"], tmp_path, "--length", "131072", "--model", MODEL, "--task", name
+    )
+    assert (code, result["verdict"], result["reason"], result["task"]) == (1, "Fail", "RecoveryBelowThreshold", name)
+    assert result["recoveryHigh"] <= 0.95 and result["canaryScore"] < result["baselineScore"]
