@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from gate_fakes import (
+    COMPLETION_TASKS,
     MODEL,
     answer_correctly,
     assert_prompt_asks,
@@ -26,8 +27,8 @@ from kvpolicy.gate_programs.client import VllmClient
 from kvpolicy_dev.sim import free_port
 
 RESULT_KEYS = {
-    "gate", "task", "verdict", "reason", "message", "lengthTokens", "samples", "canaryScore", "baselineScore",
-    "recovery", "recoveryLow", "recoveryHigh", "minRecovery", "confidence", "baselineFloor",
+    "gate", "task", "promptFormat", "verdict", "reason", "message", "lengthTokens", "samples", "canaryScore",
+    "baselineScore", "recovery", "recoveryLow", "recoveryHigh", "minRecovery", "confidence", "baselineFloor",
 }  # fmt: skip
 
 
@@ -155,7 +156,7 @@ async def test_a_model_the_server_does_not_serve_is_reported() -> None:
     assert "does not serve model 'other/model'" in result["message"]
 
 
-@pytest.mark.parametrize("name", list(AccuracyTask))
+@pytest.mark.parametrize("name", COMPLETION_TASKS)
 @pytest.mark.parametrize("length", [699, 5001, 65536])
 async def test_prompts_are_exactly_the_requested_tokens_with_every_needle_whole(
     length: int, name: AccuracyTask

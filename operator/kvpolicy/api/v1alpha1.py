@@ -207,6 +207,15 @@ class AccuracyTask(StrEnum):
     NIAH_MULTIKEY_3 = "niah_multikey_3"
     NIAH_MULTIVALUE = "niah_multivalue"
     NIAH_MULTIQUERY = "niah_multiquery"
+    MRCR = "mrcr"
+
+
+class PromptFormat(StrEnum):
+    """How the accuracy gate sends its prompts (gate_programs/accuracy.py)."""
+
+    AUTO = "Auto"
+    CHAT = "Chat"
+    COMPLETION = "Completion"
 
 
 class Traffic(StrEnum):
@@ -616,6 +625,18 @@ class AccuracyGate(_Model):
             values_cel="'got \"' + self.confidence + '\"'",
         ),
         Rule(
+            cel="self.mrcrNeedles in [2, 4, 8]",
+            message="gates.accuracy.mrcrNeedles must be 2, 4 or 8 (MRCR's needle counts)",
+            check=lambda m: m.mrcr_needles in (2, 4, 8),
+            values=lambda m: f"got {m.mrcr_needles}",
+            values_cel="'got ' + string(self.mrcrNeedles)",
+        ),
+        Rule(
+            cel="self.task != 'mrcr' || self.promptFormat != 'Completion'",
+            message="gates.accuracy.task mrcr is a conversation: set promptFormat Chat or Auto",
+            check=lambda m: m.task != AccuracyTask.MRCR or m.prompt_format != PromptFormat.COMPLETION,
+        ),
+        Rule(
             cel="double(self.baselineFloor) < 1.0",
             message='gates.accuracy.baselineFloor must be a number in [0, 1), such as "0.2"',
             check=lambda m: _DECIMAL_RE.match(m.baseline_floor) is not None and Decimal(m.baseline_floor) < 1,
@@ -633,7 +654,23 @@ class AccuracyGate(_Model):
         "prefix and string_match_all: niah_single_1 (one word key, number value, repeated filler), niah_multikey_2 "
         "(a haystack of distractor needles), niah_multikey_3 (UUID keys and values among UUID distractors), "
         "niah_multivalue (4 values of one key) and niah_multiquery (4 keys asked at once); RULER draws the last two's "
-        "haystack from essays, which cannot be shipped here: they use the repeated filler.",
+        "haystack from essays, which cannot be shipped here: they use the repeated filler. mrcr: MRCR's format and "
+        "score (openai/mrcr, the vLLM FP8 KV blog's benchmark) on conversations generated here by seed, not its "
+        "dataset: mrcrNeedles identical asks among distractor turns, the last turn asking for the i-th answer; a chat, "
+        "so it needs promptFormat Chat or Auto.",
+    )
+    mrcr_needles: Int = Field(
+        default=2, ge=2, le=8, description="mrcr: identical asks hidden in each conversation, 2, 4 or 8 (MRCR's)."
+    )
+    prompt_format: PromptFormat = Field(
+        default=PromptFormat.COMPLETION,
+        description="Completion (default): prompts as token ids to /v1/completions, each exactly lengthTokens long. "
+        "Chat: messages to /v1/chat/completions through the served model's chat template (chat_template_kwargs "
+        "enable_thinking false; a leading </think>-terminated block is stripped before scoring), each sized by "
+        "/tokenize with the messages and add_generation_prompt to the longest whole-word haystack within "
+        "lengthTokens. Auto: Chat when the served model has a chat template (vLLM's /tokenize accepts messages), "
+        "else Completion. The default stays Completion: the prompts-per-decision figures in BENCHMARKS.md are "
+        "measured with it.",
     )
     length_tokens: Int | None = Field(
         default=None,
@@ -1512,6 +1549,9 @@ class GateResult(_Status):
     recovery_high: float | None = None
     profile: LengthProfileResult | None = Field(default=None, description="The accuracy gate's length profile.")
     task: AccuracyTask | None = Field(default=None, description="The accuracy gate's task.")
+    prompt_format: PromptFormat | None = Field(
+        default=None, description="How the accuracy gate sent its prompts: Chat or Completion (Auto resolved)."
+    )
     finished_at: Timestamp | None = None
 
 

@@ -15,13 +15,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import fields
 from decimal import Decimal
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from kvpolicy.api.exit_codes import UsageParser
-from kvpolicy.api.v1alpha1 import AccuracyGate, AccuracyTask, LatencyGate
+from kvpolicy.api.v1alpha1 import AccuracyGate, LatencyGate
 from kvpolicy.credentials import CredentialsSource, SecretValue, TlsSource
 from kvpolicy.gate_programs import report
 from kvpolicy.gate_programs.accuracy import AccuracyOptions, AccuracyProgress, run_accuracy_gate
@@ -88,14 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
     option("--max-samples", int, "hard cap on prompts")
     option("--min-samples", int, "prompts before the gate may stop early")
     option("--baseline-floor", float, "baseline score below which the gate cannot judge (inconclusive)")
-    accuracy.add_argument(
+    choice = _choices(accuracy)
+    choice(
         "--task",
-        type=AccuracyTask,
-        choices=list(AccuracyTask),
-        default=AccuracyOptions.task,
-        help="multikey: each asked needle in its own request over the shared haystack; multiquery: all in one "
-        "question; niah_*: RULER's tasks (gates.accuracy.task) (default: %(default)s)",
+        AccuracyOptions.task,
+        "multikey: each asked needle in its own request over the shared haystack; multiquery: all in one question; "
+        "niah_*: RULER's tasks; mrcr: MRCR-format conversations, chat only (gates.accuracy.task)",
     )
+    choice(
+        "--prompt-format",
+        AccuracyOptions.prompt_format,
+        "Completion: token ids to /v1/completions; Chat: messages to /v1/chat/completions through the model's chat "
+        "template; Auto: Chat when the served model has one (gates.accuracy.promptFormat)",
+    )
+    option("--mrcr-needles", int, "mrcr: identical asks in each conversation, 2, 4 or 8")
     option("--needles", int, "needles hidden in each prompt (multikey, multiquery)")
     option("--asked", int, "needles asked about in each prompt (multikey, multiquery)")
     option("--seed", int, "selects the prompts")
@@ -128,6 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(latency, option)
     return parser
+
+
+def _choices(parser: argparse.ArgumentParser) -> Callable[[str, StrEnum, str], None]:
+    """Adds `--flag` options taking one value of the default's enum."""
+
+    def choice(flag: str, default: StrEnum, help_text: str) -> None:
+        kind = type(default)
+        parser.add_argument(
+            flag, type=kind, choices=list(kind), default=default, help=f"{help_text} (default: %(default)s)"
+        )
+
+    return choice
 
 
 def _endpoints(parser: argparse.ArgumentParser) -> None:
@@ -216,6 +235,8 @@ def main(argv: list[str]) -> int:
                 min_samples=args.min_samples,
                 baseline_floor=args.baseline_floor,
                 task=args.task,
+                prompt_format=args.prompt_format,
+                mrcr_needles=args.mrcr_needles,
                 needles=args.needles,
                 asked=args.asked,
                 seed=args.seed,

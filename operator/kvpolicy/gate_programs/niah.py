@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TypeVar
@@ -217,6 +217,40 @@ class Question:
     expected: tuple[str, ...]
 
 
+Message = dict[str, str]
+THINKING = re.compile(r"^\s*(?:<think>)?.*?</think>", re.S)
+
+
+def strip_thinking(response: str) -> str:
+    """A chat answer without a leading reasoning block ending in </think> (with or without its <think>)."""
+    return THINKING.sub("", response, count=1).lstrip() if "</think>" in response else response
+
+
+def chat_question(question: Question) -> str:
+    """A question as a chat asks it: through its question mark, without the answer prefix a completion ends with
+    (the chat template starts the assistant's turn instead)."""
+    text = question.text
+    return text[: text.rindex("?") + 1] if "?" in text else text
+
+
+def chat_text(header: str, units: Sequence[str], sample: TaskSample, question: Question, words: int) -> str:
+    """One chat message's text: the header, `words` words of the haystack (its units repeated in order, the last one
+    cut at a word) with each needle whole at the unit end nearest its depth, and the question."""
+    pieces = [re.findall(r"\s*\S+", unit) for unit in units]
+    if not all(pieces):
+        raise ValueError("every haystack unit needs a word")
+    haystack: list[str] = []
+    ends = [0]
+    index = 0
+    while len(haystack) < words:
+        unit = pieces[index % len(pieces)]
+        haystack += unit[: words - len(haystack)]
+        ends.append(len(haystack))
+        index += 1
+    needles = [(depth * words, [needle]) for needle, depth in zip(sample.needles, sample.depths, strict=True)]
+    return header + "".join(_insert_nearest(haystack, ends, needles)) + chat_question(question)
+
+
 @dataclass(frozen=True)
 class TaskSample:
     """One sample of any task: its needles' texts as they stand in the haystack (with their separator), their depths
@@ -227,6 +261,8 @@ class TaskSample:
     depths: tuple[float, ...]
     questions: tuple[Question, ...]
     unit_order: tuple[int, ...] | None = None
+    # A task that is a conversation (mrcr): its chat with this many words of haystack.
+    conversation: Callable[[int], list[Message]] | None = None
 
     def __post_init__(self) -> None:
         if len(self.needles) != len(self.depths):

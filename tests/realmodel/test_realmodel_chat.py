@@ -1,0 +1,58 @@
+"""What real vLLM 0.32 exposes for chat prompts, on a real instruct model with a chat template (SmolLM2-135M-Instruct's
+ChatML), pinned so the gate's chat mode and the simulator follow it rather than a guess (issue 22, promptFormat):
+
+- /v1/models says nothing about a chat template (and /tokenizer_info is off unless the server is started with
+  --enable-tokenizer-info-endpoint), so whether a served model has one is learnt by asking /tokenize for `messages`;
+- /tokenize with `messages` and `add_generation_prompt` counts exactly the prompt tokens that /v1/chat/completions then
+  reports in usage.prompt_tokens for the same messages, so a chat prompt can be sized exactly before it is sent;
+- `chat_template_kwargs: {enable_thinking: false}` is accepted by a template that does not use it.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+import pytest
+from realmodel_helpers import SERVED_MODEL, RealModelServers
+
+pytestmark = [pytest.mark.realvllm, pytest.mark.realmodel]
+
+MESSAGES = [
+    {"role": "user", "content": "Write a poem about tapirs."},
+    {"role": "assistant", "content": "Tapirs roam the forest floor,\nsnouts that sniff forevermore."},
+    {"role": "user", "content": "Prepend aYooSG8CQg to the 1st (1 indexed) poem about tapirs. Do not include any "
+     "other text in your response."},
+]  # fmt: skip
+
+
+def _call(url: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+        return answer
+
+
+def test_chat_prompts_are_sized_by_tokenize_with_messages(real_model_servers: RealModelServers) -> None:
+    url = real_model_servers.baseline.url
+    [card] = _call(url, "/v1/models")["data"]
+    assert not any("template" in key for key in card), card
+    counted = _call(url, "/tokenize", {"model": SERVED_MODEL, "messages": MESSAGES, "add_generation_prompt": True})
+    plain = _call(url, "/tokenize", {"model": SERVED_MODEL, "messages": MESSAGES, "add_generation_prompt": False})
+    # ChatML's generation prompt, "<|im_start|>assistant\n", is what add_generation_prompt adds.
+    assert counted["count"] > plain["count"] and counted["tokens"][: plain["count"]] == plain["tokens"]
+    chat = _call(
+        url,
+        "/v1/chat/completions",
+        {
+            "model": SERVED_MODEL,
+            "messages": MESSAGES,
+            "max_tokens": 24,
+            "temperature": 0.0,
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+    )
+    assert chat["usage"]["prompt_tokens"] == counted["count"], (chat["usage"], counted["count"])
+    assert isinstance(chat["choices"][0]["message"]["content"], str)
