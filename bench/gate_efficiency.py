@@ -38,7 +38,8 @@ from kvpolicy.gate_programs.accuracy import VERDICTS, AccuracyOptions, run_accur
 from kvpolicy.gate_programs.stats import Evidence, PairedCounts
 from kvpolicy_dev.numerics import Accumulation, attention_row, quantize
 from kvpolicy_dev.sim import Gpu, SimConfig, start_simulator_subprocess
-from kvpolicy_dev.sim.accuracy import NumericsModel, answer_needles
+from kvpolicy_dev.sim.accuracy import NumericsModel, answer_conversation, answer_needles, parse_conversation
+from kvpolicy_dev.sim.server import render_chat
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 FIXED_RUN = 100
@@ -85,6 +86,15 @@ def answer_pairs(
     """(canary right, baseline right) per expected answer of one sample's questions at `length`, as the simulator
     answers each request (its answer model without HTTP; the haystack's distractors only choose wrong answers)."""
     pairs: list[tuple[bool, bool]] = []
+    if sample.conversation is not None:
+        # An MRCR chat: the needle turns and the final ask are what the answer model reads (distractor turns only
+        # pick wrong answers), as the simulator renders it.
+        ask = parse_conversation(render_chat(sample.conversation(0), add_generation_prompt=True))
+        assert ask is not None
+        [question] = sample.questions
+        canary = answer_conversation(ask, length, *canary_p, seed=2 * seed)
+        baseline = answer_conversation(ask, length, *baseline_p, seed=2 * seed + 1)
+        return list(zip(score(canary, question.expected), score(baseline, question.expected), strict=True))
     for question in sample.questions:
         needles, asked = niah.parse_prompt("".join(sample.needles) + question.text)
         # Canary and baseline are separate servers with their own seeds; the model's own failures are shared.
@@ -320,7 +330,7 @@ def simulate_task(
     """One gate run of task `name` at TASK_LENGTH: (verdict, prompts, requests)."""
     options = AccuracyOptions(canary="", baseline="", length=TASK_LENGTH, model=MODEL, seed=seed, task=name)
     evidence = Evidence.start(options.min_recovery, options.baseline_floor, bounds=False)
-    task = tasks.task(name, options.needles, options.asked)
+    task = tasks.task(name, options.mrcr_needles if name == AccuracyTask.MRCR else options.needles, options.asked)
     requests = 0
     for index in range(options.max_samples):
         sample = task.draw(seed, index)
