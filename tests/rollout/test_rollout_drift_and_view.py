@@ -107,7 +107,7 @@ ANALYSING = {
             "source": "ComputeCapability"},
     "accuracy": {"verdict": "Pass", "recovery": 0.981, "recoveryLow": 0.96, "recoveryHigh": 0.99, "samples": 40,
                  "lengthTokens": 131072, "reason": "RecoveryAboveThreshold", "job": "llama-fp8-accuracy-g4",
-                 "task": "multikey"},
+                 "task": "multikey", "promptFormat": "Completion"},
     "latency": {
         "startedAt": "2026-12-01T10:02:00Z",
         "checks": 3,
@@ -135,7 +135,7 @@ def test_get_shows_the_plan_gate_progress_and_latency_ratios() -> None:
     assert "GPU:             NVIDIA-B200 (Blackwell, cc 10.0, 2 nodes)" in screen
     assert (
         "Accuracy      ✔ Pass         recovery 0.981 [0.96, 0.99] 40/100 samples per side at 131072 tokens task "
-        "multikey (RecoveryAboveThreshold)" in screen
+        "multikey (Completion) (RecoveryAboveThreshold)" in screen
     )
     assert "3 checks every 60s over 300s windows (3 pass, 0 breach, 0 inconclusive; 0/3 breaches in a row)" in screen
     assert (
