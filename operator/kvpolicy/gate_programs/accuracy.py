@@ -1,14 +1,15 @@
 """The long-context accuracy gate: does the canary keep the baseline's needle-retrieval score at N tokens?
 
 Canary and baseline answer the same seeded prompts of the policy's task (tasks.py: the RULER-style mix by default,
-asking each of a haystack's needles in a request of its own, or one of RULER's niah tasks) of exactly N tokens. Each
-prompt is built in token space
-(niah.assemble) from pieces the baseline's /tokenize gave once, and sent as token ids, so its length is exact for any
-tokenizer by construction, never by trial; the canary must tokenize the shared pieces the same way, and each server's
-usage.prompt_tokens must confirm N. A sample's first request goes alone and the rest follow together, so a server
-with prefix caching (vLLM's default) prefills the haystack once per sample. After every prompt the sequential tests of
-stats are read: the gate passes once recovery is shown above min_recovery, fails once it is shown below,
-each wrong with probability at most 1 - confidence however early it stops. A baseline shown to score below
+asking each of a haystack's needles in a request of its own, one of RULER's niah tasks, or MRCR's format) of exactly
+N tokens. With chat prompts (PromptFormat Chat, or Auto on a model with a chat template) each prompt is a chat sized
+instead by /tokenize with the messages to the longest that fits in N (`sized_chat`). Each completion prompt is built
+in token space (niah.assemble) from pieces the baseline's /tokenize gave once, and sent as token ids, so its length
+is exact for any tokenizer by construction, never by trial; the canary must tokenize the shared pieces the same way,
+and each server's usage.prompt_tokens must confirm N. A sample's first request goes alone and the rest follow
+together, so a server with prefix caching (vLLM's default) prefills the haystack once per sample. After every prompt
+the sequential tests of stats are read: the gate passes once recovery is shown above min_recovery, fails once it is
+shown below, each wrong with probability at most 1 - confidence however early it stops. A baseline shown to score below
 baseline_floor at this length cannot judge a canary: that is inconclusive (BaselineTooWeak), never a pass or a fail,
 and so is a pass or fail the baseline's score so far is below the floor for. At the sample cap it is inconclusive. An
 endpoint that keeps failing makes the result inconclusive, never a pass.

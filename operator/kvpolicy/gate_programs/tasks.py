@@ -7,7 +7,9 @@ niah family from its numerics (niah.parse_prompt).
 
 Adding a task touches three files: its value in api/v1alpha1.py's AccuracyTask (the CRD's enum; then `make
 generate`), its module here in gate_programs/ (prompt building and scoring), and its line in TASKS below. A test of
-its templates and scoring goes beside the others (tests/gates/test_gate_tasks.py).
+its templates and scoring goes beside the others (tests/gates/test_gate_tasks.py). The simulator answers any prompt of
+the niah family (niah.parse_prompt) and MRCR's asks; a task asking something of a new shape also needs its answer in
+dev/kvpolicy_dev/sim/accuracy.py, or the simulator cannot play it.
 """
 
 from __future__ import annotations
