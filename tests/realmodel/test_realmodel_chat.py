@@ -15,6 +15,7 @@ import urllib.request
 from typing import Any
 
 import pytest
+from kvpolicy_dev.sim import start_simulator_subprocess
 from realmodel_helpers import SERVED_MODEL, RealModelServers, run_accuracy_gate
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.realmodel]
@@ -76,3 +77,22 @@ def test_the_gate_in_chat_mode_on_the_real_model(real_model_servers: RealModelSe
         assert (mrcr["verdict"], mrcr["reason"]) == ("Inconclusive", "BaselineTooWeak"), mrcr
     else:
         assert mrcr["verdict"] in ("Pass", "Fail", "Inconclusive"), mrcr
+
+
+def _fields(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat completion's field names, level by level (the parts the gate and the simulator's callers read)."""
+    [choice] = body["choices"]
+    return {"body": set(body), "choice": set(choice), "message": set(choice["message"]), "usage": set(body["usage"])}
+
+
+def test_the_simulator_answers_a_chat_with_real_vllms_fields(real_model_servers: RealModelServers) -> None:
+    """The simulator's /tokenize with messages and /v1/chat/completions carry the fields real vLLM 0.32's do."""
+    request = {"model": SERVED_MODEL, "messages": MESSAGES, "max_tokens": 8, "temperature": 0.0}
+    counting = {"model": SERVED_MODEL, "messages": MESSAGES, "add_generation_prompt": True}
+    with start_simulator_subprocess([SERVED_MODEL, "--time-scale", "0", "--max-model-len", "8192"]) as sim:
+        real_url = real_model_servers.baseline.url
+        real, simulated = (_call(url, "/v1/chat/completions", request) for url in (real_url, sim))
+        assert _fields(simulated) == _fields(real), (real, simulated)
+        assert simulated["object"] == real["object"] == "chat.completion"
+        real_count, sim_count = (_call(url, "/tokenize", counting) for url in (real_url, sim))
+        assert set(sim_count) == set(real_count), (real_count, sim_count)

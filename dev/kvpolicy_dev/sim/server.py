@@ -461,12 +461,30 @@ class Simulator:
         with self._in_flight(completion, generation) as (ttft_ms, gaps_ms):
             await self._sleep_until(arrival, ttft_ms + sum(gaps_ms))
         self._record(completion, generation, ttft_ms, gaps_ms)
-        body = self._completion_body(completion, generation)
-        [choice] = body["choices"]
-        message = {"role": "assistant", "content": choice.pop("text"), "reasoning_content": None, "tool_calls": []}
-        body |= {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion"}
-        body["choices"] = [{"index": 0, "message": message, "logprobs": None, "finish_reason": choice["finish_reason"],
-                            "stop_reason": None}]  # fmt: skip
+        completion_body = self._completion_body(completion, generation)
+        [choice] = completion_body["choices"]
+        # vLLM 0.32's ChatCompletionResponse, ChatCompletionResponseChoice and ChatMessage as it serializes them
+        # (an empty tool_calls is left out; no system_fingerprint).
+        message = {"role": "assistant", "content": choice["text"], "refusal": None, "annotations": None, "audio": None,
+                   "function_call": None, "reasoning": None}  # fmt: skip
+        chat_choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": choice["finish_reason"],
+                       "stop_reason": None, "token_ids": None, "routed_experts": None}  # fmt: skip
+        body = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": completion_body["created"],
+            "model": self.config.served_model_name,
+            "choices": [chat_choice],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": completion_body["usage"],
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
         return web.json_response(body)
 
     @contextlib.contextmanager
