@@ -263,3 +263,23 @@ def test_auto_is_chat_with_a_chat_template_and_completion_without(
     assert (completion["promptFormat"], completion["baselineScore"]) == ("Completion", 1.0)
     code, refused = run_gate("accuracy", base_model, base_model, tmp_path, *flags, "--task", "mrcr")
     assert (code, refused["verdict"], refused["reason"]) == (2, "Inconclusive", "ChatTemplateMissing")
+
+
+@pytest.fixture(scope="module")
+def shifted() -> Iterator[str]:
+    """Two-level FP8 with uncalibrated KV scales: ~2% of needles lost at every length."""
+    flags = ["--kv-cache-dtype", "fp8", "--two-level-fix", "--kv-scale-error", "0.30"]
+    with contextlib.ExitStack() as stack:
+        yield stack.enter_context(start_simulator_subprocess([MODEL, *FAST, *flags]))
+
+
+def test_a_chat_length_profile_flags_a_shift_at_every_length(
+    shifted: str, simulators: dict[str, str], tmp_path: Path
+) -> None:
+    """Chats are sized per bucket like completions, and the profile reads them alike (RULER's niah_multivalue)."""
+    flags = ("--length", "16384", "--model", MODEL, "--task", "niah_multivalue", "--prompt-format", "Chat")
+    _, result = run_gate("accuracy", shifted, simulators["bf16"], tmp_path, *flags, "--length-buckets", "4")
+    assert (result["promptFormat"], result["task"]) == ("Chat", "niah_multivalue")
+    profile = result["profile"]
+    assert [bucket["lengthTokens"] for bucket in profile["buckets"]] == [2048, 4096, 8192, 16384]
+    assert profile["systematicShift"] is True and "calibrate the KV scales" in result["message"]
