@@ -12,6 +12,10 @@ alone, the systematic-shift test is read at the stop. Per configuration: prompts
 the profile, whether every run decided alike after as many prompts, the prompt tokens per decision, and how often a
 systematic shift was flagged.
 
+Tasks (--only tasks): prompts per decision of each gates.accuracy.task at 128k, the same answer model, a BF16 canary
+(should pass) and an H200 FP8 canary without two-level accumulation (should fail) against a BF16 baseline; a prompt is
+one sample (a haystack), a request one question over it (the multikey mix asks 8 per haystack).
+
 Run: .venv/bin/python bench/gate_efficiency.py [--seeds 20] [--wall-runs 3] [--only profile --profile-seeds 200]
 """
 
@@ -24,15 +28,18 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from kvpolicy.gate_programs import length_profile, niah
+from kvpolicy.api.v1alpha1 import AccuracyTask
+from kvpolicy.gate_programs import length_profile, niah, tasks
 from kvpolicy.gate_programs.accuracy import VERDICTS, AccuracyOptions, run_accuracy_gate, sequential_decision
 from kvpolicy.gate_programs.stats import Evidence, PairedCounts
 from kvpolicy_dev.numerics import Accumulation, attention_row, quantize
 from kvpolicy_dev.sim import Gpu, SimConfig, start_simulator_subprocess
-from kvpolicy_dev.sim.accuracy import NumericsModel, answer_needles
+from kvpolicy_dev.sim.accuracy import NumericsModel, answer_conversation, answer_needles, parse_conversation
+from kvpolicy_dev.sim.server import render_chat
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 FIXED_RUN = 100
@@ -68,23 +75,43 @@ async def survival(config: SimConfig, length: int) -> tuple[float, float]:
     return await NumericsModel(config).retrieval_probability(length)
 
 
+def answer_pairs(
+    sample: niah.TaskSample,
+    length: int,
+    canary_p: tuple[float, float],
+    baseline_p: tuple[float, float],
+    seed: int,
+    score: Callable[[str, tuple[str, ...]], tuple[bool, ...]] = niah.matches_per_needle,
+) -> list[tuple[bool, bool]]:
+    """(canary right, baseline right) per expected answer of one sample's questions at `length`, as the simulator
+    answers each request (its answer model without HTTP; the haystack's distractors only choose wrong answers)."""
+    pairs: list[tuple[bool, bool]] = []
+    if sample.conversation is not None:
+        # An MRCR chat: the needle turns and the final ask are what the answer model reads (distractor turns only
+        # pick wrong answers), as the simulator renders it.
+        ask = parse_conversation(render_chat(sample.conversation(0), add_generation_prompt=True))
+        assert ask is not None
+        [question] = sample.questions
+        canary = answer_conversation(ask, length, *canary_p, seed=2 * seed)
+        baseline = answer_conversation(ask, length, *baseline_p, seed=2 * seed + 1)
+        return list(zip(score(canary, question.expected), score(baseline, question.expected), strict=True))
+    for question in sample.questions:
+        needles, asked = niah.parse_prompt("".join(sample.needles) + question.text)
+        # Canary and baseline are separate servers with their own seeds; the model's own failures are shared.
+        canary = answer_needles(needles, asked, length, *canary_p, seed=2 * seed)
+        baseline = answer_needles(needles, asked, length, *baseline_p, seed=2 * seed + 1)
+        pairs += zip(score(canary, question.expected), score(baseline, question.expected), strict=True)
+    return pairs
+
+
 def simulate(case: Case, seed: int, canary_p: tuple[float, float], baseline_p: tuple[float, float]) -> Outcome:
     options = AccuracyOptions(canary="", baseline="", length=case.length, model=MODEL, seed=seed)
     evidence = Evidence.start(options.min_recovery, options.baseline_floor, bounds=False)
     sequential: tuple[str, int] | None = None
+    task = tasks.task(options.task, options.needles, options.asked)
     for index in range(FIXED_RUN):
-        sample = niah.draw_sample(seed, index, options.needles, options.asked)
-        needles = {needle.key: needle.value for needle in sample.needles}
-        for question in sample.questions(options.task):
-            asked = tuple(needle.key for needle in question)
-            expected = tuple(needle.value for needle in question)
-            # Canary and baseline are separate servers with their own seeds; the model's own failures are shared.
-            canary = answer_needles(needles, asked, case.length, *canary_p, seed=2 * seed)
-            baseline = answer_needles(needles, asked, case.length, *baseline_p, seed=2 * seed + 1)
-            for canary_right, baseline_right in zip(
-                niah.matches_per_needle(canary, expected), niah.matches_per_needle(baseline, expected), strict=True
-            ):
-                evidence = evidence.add(canary_right, baseline_right)
+        for pair in answer_pairs(task.draw(seed, index), case.length, canary_p, baseline_p, seed):
+            evidence = evidence.add(*pair)
         if sequential is None:
             reason = sequential_decision(evidence, index + 1, options)
             if reason is not None:
@@ -235,24 +262,17 @@ def simulate_profile(
     options = AccuracyOptions(canary="", baseline="", length=lengths[-1], model=MODEL, seed=seed)
     evidence = Evidence.start(options.min_recovery, options.baseline_floor, bounds=False)
     shorter = [PairedCounts() for _ in lengths[:-1]]
+    task = tasks.task(options.task, options.needles, options.asked)
     prompts = 0
     while True:
-        sample = niah.draw_sample(seed, prompts, options.needles, options.asked)
+        sample = task.draw(seed, prompts)
         prompts += 1
-        needles = {needle.key: needle.value for needle in sample.needles}
         for index, length in enumerate(lengths):
-            for question in sample.questions(options.task):
-                asked = tuple(needle.key for needle in question)
-                expected = tuple(needle.value for needle in question)
-                canary = answer_needles(needles, asked, length, *canary_p[index], seed=2 * seed)
-                baseline = answer_needles(needles, asked, length, *baseline_p[index], seed=2 * seed + 1)
-                for pair in zip(
-                    niah.matches_per_needle(canary, expected), niah.matches_per_needle(baseline, expected), strict=True
-                ):
-                    if index == len(lengths) - 1:
-                        evidence = evidence.add(*pair)
-                    else:
-                        shorter[index] = shorter[index].add(*pair)
+            for pair in answer_pairs(sample, length, canary_p[index], baseline_p[index], seed):
+                if index == len(lengths) - 1:
+                    evidence = evidence.add(*pair)
+                else:
+                    shorter[index] = shorter[index].add(*pair)
         reason = sequential_decision(evidence, prompts, options)
         if reason is not None:
             break
@@ -262,7 +282,7 @@ def simulate_profile(
         buckets.append(length_profile.Bucket(lengths[-1], prompts, evidence.counts))
         profile = length_profile.profile(buckets, 1 - options.confidence)
     # Each question is its own request over the sample's haystack, so each prompt costs its length once per question.
-    tokens = prompts * len(sample.questions(options.task)) * sum(lengths)
+    tokens = prompts * len(sample.questions) * sum(lengths)
     return ProfileOutcome(VERDICTS.get(reason, "Inconclusive"), prompts, tokens, profile)
 
 
@@ -295,11 +315,56 @@ def profile_table(seeds: int) -> list[str]:
     return rows
 
 
+# ------------------------------------------------------------------------------------------------------------ tasks
+
+TASK_LENGTH = 131072
+TASK_CASES = (
+    ("BF16 canary (should pass)", SimConfig(), "Pass"),
+    ("H200 FP8 without two-level accumulation (should fail)", SimConfig(kv_cache_dtype="fp8", gpu=Gpu.H200), "Fail"),
+)
+
+
+def simulate_task(
+    name: AccuracyTask, seed: int, canary_p: tuple[float, float], baseline_p: tuple[float, float]
+) -> tuple[str, int, int]:
+    """One gate run of task `name` at TASK_LENGTH: (verdict, prompts, requests)."""
+    options = AccuracyOptions(canary="", baseline="", length=TASK_LENGTH, model=MODEL, seed=seed, task=name)
+    evidence = Evidence.start(options.min_recovery, options.baseline_floor, bounds=False)
+    task = tasks.task(name, options.mrcr_needles if name == AccuracyTask.MRCR else options.needles, options.asked)
+    requests = 0
+    for index in range(options.max_samples):
+        sample = task.draw(seed, index)
+        requests += len(sample.questions)
+        for pair in answer_pairs(sample, TASK_LENGTH, canary_p, baseline_p, seed, task.score):
+            evidence = evidence.add(*pair)
+        reason = sequential_decision(evidence, index + 1, options)
+        if reason is not None:
+            return VERDICTS.get(reason, "Inconclusive"), index + 1, requests
+    raise AssertionError("sequential_decision decides at max_samples")
+
+
+def tasks_table(seeds: int) -> list[str]:
+    baseline_p = asyncio.run(survival(SimConfig(), TASK_LENGTH))
+    header = " | ".join(f"{name}: prompts mean / max (requests), verdicts" for name, _, _ in TASK_CASES)
+    rows = [f"| task (128k, {seeds} seeds) | {header} |", "|---|" + "---|" * len(TASK_CASES)]
+    for name in AccuracyTask:
+        cells = []
+        for _, config, truth in TASK_CASES:
+            canary_p = asyncio.run(survival(config, TASK_LENGTH))
+            runs = [simulate_task(name, seed, canary_p, baseline_p) for seed in range(seeds)]
+            right = sum(verdict == truth for verdict, _, _ in runs)
+            prompts = [p for _, p, _ in runs]
+            requests = statistics.mean(r for _, _, r in runs)
+            cells.append(f"{statistics.mean(prompts):.1f} / {max(prompts)} ({requests:.1f}), {truth} {right}/{seeds}")
+        rows.append(f"| {name.value} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--wall-runs", type=int, default=3)
-    parser.add_argument("--only", choices=["decisions", "emulator", "wall", "profile"], help="run one table")
+    parser.add_argument("--only", choices=["decisions", "emulator", "wall", "profile", "tasks"], help="run one table")
     parser.add_argument("--profile-seeds", type=int, default=200, help="seeds per configuration of the profile table")
     args = parser.parse_args()
     cores = os.cpu_count()
@@ -310,6 +375,7 @@ def main() -> None:
         "emulator": emulator_table,
         "wall": lambda: wall_table(args.wall_runs),
         "profile": lambda: profile_table(args.profile_seeds),
+        "tasks": lambda: tasks_table(args.seeds),
     }
     for name, table in tables.items():
         if args.only in (None, name):

@@ -42,6 +42,8 @@ def _statuses() -> dict[str, dict[str, Any]]:
                 "recoveryHigh": 0.2,
                 "lengthTokens": 131072,
                 "samples": 40,
+                "task": "multikey",
+                "promptFormat": "Completion",
             },
             "decision": {
                 "result": "RolledBack",
@@ -62,7 +64,7 @@ def test_report_has_the_table_the_policies_and_the_figures(make_policy: Any, tmp
     text = path.read_text()
     assert "| llama-longdoc-unfixed | H200 (Hopper) | FP8 | 12% / 90% | - | - | RolledBack |" in text
     assert "| support-chat | - | - | - | - | - | AccuracyGate | - |" in text
-    assert "recovery 0.13 (interval 0.08-0.20)" in text
+    assert "recovery 0.13 (interval 0.08-0.20), NIAH (multikey, Completion) canary 12% vs baseline 90%" in text
     assert "`TwoLevelAccumulationImage`: the canary runs the patched image" in text
     assert "No decision: phase AccuracyGate — waiting for the gate" in text
     assert "Warning AccuracyGateFailed" in text

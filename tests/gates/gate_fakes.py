@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
-from kvpolicy.gate_programs import niah
+from kvpolicy.api.v1alpha1 import AccuracyTask
+from kvpolicy.gate_programs import niah, tasks
 from kvpolicy_dev.sim import serve, tokenizer
 from kvpolicy_dev.sim.config import SimConfig
 
@@ -28,7 +29,20 @@ CHILD_ENV = {"PATH": "", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
 
 def correct_answer(prompt: str | list[int]) -> str:
     needles, asked = niah.parse_prompt(prompt if isinstance(prompt, str) else tokenizer.decode(prompt))
-    return " " + ", ".join(needles[key] for key in asked) + "."
+    return " " + ", ".join(value for key in asked for value in needles[key]) + "."
+
+
+# The tasks a completion can ask (mrcr is a conversation: chat only).
+COMPLETION_TASKS = [name for name in AccuracyTask if not tasks.task(name).chat_only]
+
+
+def assert_prompt_asks(text: str, sample: niah.TaskSample, question: niah.Question) -> None:
+    """A decoded prompt holds each of the sample's needles whole, and its question asks for what `question` expects."""
+    needles, asked = niah.parse_prompt(text)
+    for needle in sample.needles:
+        [(key, value)] = niah.NEEDLE_PATTERN.findall(needle)
+        assert value in needles[key], needle
+    assert sorted(value for key in asked for value in needles[key]) == sorted(question.expected)
 
 
 async def answer_correctly(request: web.Request) -> web.StreamResponse:

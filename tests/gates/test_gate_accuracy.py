@@ -8,8 +8,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 from gate_fakes import (
+    COMPLETION_TASKS,
     MODEL,
     answer_correctly,
+    assert_prompt_asks,
     fake_vllm,
     flaky,
     garbage,
@@ -18,14 +20,15 @@ from gate_fakes import (
     run_gate,
     truncated,
 )
-from kvpolicy.gate_programs import niah
+from kvpolicy.api.v1alpha1 import AccuracyTask
+from kvpolicy.gate_programs import tasks
 from kvpolicy.gate_programs.accuracy import AccuracyOptions, run_accuracy_gate, shared_pieces, sized_prompts
 from kvpolicy.gate_programs.client import VllmClient
 from kvpolicy_dev.sim import free_port
 
 RESULT_KEYS = {
-    "gate", "verdict", "reason", "message", "lengthTokens", "samples", "canaryScore", "baselineScore", "recovery",
-    "recoveryLow", "recoveryHigh", "minRecovery", "confidence", "baselineFloor",
+    "gate", "task", "promptFormat", "verdict", "reason", "message", "lengthTokens", "samples", "canaryScore",
+    "baselineScore", "recovery", "recoveryLow", "recoveryHigh", "minRecovery", "confidence", "baselineFloor",
 }  # fmt: skip
 
 
@@ -153,24 +156,23 @@ async def test_a_model_the_server_does_not_serve_is_reported() -> None:
     assert "does not serve model 'other/model'" in result["message"]
 
 
-@pytest.mark.parametrize("task", list(niah.NiahTask))
+@pytest.mark.parametrize("name", COMPLETION_TASKS)
 @pytest.mark.parametrize("length", [699, 5001, 65536])
 async def test_prompts_are_exactly_the_requested_tokens_with_every_needle_whole(
-    length: int, task: niah.NiahTask
+    length: int, name: AccuracyTask
 ) -> None:
-    sample = niah.draw_sample(seed=2, index=1, num_needles=8, num_asked=4)
+    task = tasks.task(name, needles=8, asked=4)
+    sample = task.draw(2, 1)
     async with in_process_simulator() as url, aiohttp.ClientSession() as session:
         client = VllmClient(session, url, MODEL, timeout_s=30)
-        prompts = await sized_prompts(client, await shared_pieces(client), sample, task, length)
-        for prompt, question in zip(prompts, sample.questions(task), strict=True):
+        prompts = await sized_prompts(client, await shared_pieces(client, task, 2), sample, length)
+        for prompt, question in zip(prompts, sample.questions, strict=True):
             completion = await client.complete(prompt, 8)
             async with session.post(f"{url}/detokenize", json={"tokens": prompt}) as response:
                 text = (await response.json())["prompt"]
             assert len(prompt) == length and completion.prompt_tokens == length
-            needles, asked = niah.parse_prompt(text)
-            assert needles == {needle.key: needle.value for needle in sample.needles}
-            assert asked == tuple(needle.key for needle in question)
-    assert len(prompts) == (4 if task == niah.NiahTask.MULTIKEY else 1)
+            assert_prompt_asks(text, sample, question)
+    assert len(prompts) == (4 if name == AccuracyTask.MULTIKEY else 1)
 
 
 async def test_a_length_too_short_for_the_needles_is_inconclusive() -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from gate_fakes import COMPLETION_TASKS, assert_prompt_asks
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvpolicy.gate_programs import niah
+from kvpolicy.api.v1alpha1 import AccuracyTask
+from kvpolicy.gate_programs import niah, tasks
 from kvpolicy.gate_programs.accuracy import sample_pieces, shared_pieces, sized_prompts, split_special_tokens
 from kvpolicy.gate_programs.client import GateError
 from kvpolicy_dev.sim.tokenizer_zoo import Family
@@ -117,36 +119,34 @@ def test_special_tokens_are_what_the_server_adds_around_the_text(
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=str)
-@pytest.mark.parametrize("task", list(niah.NiahTask))
+@pytest.mark.parametrize("name", COMPLETION_TASKS)
 @settings(max_examples=15, deadline=None)
 @given(index=st.integers(0, 10_000), extra=st.integers(0, 40_000))
 def test_every_tokenizer_family_gives_the_exact_length_and_readable_needles(
-    family: Family, task: niah.NiahTask, index: int, extra: int
+    family: Family, name: AccuracyTask, index: int, extra: int
 ) -> None:
     tokenizer = LocalTokenizer(family)
-    sample = niah.draw_sample(seed=3, index=index, num_needles=6, num_asked=3)
+    task = tasks.task(name, needles=6, asked=3)
+    sample = task.draw(3, index)
 
     async def build() -> tuple[int, list[list[int]]]:
-        shared = await shared_pieces(tokenizer)
-        shortest = (await sample_pieces(tokenizer, shared, sample, task)).fixed_tokens
-        return shortest + extra, await sized_prompts(tokenizer, shared, sample, task, shortest + extra)
+        shared = await shared_pieces(tokenizer, task, 3)
+        shortest = (await sample_pieces(tokenizer, shared, sample)).fixed_tokens
+        return shortest + extra, await sized_prompts(tokenizer, shared, sample, shortest + extra)
 
     length, prompts = asyncio.run(build())
-    questions = sample.questions(task)
-    assert len(prompts) == len(questions) == (3 if task == niah.NiahTask.MULTIKEY else 1)
-    for prompt, question in zip(prompts, questions, strict=True):
+    assert len(prompts) == len(sample.questions) == (3 if name == AccuracyTask.MULTIKEY else 1)
+    for prompt, question in zip(prompts, sample.questions, strict=True):
         assert len(prompt) == length
-        needles, asked = niah.parse_prompt(tokenizer.decode(prompt))
-        assert needles == {needle.key: needle.value for needle in sample.needles}
-        assert asked == tuple(needle.key for needle in question)
+        assert_prompt_asks(tokenizer.decode(prompt), sample, question)
 
 
 def test_a_length_too_short_for_the_needles_says_how_many_tokens_they_take() -> None:
     tokenizer = LocalTokenizer(FAMILIES[0])
 
     async def build() -> None:
-        sample = niah.draw_sample(0, 0)
-        await sized_prompts(tokenizer, await shared_pieces(tokenizer), sample, niah.NiahTask.MULTIKEY, 50)
+        task = tasks.task(AccuracyTask.MULTIKEY)
+        await sized_prompts(tokenizer, await shared_pieces(tokenizer, task), task.draw(0, 0), 50)
 
     with pytest.raises(GateError, match="alone take") as raised:
         asyncio.run(build())

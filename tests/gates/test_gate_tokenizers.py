@@ -6,8 +6,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from gate_fakes import MODEL, in_process_simulator
-from kvpolicy.gate_programs import niah
+from gate_fakes import MODEL, assert_prompt_asks, in_process_simulator
+from kvpolicy.api.v1alpha1 import AccuracyTask
+from kvpolicy.gate_programs import tasks
 from kvpolicy.gate_programs.accuracy import AccuracyOptions, run_accuracy_gate, shared_pieces, sized_prompts
 from kvpolicy.gate_programs.client import VllmClient
 from kvpolicy_dev.sim.tokenizer_zoo import Family
@@ -19,16 +20,15 @@ from tokenizer_families import FAMILIES, LocalTokenizer
 async def test_every_family_gets_prompts_of_exactly_the_length_the_server_counts(
     family: Family, length: int, model_dirs: dict[Family, Path]
 ) -> None:
-    sample = niah.draw_sample(seed=4, index=length, num_asked=4)
+    task = tasks.task(AccuracyTask.MULTIQUERY, asked=4)
+    sample = task.draw(4, length)
     async with in_process_simulator(tokenizer=model_dirs[family]) as url, aiohttp.ClientSession() as session:
         client = VllmClient(session, url, MODEL, timeout_s=60)
-        shared = await shared_pieces(client)
-        [prompt] = await sized_prompts(client, shared, sample, niah.NiahTask.MULTIQUERY, length)
+        shared = await shared_pieces(client, task, 4)
+        [prompt] = await sized_prompts(client, shared, sample, length)
         completion = await client.complete(prompt, 4)
     assert len(prompt) == length and completion.prompt_tokens == length
-    needles, asked = niah.parse_prompt(LocalTokenizer(family).decode(prompt))
-    assert needles == {needle.key: needle.value for needle in sample.needles}
-    assert asked == tuple(needle.key for needle in sample.asked)
+    assert_prompt_asks(LocalTokenizer(family).decode(prompt), sample, sample.questions[0])
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=str)

@@ -32,7 +32,7 @@ def test_rendered_prompt_holds_every_needle_at_a_sentence_end_and_asks_its_keys(
     sample = niah.draw_sample(seed=1, index=2)
     prompt = niah.render(sample, 2400)
     needles, asked = niah.parse_prompt(prompt)
-    assert needles == {needle.key: needle.value for needle in sample.needles}
+    assert needles == {needle.key: (needle.value,) for needle in sample.needles}
     assert asked == tuple(needle.key for needle in sample.asked)
     assert prompt.startswith(niah.HEADER)
     for needle in sample.needles:

@@ -239,3 +239,22 @@ async def test_cache_config_info_says_which_kv_cache_is_served(
             labels = sample.labels
             assert (labels["cache_dtype"], labels["kv_cache_dtype_skip_layers"]) == expected[dtype], base
             assert sample.value == 1.0
+
+
+async def test_a_model_without_a_chat_template_refuses_messages_alike(
+    real_vllm: RealPair, session: aiohttp.ClientSession
+) -> None:
+    """The tiny model has no chat template: vLLM 0.32 refuses a chat on /tokenize and /v1/chat/completions with 400
+    (the accuracy gate's promptFormat Auto reads that as "no chat template"); the simulator started with
+    --no-chat-template answers alike."""
+    config = SimConfig(served_model_name=SERVED_MODEL, max_model_len=MAX_MODEL_LEN, time_scale=0.0, chat_template=False)
+    messages = [{"role": "user", "content": "The sky is blue."}]
+    requests = (
+        ("/tokenize", {"model": SERVED_MODEL, "messages": messages, "add_generation_prompt": True}),
+        ("/v1/chat/completions", {"model": SERVED_MODEL, "messages": messages, "max_tokens": 4}),
+    )
+    async with serve(config) as sim:
+        for path, body in requests:
+            real_reply, sim_reply = [await call(session, base, path, body) for base in (real_vllm.bf16.url, sim)]
+            assert (real_reply.status, sim_reply.status) == (400, 400), (path, real_reply.body)
+            assert real_reply.body == sim_reply.body, path

@@ -106,7 +106,8 @@ ANALYSING = {
     "gpu": {"generation": "Blackwell", "product": "NVIDIA-B200", "computeCapability": "10.0", "nodes": 2,
             "source": "ComputeCapability"},
     "accuracy": {"verdict": "Pass", "recovery": 0.981, "recoveryLow": 0.96, "recoveryHigh": 0.99, "samples": 40,
-                 "lengthTokens": 131072, "reason": "RecoveryAboveThreshold", "job": "llama-fp8-accuracy-g4"},
+                 "lengthTokens": 131072, "reason": "RecoveryAboveThreshold", "job": "llama-fp8-accuracy-g4",
+                 "task": "multikey", "promptFormat": "Completion"},
     "latency": {
         "startedAt": "2026-12-01T10:02:00Z",
         "checks": 3,
@@ -132,7 +133,10 @@ def test_get_shows_the_plan_gate_progress_and_latency_ratios() -> None:
     assert "Status:          ◌ LatencyAnalysis  (for 3m)" in screen
     assert "Rollout:         4-0a1b2c  (generation 4, run 1, started 5m ago)" in screen
     assert "GPU:             NVIDIA-B200 (Blackwell, cc 10.0, 2 nodes)" in screen
-    assert "Accuracy      ✔ Pass         recovery 0.981 [0.96, 0.99] 40/100 samples per side at 131072 tokens" in screen
+    assert (
+        "Accuracy      ✔ Pass         recovery 0.981 [0.96, 0.99] 40/100 samples per side at 131072 tokens task "
+        "multikey (Completion) (RecoveryAboveThreshold)" in screen
+    )
     assert "3 checks every 60s over 300s windows (3 pass, 0 breach, 0 inconclusive; 0/3 breaches in a row)" in screen
     assert (
         "last Pass 10s ago: itl_p95 0.994  ttft_p95 1.031 (limits ttft 1.10, itl 1.05; 120 canary / 960 baseline"

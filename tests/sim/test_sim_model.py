@@ -136,7 +136,7 @@ def test_latency_multiplier_scales_every_term() -> None:
 
 
 def test_answers_are_deterministic_and_wrong_answers_are_distractors() -> None:
-    needles = {"amber-river": "1234567", "calm-dune": "7654321"}
+    needles = {"amber-river": ("1234567",), "calm-dune": ("7654321",)}
     right = answer_needles(needles, ("amber-river",), 1000, capability_p=1.0, survival_p=1.0, seed=0)
     wrong = answer_needles(needles, ("amber-river",), 1000, capability_p=1.0, survival_p=0.0, seed=0)
     assert right == " 1234567."

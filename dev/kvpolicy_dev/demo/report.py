@@ -75,7 +75,9 @@ def _gate_lines(title: str, gate: GateResult | None) -> list[str]:
             interval = f" (interval {gate.recovery_low:.2f}-{gate.recovery_high:.2f})"
         parts.append(f"recovery {gate.recovery:.2f}{interval}")
     if gate.canary_score is not None and gate.baseline_score is not None:
-        parts.append(f"NIAH canary {gate.canary_score:.0%} vs baseline {gate.baseline_score:.0%}")
+        form = f", {gate.prompt_format.value}" if gate.prompt_format is not None else ""
+        task = f" ({gate.task.value}{form})" if gate.task is not None else ""
+        parts.append(f"NIAH{task} canary {gate.canary_score:.0%} vs baseline {gate.baseline_score:.0%}")
     if gate.length_tokens is not None:
         parts.append(f"at {gate.length_tokens:,} tokens")
     if gate.samples is not None:

@@ -19,10 +19,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
+
+from kvpolicy.gate_programs.mrcr import ASK
 
 from kvpolicy_dev.numerics import Accumulation, attention_error
 from kvpolicy_dev.numerics import accumulation as accumulation_module
@@ -131,24 +136,73 @@ def _uniform(*parts: object) -> float:
 
 
 def answer_needles(
-    needles: dict[str, str],
+    needles: dict[str, tuple[str, ...]],
     asked: tuple[str, ...],
     prompt_tokens: int,
     capability_p: float,
     survival_p: float,
     seed: int,
 ) -> str:
-    """The simulated model's answer to a question for the `asked` keys of a prompt holding `needles`."""
+    """The simulated model's answer to a question for the `asked` keys of a prompt holding `needles` (each key's
+    values: one, or several for RULER's niah_multivalue). Each value is recalled on its own draws."""
     values = []
     for key in asked:
-        truth = needles.get(key)
-        remembered = _uniform("capability", key, truth, prompt_tokens) < capability_p
-        intact = _uniform("numerics", seed, key, truth, prompt_tokens) < survival_p
-        if truth is not None and remembered and intact:
-            values.append(truth)
-        else:
-            # A wrong answer is a distractor from the haystack when there is one, else a made-up number.
-            others = sorted(value for value in needles.values() if value != truth)
-            pick = _uniform("wrong", seed, key, prompt_tokens)
-            values.append(others[int(pick * len(others))] if others else str(1_000_000 + int(pick * 9_000_000)))
+        own = needles.get(key, ())
+        for truth in own or (None,):
+            remembered = _uniform("capability", key, truth, prompt_tokens) < capability_p
+            intact = _uniform("numerics", seed, key, truth, prompt_tokens) < survival_p
+            if truth is not None and remembered and intact:
+                values.append(truth)
+            else:
+                # A wrong answer is a distractor from the haystack when there is one, else a made-up number.
+                others = sorted({value for group in needles.values() for value in group if value not in own})
+                pick = _uniform("wrong", seed, key, truth, prompt_tokens)
+                values.append(others[int(pick * len(others))] if others else str(1_000_000 + int(pick * 9_000_000)))
     return " " + ", ".join(values) + "."
+
+
+@dataclass(frozen=True)
+class ConversationAsk:
+    """An MRCR-style final ask in a chat (gate_programs/mrcr.py): the prefix to prepend, which of the identical
+    asks' answers it wants (0-based), those answers in order, and every other assistant answer."""
+
+    prefix: str
+    index: int
+    answers: tuple[str, ...]
+    others: tuple[str, ...]
+
+
+_CHATML_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.S)
+_FINAL = re.compile(r"Prepend (\S+) to the (\d+)(?:st|nd|rd|th) \(1 indexed\) (.+?) about (\w+)\.")
+
+
+def parse_conversation(text: str) -> ConversationAsk | None:
+    """The MRCR ask a ChatML-rendered chat ends with, or None when it is no such chat."""
+    turns = _CHATML_TURN.findall(text)
+    if not turns or turns[-1][0] != "user":
+        return None
+    final = _FINAL.match(turns[-1][1])
+    if final is None:
+        return None
+    prefix, ordinal, form, topic = final.groups()
+    ask = ASK.format(form=form, topic=topic)
+    answers: list[str] = []
+    others: list[str] = []
+    for (role, content), (next_role, reply) in itertools.pairwise(turns[:-1]):
+        if role == "user" and next_role == "assistant":
+            (answers if content == ask else others).append(reply)
+    return ConversationAsk(prefix, int(ordinal) - 1, tuple(answers), tuple(others))
+
+
+def answer_conversation(
+    ask: ConversationAsk, prompt_tokens: int, capability_p: float, survival_p: float, seed: int
+) -> str:
+    """The simulated model's reply to an MRCR ask: the prefix and the asked answer when recalled, else the prefix and
+    another of the identical asks' answers (or a distractor's): MRCR's hard mistake."""
+    truth = ask.answers[ask.index] if 0 <= ask.index < len(ask.answers) else None
+    remembered = _uniform("capability", ask.prefix, truth, prompt_tokens) < capability_p
+    intact = _uniform("numerics", seed, ask.prefix, truth, prompt_tokens) < survival_p
+    if truth is not None and remembered and intact:
+        return ask.prefix + truth
+    wrong = [answer for answer in ask.answers if answer != truth] or list(ask.others) or ["I cannot find it."]
+    return ask.prefix + wrong[int(_uniform("wrong", seed, ask.prefix, prompt_tokens) * len(wrong))]

@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--time-scale", type=float, default=1.0, help="multiply every sleep (1.0 = real time)")
     sim.add_argument("--latency-multiplier", type=float, default=1.0, help="scale all simulated latencies")
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument(
+        "--no-chat-template",
+        dest="chat_template",
+        action="store_false",
+        help="serve a model without a chat template (a base model): chat requests are refused",
+    )
     return parser
 
 
@@ -126,6 +132,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             latency_multiplier=args.latency_multiplier,
             seed=args.seed,
             tokenizer=args.tokenizer,
+            chat_template=args.chat_template,
         )
     except ValueError as error:
         raise ValueError(f"{error} (shape flags not given come from model profile {profile.name})") from None

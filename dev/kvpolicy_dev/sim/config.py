@@ -46,6 +46,9 @@ class SimConfig:
     # `--tokenizer`: a Hugging Face model directory (or tokenizer.json) whose tokenizer the server uses instead of the
     # built-in word tokenizer (kvpolicy_dev.sim.tokenizer).
     tokenizer: Path | None = None
+    # Whether the served model has a chat template (`--no-chat-template`: a base model's server, whose /tokenize and
+    # /v1/chat/completions refuse messages as vLLM 0.32 does).
+    chat_template: bool = True
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

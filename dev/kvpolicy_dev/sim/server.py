@@ -7,7 +7,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ from kvpolicy.gate_programs.niah import FILLER, parse_prompt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from kvpolicy_dev.sim.accuracy import NumericsModel, answer_needles
+from kvpolicy_dev.sim.accuracy import NumericsModel, answer_conversation, answer_needles, parse_conversation
 from kvpolicy_dev.sim.config import Gpu, SimConfig
 from kvpolicy_dev.sim.latency import latency_fit, sample_latencies
 from kvpolicy_dev.sim.tokenizer import load_tokenizer
@@ -264,6 +264,7 @@ class Simulator:
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/metrics", self.render_metrics)
         return app
 
@@ -316,9 +317,33 @@ class Simulator:
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
+    def _chat_text(self, body: dict[str, Any], add_generation_prompt: bool) -> str:
+        """The messages through the served model's chat template (ChatML, as SmolLM2-135M-Instruct's), as text."""
+        if not self.config.chat_template:
+            raise RequestError(400, NO_CHAT_TEMPLATE)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        ):
+            raise RequestError(400, "'messages' must be a list of {role, content} strings", param="messages")
+        return render_chat(messages, add_generation_prompt)
+
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await _json_object(request)
         self._check_model(body)
+        if "messages" in body:
+            # vLLM's chat tokenize: the template's text, no special tokens added around it (the template has them).
+            add_generation_prompt = body.get("add_generation_prompt", True)
+            chat_tokens = self.tokenizer.encode(self._chat_text(body, bool(add_generation_prompt)), False)
+            return web.json_response(
+                {
+                    "count": len(chat_tokens),
+                    "max_model_len": self.config.max_model_len,
+                    "tokens": chat_tokens,
+                    "token_strs": None,
+                }
+            )
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise RequestError(400, "'prompt' must be a string", param="prompt")
@@ -348,10 +373,14 @@ class Simulator:
             message = f"The model `{model}` does not exist. Valid aliases: {name}."
             raise RequestError(404, message, "NotFoundError", "model")
 
-    def _parse_completion(self, body: dict[str, Any]) -> CompletionRequest:
+    def _parse_completion(self, body: dict[str, Any], chat: bool = False) -> CompletionRequest:
         self._check_model(body)
         prompt = body.get("prompt")
-        if isinstance(prompt, str):
+        if chat:
+            text = self._chat_text(body, add_generation_prompt=True)
+            tokens = self.tokenizer.encode(text, False)
+            text, count = self.tokenizer.decode(tokens), len(tokens)
+        elif isinstance(prompt, str):
             text, count = prompt, len(self.tokenizer.encode(prompt, add_special_tokens=True))
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             try:
@@ -405,7 +434,11 @@ class Simulator:
     async def _generate(self, request: CompletionRequest) -> Generation:
         needles, asked = parse_prompt(request.prompt_text)
         answer: str | None = None
-        if asked:
+        ask = parse_conversation(request.prompt_text)
+        if ask is not None:
+            capability_p, survival_p = await self.numerics.retrieval_probability(request.prompt_tokens)
+            answer = answer_conversation(ask, request.prompt_tokens, capability_p, survival_p, self.config.seed)
+        elif asked:
             capability_p, survival_p = await self.numerics.retrieval_probability(request.prompt_tokens)
             answer = answer_needles(needles, asked, request.prompt_tokens, capability_p, survival_p, self.config.seed)
         tokens = self.tokenizer.encode(answer) if answer is not None else []
@@ -416,6 +449,56 @@ class Simulator:
         padding = request.max_tokens - len(tokens)
         repeats = -(-padding // len(self._filler_tokens))
         return Generation(tokens + (self._filler_tokens * repeats)[:padding], "length")
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """/v1/chat/completions, not streamed: the answer as a message (chat_template_kwargs are accepted and, like
+        a template that does not use them, change nothing)."""
+        arrival = asyncio.get_running_loop().time()
+        completion = self._parse_completion(await _json_object(request), chat=True)
+        if completion.stream:
+            raise RequestError(400, "the simulator does not stream chat completions", param="stream")
+        generation = await self._generate(completion)
+        with self._in_flight(completion, generation) as (ttft_ms, gaps_ms):
+            await self._sleep_until(arrival, ttft_ms + sum(gaps_ms))
+        self._record(completion, generation, ttft_ms, gaps_ms)
+        completion_body = self._completion_body(completion, generation)
+        [choice] = completion_body["choices"]
+        # vLLM 0.32's ChatCompletionResponse, ChatCompletionResponseChoice and ChatMessage as it serializes them
+        # (an empty tool_calls is left out; no system_fingerprint).
+        message = {"role": "assistant", "content": choice["text"], "refusal": None, "annotations": None, "audio": None,
+                   "function_call": None, "reasoning": None}  # fmt: skip
+        chat_choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": choice["finish_reason"],
+                       "stop_reason": None, "token_ids": None, "routed_experts": None}  # fmt: skip
+        body = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": completion_body["created"],
+            "model": self.config.served_model_name,
+            "choices": [chat_choice],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": completion_body["usage"],
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
+        return web.json_response(body)
+
+    @contextlib.contextmanager
+    def _in_flight(self, completion: CompletionRequest, generation: Generation) -> Iterator[tuple[float, list[float]]]:
+        """A request's simulated TTFT and gaps, counted as running (and its tokens as held) while inside."""
+        self._running += 1
+        self._active_tokens += completion.prompt_tokens + len(generation.tokens)
+        self._update_gauges()
+        try:
+            yield sample_latencies(self.fit, completion.prompt_tokens, len(generation.tokens), self._running, self._rng)
+        finally:
+            self._running -= 1
+            self._active_tokens -= completion.prompt_tokens + len(generation.tokens)
+            self._update_gauges()
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         # Simulated time runs from the request's arrival, so parsing a long prompt overlaps the prefill sleep
@@ -559,6 +642,19 @@ class Simulator:
         m.prompt_tokens.labels(**labels).inc(completion.prompt_tokens)
         m.generation_tokens.labels(**labels).inc(len(generation.tokens))
         m.success.labels(**labels, finished_reason=generation.finish_reason).inc()
+
+
+NO_CHAT_TEMPLATE = (
+    "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat template if the "
+    "tokenizer does not define one."
+)
+
+
+def render_chat(messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    """ChatML, the template of SmolLM2-135M-Instruct (the real model of tests/realmodel), without its default
+    system turn."""
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
 def _usage(completion: CompletionRequest, generation: Generation, generated: int | None = None) -> dict[str, int]:

@@ -168,6 +168,7 @@ class GateReason(StrEnum):
     PROMPT_LENGTH_MISMATCH = "PromptLengthMismatch"
     TOKENIZER_MISMATCH = "TokenizerMismatch"
     TOKENIZER_UNSUPPORTED = "TokenizerUnsupported"
+    CHAT_TEMPLATE_MISSING = "ChatTemplateMissing"
     MALFORMED_RESPONSE = "MalformedResponse"
     ENDPOINT_UNAVAILABLE = "EndpointUnavailable"
     REQUEST_REJECTED = "RequestRejected"

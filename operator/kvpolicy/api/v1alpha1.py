@@ -195,6 +195,29 @@ class OnSystematicShift(StrEnum):
     FAIL = "Fail"
 
 
+class AccuracyTask(StrEnum):
+    """The accuracy gate's task (gate_programs/tasks.py). `multikey` and `multiquery` are this project's RULER-style
+    mix (8 word-key needles in the filler haystack, asked one per request or all at once); the `niah_*` ones are
+    RULER's own (NVIDIA/RULER scripts/synthetic.yaml: its templates, answer prefix and string_match_all)."""
+
+    MULTIKEY = "multikey"
+    MULTIQUERY = "multiquery"
+    NIAH_SINGLE_1 = "niah_single_1"
+    NIAH_MULTIKEY_2 = "niah_multikey_2"
+    NIAH_MULTIKEY_3 = "niah_multikey_3"
+    NIAH_MULTIVALUE = "niah_multivalue"
+    NIAH_MULTIQUERY = "niah_multiquery"
+    MRCR = "mrcr"
+
+
+class PromptFormat(StrEnum):
+    """How the accuracy gate sends its prompts (gate_programs/accuracy.py)."""
+
+    AUTO = "Auto"
+    CHAT = "Chat"
+    COMPLETION = "Completion"
+
+
 class Traffic(StrEnum):
     REPLICA_RATIO = "ReplicaRatio"
     SYNTHETIC = "Synthetic"
@@ -607,6 +630,18 @@ class AccuracyGate(_Model):
             values_cel="'got \"' + self.confidence + '\"'",
         ),
         Rule(
+            cel="self.mrcrNeedles in [2, 4, 8]",
+            message="gates.accuracy.mrcrNeedles must be 2, 4 or 8 (MRCR's needle counts)",
+            check=lambda m: m.mrcr_needles in (2, 4, 8),
+            values=lambda m: f"got {m.mrcr_needles}",
+            values_cel="'got ' + string(self.mrcrNeedles)",
+        ),
+        Rule(
+            cel="self.task != 'mrcr' || self.promptFormat != 'Completion'",
+            message="gates.accuracy.task mrcr is a conversation: set promptFormat Chat or Auto",
+            check=lambda m: m.task != AccuracyTask.MRCR or m.prompt_format != PromptFormat.COMPLETION,
+        ),
+        Rule(
             cel="double(self.baselineFloor) < 1.0",
             message='gates.accuracy.baselineFloor must be a number in [0, 1), such as "0.2"',
             check=lambda m: _DECIMAL_RE.match(m.baseline_floor) is not None and Decimal(m.baseline_floor) < 1,
@@ -616,6 +651,32 @@ class AccuracyGate(_Model):
     )
 
     enabled: Bool = Field(default=True, description="Run the long-context accuracy gate before any traffic.")
+    task: AccuracyTask = Field(
+        default=AccuracyTask.MULTIKEY,
+        description="What the prompts ask. multikey (default): 8 needles in RULER's filler haystack, each asked in a "
+        "request of its own over the shared haystack (one long prefill scores 8 needles; fewest prompts per decision, "
+        "BENCHMARKS.md); multiquery: the same 8 asked in one question. RULER's own tasks, with its templates, answer "
+        "prefix and string_match_all: niah_single_1 (one word key, number value, repeated filler), niah_multikey_2 "
+        "(a haystack of distractor needles), niah_multikey_3 (UUID keys and values among UUID distractors), "
+        "niah_multivalue (4 values of one key) and niah_multiquery (4 keys asked at once); RULER draws the last two's "
+        "haystack from essays, which cannot be shipped here: they use the repeated filler. mrcr: MRCR's format and "
+        "score (openai/mrcr, the vLLM FP8 KV blog's benchmark) on conversations generated here by seed, not its "
+        "dataset: mrcrNeedles identical asks among distractor turns, the last turn asking for the i-th answer; a chat, "
+        "so it needs promptFormat Chat or Auto.",
+    )
+    mrcr_needles: Int = Field(
+        default=2, ge=2, le=8, description="mrcr: identical asks hidden in each conversation, 2, 4 or 8 (MRCR's)."
+    )
+    prompt_format: PromptFormat = Field(
+        default=PromptFormat.COMPLETION,
+        description="Completion (default): prompts as token ids to /v1/completions, each exactly lengthTokens long. "
+        "Chat: messages to /v1/chat/completions through the served model's chat template (chat_template_kwargs "
+        "enable_thinking false; a leading </think>-terminated block is stripped before scoring), each sized by "
+        "/tokenize with the messages and add_generation_prompt to the longest whole-word haystack within "
+        "lengthTokens. Auto: Chat when the served model has a chat template (vLLM's /tokenize accepts messages), "
+        "else Completion. The default stays Completion: the prompts-per-decision figures in BENCHMARKS.md are "
+        "measured with it.",
+    )
     length_tokens: Int | None = Field(
         default=None,
         ge=1,
@@ -1495,6 +1556,10 @@ class GateResult(_Status):
     recovery_low: float | None = None
     recovery_high: float | None = None
     profile: LengthProfileResult | None = Field(default=None, description="The accuracy gate's length profile.")
+    task: AccuracyTask | None = Field(default=None, description="The accuracy gate's task.")
+    prompt_format: PromptFormat | None = Field(
+        default=None, description="How the accuracy gate sent its prompts: Chat or Completion (Auto resolved)."
+    )
     finished_at: Timestamp | None = None
 
 

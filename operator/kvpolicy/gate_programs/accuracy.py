@@ -1,13 +1,15 @@
 """The long-context accuracy gate: does the canary keep the baseline's needle-retrieval score at N tokens?
 
-Canary and baseline answer the same seeded RULER-style prompts of exactly N tokens: one haystack per sample, asked
-about its needles in one request per needle by default (niah.NiahTask). Each prompt is built in token space
-(niah.assemble) from pieces the baseline's /tokenize gave once, and sent as token ids, so its length is exact for any
-tokenizer by construction, never by trial; the canary must tokenize the shared pieces the same way, and each server's
-usage.prompt_tokens must confirm N. A sample's first request goes alone and the rest follow together, so a server
-with prefix caching (vLLM's default) prefills the haystack once per sample. After every prompt the sequential tests of
-stats are read: the gate passes once recovery is shown above min_recovery, fails once it is shown below,
-each wrong with probability at most 1 - confidence however early it stops. A baseline shown to score below
+Canary and baseline answer the same seeded prompts of the policy's task (tasks.py: the RULER-style mix by default,
+asking each of a haystack's needles in a request of its own, one of RULER's niah tasks, or MRCR's format) of exactly
+N tokens. With chat prompts (PromptFormat Chat, or Auto on a model with a chat template) each prompt is a chat sized
+instead by /tokenize with the messages to the longest that fits in N (`sized_chat`). Each completion prompt is built
+in token space (niah.assemble) from pieces the baseline's /tokenize gave once, and sent as token ids, so its length
+is exact for any tokenizer by construction, never by trial; the canary must tokenize the shared pieces the same way,
+and each server's usage.prompt_tokens must confirm N. A sample's first request goes alone and the rest follow
+together, so a server with prefix caching (vLLM's default) prefills the haystack once per sample. After every prompt
+the sequential tests of stats are read: the gate passes once recovery is shown above min_recovery, fails once it is
+shown below, each wrong with probability at most 1 - confidence however early it stops. A baseline shown to score below
 baseline_floor at this length cannot judge a canary: that is inconclusive (BaselineTooWeak), never a pass or a fail,
 and so is a pass or fail the baseline's score so far is below the floor for. At the sample cap it is inconclusive. An
 endpoint that keeps failing makes the result inconclusive, never a pass.
@@ -30,18 +32,19 @@ from kvpolicy.api.reasons import GateReason
 from kvpolicy.api.v1alpha1 import (
     MAX_PROFILE_BUCKETS,
     AccuracyGate,
+    AccuracyTask,
     LengthBucketResult,
     LengthProfileResult,
+    PromptFormat,
     parse_decimal,
 )
 from kvpolicy.credentials import CredentialsError, CredentialsSource
-from kvpolicy.gate_programs import length_profile, niah
+from kvpolicy.gate_programs import length_profile, niah, tasks
 from kvpolicy.gate_programs.client import RETRY_DELAYS_S, GateError, VllmClient, open_session
 from kvpolicy.gate_programs.length_profile import Bucket, Profile
 from kvpolicy.gate_programs.pacing import paced
 from kvpolicy.gate_programs.stats import Evidence, PairedCounts, RecoveryBounds
 
-ANSWER_TOKENS = 64
 # The CRD's defaults are the gate's: one source.
 CRD_DEFAULTS = AccuracyGate()
 
@@ -59,7 +62,9 @@ class AccuracyOptions:
     min_samples: int = 2
     seed: int = 0
     request_timeout_seconds: float = 600.0
-    task: niah.NiahTask = niah.NiahTask.MULTIKEY
+    task: AccuracyTask = CRD_DEFAULTS.task
+    prompt_format: PromptFormat = CRD_DEFAULTS.prompt_format
+    mrcr_needles: int = CRD_DEFAULTS.mrcr_needles
     needles: int = 8
     asked: int = 8
     retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S
@@ -108,13 +113,16 @@ class Tokenizing(Protocol):
 
     async def tokenize(self, prompt: str, add_special_tokens: bool) -> list[int]: ...
 
+    async def tokenize_chat(self, messages: list[niah.Message]) -> list[int]: ...
 
-async def shared_pieces(client: Tokenizing) -> SharedPieces:
-    sentences = niah.filler_sentences()
+
+async def shared_pieces(client: Tokenizing, task: tasks.Task, seed: int = 0) -> SharedPieces:
+    """The pieces every sample of `task` shares (its header, its haystack's units), as `client` tokenizes them."""
+    units = task.units(seed)
     with_special, header, *filler = await asyncio.gather(
-        client.tokenize(niah.HEADER, add_special_tokens=True),
-        client.tokenize(niah.HEADER, add_special_tokens=False),
-        *(client.tokenize(sentence, add_special_tokens=False) for sentence in sentences),
+        client.tokenize(task.header, add_special_tokens=True),
+        client.tokenize(task.header, add_special_tokens=False),
+        *(client.tokenize(unit, add_special_tokens=False) for unit in units),
     )
     if not all(filler):
         raise GateError(GateReason.MALFORMED_RESPONSE, f"{client.base_url} tokenized a filler sentence to no tokens")
@@ -128,42 +136,42 @@ async def shared_pieces(client: Tokenizing) -> SharedPieces:
     return SharedPieces(prefix, suffix, tuple(header), tuple(tuple(ids) for ids in filler))
 
 
-async def sample_pieces(
-    client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample, task: niah.NiahTask
-) -> niah.PromptPieces:
-    """`sample`'s prompt pieces: the shared ones, and its needles and questions as `client` tokenizes them."""
-    questions = sample.questions(task)
+async def sample_pieces(client: Tokenizing, shared: SharedPieces, sample: niah.TaskSample) -> niah.PromptPieces:
+    """`sample`'s prompt pieces: the shared ones (its haystack's units in its order), and its needles and questions
+    as `client` tokenizes them."""
     tokenized = await asyncio.gather(
-        *(client.tokenize(niah.needle_text(needle), add_special_tokens=False) for needle in sample.needles),
-        *(client.tokenize(niah.question_text(asked), add_special_tokens=False) for asked in questions),
+        *(client.tokenize(needle, add_special_tokens=False) for needle in sample.needles),
+        *(client.tokenize(question.text, add_special_tokens=False) for question in sample.questions),
     )
     needles = tokenized[: len(sample.needles)]
     if not all(needles):
         raise GateError(GateReason.MALFORMED_RESPONSE, f"{client.base_url} tokenized a needle to no tokens")
+    order = sample.unit_order
+    sentences = shared.sentences if order is None else tuple(shared.sentences[i] for i in order)
     return niah.PromptPieces(
         prefix=shared.prefix,
         suffix=shared.suffix,
         header=shared.header,
-        sentences=shared.sentences,
+        sentences=sentences,
         needles=tuple(tuple(ids) for ids in needles),
         questions=tuple(tuple(ids) for ids in tokenized[len(sample.needles) :]),
     )
 
 
 async def sized_prompts(
-    client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample, task: niah.NiahTask, length: int
+    client: Tokenizing, shared: SharedPieces, sample: niah.TaskSample, length: int
 ) -> list[list[int]]:
-    """`sample`'s prompts (one per question of `task`), each exactly `length` token ids for `client`'s tokenizer,
-    needles whole (see niah.assemble)."""
-    [prompts] = await profile_prompts(client, shared, sample, task, (length,))
+    """`sample`'s prompts (one per question), each exactly `length` token ids for `client`'s tokenizer, needles
+    whole (see niah.assemble)."""
+    [prompts] = await profile_prompts(client, shared, sample, (length,))
     return prompts
 
 
 async def profile_prompts(
-    client: Tokenizing, shared: SharedPieces, sample: niah.NiahSample, task: niah.NiahTask, lengths: tuple[int, ...]
+    client: Tokenizing, shared: SharedPieces, sample: niah.TaskSample, lengths: tuple[int, ...]
 ) -> list[list[list[int]]]:
     """`sample`'s prompts at each of `lengths` (see `sized_prompts`), its pieces tokenized once for all of them."""
-    pieces = await sample_pieces(client, shared, sample, task)
+    pieces = await sample_pieces(client, shared, sample)
     shortest = min(lengths)
     if pieces.fixed_tokens > shortest:
         bucket = f"the length profile's shortest bucket, {shortest}," if len(lengths) > 1 else f"length {shortest}"
@@ -239,6 +247,8 @@ def _result(
         "verdict": verdict,
         "reason": reason,
         "message": message,
+        "task": options.task.value,
+        "promptFormat": options.prompt_format.value,
         "lengthTokens": options.length,
         "samples": samples,
         "canaryScore": number(counts.canary_score) if counts else None,
@@ -299,40 +309,114 @@ def decision_message(reason: GateReason, evidence: Evidence, samples: int, optio
     return f"recovery {point} (interval {bounds.low:.2f}-{bounds.high:.2f}) {after} lies {side} {options.min_recovery}"
 
 
-async def _check_endpoints(canary: VllmClient, baseline: VllmClient, length: int) -> SharedPieces:
-    """Both serve the model with room for the prompt and tokenize alike; the baseline's shared pieces."""
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat prompt and its length through the chat template, with the generation prompt (what /tokenize counted)."""
+
+    messages: list[niah.Message]
+    tokens: int
+
+
+Prompt = list[int] | ChatPrompt
+
+
+async def sized_chat(client: Tokenizing, build: Callable[[int], list[niah.Message]], length: int) -> ChatPrompt:
+    """The chat `build(words)` with the most haystack words whose templated prompt is at most `length` tokens, as
+    the server's /tokenize counts it with the messages and the generation prompt (a binary search on the words: each
+    word adds tokens, so the count grows with them). LengthTooShort when the chat without haystack is too long."""
+
+    async def count(words: int) -> int:
+        return len(await client.tokenize_chat(build(words)))
+
+    fixed = await count(0)
+    if fixed > length:
+        raise GateError(
+            GateReason.LENGTH_TOO_SHORT,
+            f"length {length} leaves no room for haystack: the chat without it takes {fixed} tokens",
+        )
+    # Every word is at least one token, so `length - fixed` words reach the length; the search keeps
+    # count(low) <= length < count(high).
+    low, high = 0, length - fixed + 1
+    while high - low > 1:
+        middle = (low + high) // 2
+        if await count(middle) <= length:
+            low = middle
+        else:
+            high = middle
+    return ChatPrompt(build(low), await count(low))
+
+
+async def _prompt_format(
+    canary: VllmClient, baseline: VllmClient, task: tasks.Task, requested: PromptFormat
+) -> PromptFormat:
+    """Chat or Completion: Auto is Chat when both servers' models have a chat template."""
+    if requested == PromptFormat.COMPLETION and not task.chat_only:
+        return PromptFormat.COMPLETION
+    templates = await asyncio.gather(canary.has_chat_template(), baseline.has_chat_template())
+    if all(templates):
+        return PromptFormat.CHAT
+    if requested == PromptFormat.AUTO and not task.chat_only:
+        return PromptFormat.COMPLETION
+    missing = ", ".join(
+        dict.fromkeys(c.base_url for c, has in zip((canary, baseline), templates, strict=True) if not has)
+    )
+    raise GateError(
+        GateReason.CHAT_TEMPLATE_MISSING,
+        f"{missing} serves a model without a chat template: task {task.name} needs chat prompts",
+    )
+
+
+async def _check_endpoints(
+    canary: VllmClient, baseline: VllmClient, length: int, task: tasks.Task, options: AccuracyOptions
+) -> tuple[PromptFormat, SharedPieces | None]:
+    """Both serve the model with room for the prompt and tokenize alike; how the prompts go, and the baseline's
+    shared pieces for completions."""
     limits = await asyncio.gather(canary.max_model_len(), baseline.max_model_len())
     for client, limit in zip((canary, baseline), limits, strict=True):
-        if length + ANSWER_TOKENS > limit:
+        if length + task.answer_tokens > limit:
             raise GateError(
                 GateReason.LENGTH_EXCEEDS_MAX_MODEL_LEN,
-                f"{client.base_url} serves at most {limit} tokens; a {length}-token prompt plus {ANSWER_TOKENS} "
-                f"answer tokens does not fit (lower --length or raise --max-model-len)",
+                f"{client.base_url} serves at most {limit} tokens; a {length}-token prompt plus "
+                f"{task.answer_tokens} answer tokens does not fit (lower --length or raise --max-model-len)",
             )
-    canary_pieces, baseline_pieces = await asyncio.gather(shared_pieces(canary), shared_pieces(baseline))
+    prompt_format = await _prompt_format(canary, baseline, task, options.prompt_format)
+    mismatch = GateError(
+        GateReason.TOKENIZER_MISMATCH,
+        "canary and baseline tokenize the same text differently: they serve other tokenizers",
+    )
+    if prompt_format == PromptFormat.CHAT:
+        probe = [{"role": "user", "content": niah.HEADER + niah.FILLER}]
+        canary_ids, baseline_ids = await asyncio.gather(canary.tokenize_chat(probe), baseline.tokenize_chat(probe))
+        if canary_ids != baseline_ids:
+            raise mismatch
+        return prompt_format, None
+    canary_pieces, baseline_pieces = await asyncio.gather(
+        shared_pieces(canary, task, options.seed), shared_pieces(baseline, task, options.seed)
+    )
     if canary_pieces != baseline_pieces:
-        raise GateError(
-            GateReason.TOKENIZER_MISMATCH,
-            "canary and baseline tokenize the same text differently: they serve other tokenizers",
-        )
-    return baseline_pieces
+        raise mismatch
+    return prompt_format, baseline_pieces
 
 
-async def _answers(client: VllmClient, prompts: list[list[int]]) -> list[str]:
+async def _answers(client: VllmClient, prompts: list[Prompt], answer_tokens: int) -> list[str]:
     """One sample's answers: the first prompt alone, so the server caches the haystack they share, then the rest."""
-    first = await _answer(client, prompts[0])
-    return [first, *await asyncio.gather(*(_answer(client, prompt) for prompt in prompts[1:]))]
+    first = await _answer(client, prompts[0], answer_tokens)
+    return [first, *await asyncio.gather(*(_answer(client, prompt, answer_tokens) for prompt in prompts[1:]))]
 
 
-async def _answer(client: VllmClient, prompt: list[int]) -> str:
-    """The completion's text, once the server confirms it saw exactly the prompt's tokens."""
-    completion = await client.complete(prompt, ANSWER_TOKENS)
-    if completion.prompt_tokens is not None and completion.prompt_tokens != len(prompt):
+async def _answer(client: VllmClient, prompt: Prompt, answer_tokens: int) -> str:
+    """The answer's text (a chat's without a leading reasoning block), once the server confirms it saw exactly the
+    prompt's tokens."""
+    if isinstance(prompt, ChatPrompt):
+        completion, expected = await client.chat(prompt.messages, answer_tokens), prompt.tokens
+    else:
+        completion, expected = await client.complete(prompt, answer_tokens), len(prompt)
+    if completion.prompt_tokens is not None and completion.prompt_tokens != expected:
         raise GateError(
             GateReason.PROMPT_LENGTH_MISMATCH,
-            f"{client.base_url} counted {completion.prompt_tokens} prompt tokens for a {len(prompt)}-token prompt",
+            f"{client.base_url} counted {completion.prompt_tokens} prompt tokens for a {expected}-token prompt",
         )
-    return completion.text
+    return niah.strip_thinking(completion.text) if isinstance(prompt, ChatPrompt) else completion.text
 
 
 async def _evaluate(
@@ -341,23 +425,33 @@ async def _evaluate(
     baseline: VllmClient,
     on_progress: Callable[[AccuracyProgress], None],
 ) -> dict[str, Any]:
-    shared = await _check_endpoints(canary, baseline, options.length)
+    needles = options.mrcr_needles if options.task == AccuracyTask.MRCR else options.needles
+    task = tasks.task(options.task, needles, options.asked)
+    prompt_format, shared = await _check_endpoints(canary, baseline, options.length, task, options)
     lengths = options.lengths
 
-    async def prepare(index: int) -> tuple[niah.NiahSample, list[list[list[int]]]]:
-        sample = niah.draw_sample(options.seed, index, options.needles, options.asked)
-        return sample, await profile_prompts(baseline, shared, sample, options.task, lengths)
+    async def prepare(index: int) -> tuple[niah.TaskSample, list[list[Prompt]]]:
+        sample = task.draw(options.seed, index)
+        if shared is not None:
+            completions = await profile_prompts(baseline, shared, sample, lengths)
+            return sample, [list[Prompt](bucket) for bucket in completions]
 
-    def score(sample: niah.NiahSample, canary_texts: list[str], baseline_texts: list[str]) -> list[tuple[bool, bool]]:
-        """(canary right, baseline right) for each asked needle of one sample."""
+        def build(question: niah.Question) -> Callable[[int], list[niah.Message]]:
+            return lambda words: task.chat(options.seed, sample, question, words)
+
+        chats = [
+            list[Prompt](await asyncio.gather(*(sized_chat(baseline, build(q), length) for q in sample.questions)))
+            for length in lengths
+        ]
+        return sample, chats
+
+    def score(sample: niah.TaskSample, canary_texts: list[str], baseline_texts: list[str]) -> list[tuple[bool, bool]]:
+        """(canary right, baseline right) for each answer a sample's questions expect (string_match_all's parts)."""
         pairs: list[tuple[bool, bool]] = []
-        for asked, canary_text, baseline_text in zip(
-            sample.questions(options.task), canary_texts, baseline_texts, strict=True
-        ):
-            expected = tuple(needle.value for needle in asked)
+        for question, canary_text, baseline_text in zip(sample.questions, canary_texts, baseline_texts, strict=True):
             pairs += zip(
-                niah.matches_per_needle(canary_text, expected),
-                niah.matches_per_needle(baseline_text, expected),
+                task.score(canary_text, question.expected),
+                task.score(baseline_text, question.expected),
                 strict=True,
             )
         return pairs
@@ -376,7 +470,7 @@ async def _evaluate(
                 upcoming = asyncio.create_task(prepare(samples))
             # Every bucket's prompts at once: the shorter ones ride beside the one the decision waits for.
             answers = await asyncio.gather(
-                *(_answers(client, bucket) for bucket in prompts for client in (canary, baseline))
+                *(_answers(client, bucket, task.answer_tokens) for bucket in prompts for client in (canary, baseline))
             )
             for index in range(len(lengths)):
                 pairs = score(sample, answers[2 * index], answers[2 * index + 1])
@@ -396,7 +490,8 @@ async def _evaluate(
                     buckets = [Bucket(length, samples, c) for length, c in zip(lengths, shorter, strict=False)]
                     buckets.append(Bucket(options.length, samples, evidence.counts))
                     profile = length_profile.profile(buckets, 1 - options.confidence)
-                return _result(options, verdict, reason, message, samples, evidence.counts, bounds, profile)
+                result = _result(options, verdict, reason, message, samples, evidence.counts, bounds, profile)
+                return {**result, "promptFormat": prompt_format.value}
     finally:
         # A prompt sized ahead but not needed: stop it, and mark any error it ended with as retrieved.
         upcoming.cancel()
@@ -421,6 +516,10 @@ def validate(options: AccuracyOptions) -> None:
         raise ValueError(f"--length-buckets must be between 1 and {MAX_PROFILE_BUCKETS}, got {options.length_buckets}")
     if options.length >> (options.length_buckets - 1) < 1:
         raise ValueError(f"--length-buckets {options.length_buckets} halves --length {options.length} below one token")
+    if options.task == AccuracyTask.MRCR and options.prompt_format == PromptFormat.COMPLETION:
+        raise ValueError("--task mrcr is a conversation: give --prompt-format Chat or Auto")
+    if options.mrcr_needles not in (2, 4, 8):
+        raise ValueError(f"--mrcr-needles must be 2, 4 or 8, got {options.mrcr_needles}")
     if options.request_timeout_seconds <= 0:
         raise ValueError(f"--request-timeout-seconds must be positive, got {options.request_timeout_seconds}")
 

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import fields
 from decimal import Decimal
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,6 @@ from kvpolicy.gate_programs.accuracy import validate as validate_accuracy
 from kvpolicy.gate_programs.client import base_url
 from kvpolicy.gate_programs.latency import LatencyOptions, LatencyProgress, run_latency_probe
 from kvpolicy.gate_programs.latency import validate as validate_latency
-from kvpolicy.gate_programs.niah import NiahTask
 
 # The flags whose values a KVPolicy carries too, checked by the CRD's own models and rules (what `kubectl apply` would
 # refuse is refused here, with the same words): the gate a Job runs and the one run by hand judge alike.
@@ -89,16 +89,22 @@ def build_parser() -> argparse.ArgumentParser:
     option("--max-samples", int, "hard cap on prompts")
     option("--min-samples", int, "prompts before the gate may stop early")
     option("--baseline-floor", float, "baseline score below which the gate cannot judge (inconclusive)")
-    accuracy.add_argument(
+    choice = _choices(accuracy)
+    choice(
         "--task",
-        type=NiahTask,
-        choices=list(NiahTask),
-        default=AccuracyOptions.task,
-        help="multikey: each asked needle in its own request over the shared haystack; multiquery: all in one "
-        "question (default: %(default)s)",
+        AccuracyOptions.task,
+        "multikey: each asked needle in its own request over the shared haystack; multiquery: all in one question; "
+        "niah_*: RULER's tasks; mrcr: MRCR-format conversations, chat only (gates.accuracy.task)",
     )
-    option("--needles", int, "needles hidden in each prompt")
-    option("--asked", int, "needles asked about in each prompt")
+    choice(
+        "--prompt-format",
+        AccuracyOptions.prompt_format,
+        "Completion: token ids to /v1/completions; Chat: messages to /v1/chat/completions through the model's chat "
+        "template; Auto: Chat when the served model has one (gates.accuracy.promptFormat)",
+    )
+    option("--mrcr-needles", int, "mrcr: identical asks in each conversation, 2, 4 or 8")
+    option("--needles", int, "needles hidden in each prompt (multikey, multiquery)")
+    option("--asked", int, "needles asked about in each prompt (multikey, multiquery)")
     option("--seed", int, "selects the prompts")
     option("--baseline-requests-per-minute", int, "most prompts a minute to the baseline (production), evenly spaced")
     option(
@@ -129,6 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(latency, option)
     return parser
+
+
+def _choices(parser: argparse.ArgumentParser) -> Callable[[str, StrEnum, str], None]:
+    """Adds `--flag` options taking one value of the default's enum."""
+
+    def choice(flag: str, default: StrEnum, help_text: str) -> None:
+        kind = type(default)
+        parser.add_argument(
+            flag, type=kind, choices=list(kind), default=default, help=f"{help_text} (default: %(default)s)"
+        )
+
+    return choice
 
 
 def _endpoints(parser: argparse.ArgumentParser) -> None:
@@ -217,6 +235,8 @@ def main(argv: list[str]) -> int:
                 min_samples=args.min_samples,
                 baseline_floor=args.baseline_floor,
                 task=args.task,
+                prompt_format=args.prompt_format,
+                mrcr_needles=args.mrcr_needles,
                 needles=args.needles,
                 asked=args.asked,
                 seed=args.seed,

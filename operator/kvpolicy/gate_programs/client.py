@@ -141,6 +141,20 @@ class Completion:
     prompt_tokens: int | None
 
 
+def _completion(body: dict[str, Any], text_of: Callable[[Any], object], where: str) -> Completion:
+    """An answer's text (`text_of` the first choice, found at `where`) and the prompt tokens the server counted;
+    _Transient (retried) when the body has no text there."""
+    try:
+        text = text_of(body["choices"][0])
+    except (KeyError, IndexError, TypeError) as error:
+        raise _Transient(f"answer without {where}") from error
+    if not isinstance(text, str):
+        raise _Transient(f"{where} is not a string")
+    usage = body.get("usage")
+    counted = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return Completion(text, counted if isinstance(counted, int) else None)
+
+
 class VllmClient:
     def __init__(
         self,
@@ -236,14 +250,50 @@ class VllmClient:
         log.warning("%s serves %s", self.base_url, served or "no model")
         raise RequestRejected(f"{self.base_url} does not serve model {self.model!r} (the log lists what it serves)")
 
-    async def tokenize(self, prompt: str, add_special_tokens: bool) -> list[int]:
-        """The server's token ids for `prompt`, with or without the special tokens it adds to a text prompt."""
-        request = {"model": self.model, "prompt": prompt, "add_special_tokens": add_special_tokens}
-        body = await self._request_json("POST", "/tokenize", request)
+    def _token_ids(self, body: dict[str, Any]) -> list[int]:
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(token, int) for token in tokens):
             raise EndpointUnavailable(f"/tokenize at {self.base_url} returned no list of token ids")
         return tokens
+
+    async def tokenize(self, prompt: str, add_special_tokens: bool) -> list[int]:
+        """The server's token ids for `prompt`, with or without the special tokens it adds to a text prompt."""
+        request = {"model": self.model, "prompt": prompt, "add_special_tokens": add_special_tokens}
+        return self._token_ids(await self._request_json("POST", "/tokenize", request))
+
+    async def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """The server's token ids for a chat through its chat template, with the assistant's generation prompt: the
+        prompt /v1/chat/completions will run for these messages."""
+        request = {"model": self.model, "messages": messages, "add_generation_prompt": True}
+        return self._token_ids(await self._request_json("POST", "/tokenize", request))
+
+    async def has_chat_template(self) -> bool:
+        """Whether the served model has a chat template. vLLM 0.32 says so nowhere else (/v1/models does not;
+        /tokenizer_info is off by default): /tokenize with messages answers 400 without one ("default chat template
+        is no longer allowed"), token ids with one."""
+        try:
+            await self.tokenize_chat([{"role": "user", "content": "Hello."}])
+        except Unauthorized:
+            raise
+        except RequestRejected:
+            return False
+        return True
+
+    async def chat(self, messages: list[dict[str, str]], max_tokens: int) -> Completion:
+        """A greedy chat completion through the server's chat template, thinking off for reasoning models."""
+        request = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+
+        async def attempt() -> Completion:
+            body = await self._request_json("POST", "/v1/chat/completions", request)
+            return _completion(body, lambda choice: choice["message"]["content"], "choices[0].message.content")
+
+        return await self._with_retries("POST /v1/chat/completions", attempt)
 
     async def metrics_text(self) -> str:
         """The server's Prometheus page (/metrics), as text."""
@@ -264,15 +314,7 @@ class VllmClient:
 
         async def attempt() -> Completion:
             body = await self._request_json("POST", "/v1/completions", request)
-            try:
-                text = body["choices"][0]["text"]
-            except (KeyError, IndexError, TypeError) as error:
-                raise _Transient("completion without choices[0].text") from error
-            if not isinstance(text, str):
-                raise _Transient("completion text is not a string")
-            usage = body.get("usage")
-            counted = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-            return Completion(text, counted if isinstance(counted, int) else None)
+            return _completion(body, lambda choice: choice["text"], "choices[0].text")
 
         return await self._with_retries("POST /v1/completions", attempt)
 

@@ -1,8 +1,9 @@
-"""RULER-style needle-in-a-haystack prompts: construction (gate side), parsing (simulator side) and scoring.
+"""RULER-style needle-in-a-haystack prompts: construction (gate side), parsing (simulator side) and scoring, and the
+types every task's samples share (`TaskSample`, `Question`; the tasks: tasks.py, RULER's own: ruler.py).
 
-The haystack is RULER's "noise" filler; needles follow RULER's niah template ("One of the special magic numbers for
-KEY is: VALUE."). Several distinct keys are hidden in one haystack (niah_multikey: the others are distractors), and
-the task says how the asked ones are asked:
+The mix (tasks `multikey`, `multiquery`): the haystack is RULER's "noise" filler; needles follow RULER's niah
+template ("One of the special magic numbers for KEY is: VALUE."). Several distinct keys are hidden in one haystack
+(niah_multikey: the others are distractors), and the task says how the asked ones are asked:
 - `multikey` (the default): each asked needle in a request of its own with RULER's single-key question, all of them
   over the same haystack, so the server's prefix cache prefills the haystack once and every further question costs a
   few tokens. One long prefill scores several needles, and a small model answers one key at a time far more often
@@ -19,9 +20,8 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from functools import lru_cache
 from typing import TypeVar
 
@@ -44,22 +44,18 @@ SINGLE_QUESTION = (
     "The special magic number for {key} mentioned in the provided text is"
 )
 # Decoded token ids may differ from the text in case and in spaces around punctuation (WordPiece gives "rustic -
-# glacier is : 42"): the patterns allow both.
-NEEDLE_PATTERN = re.compile(r"one of the special magic numbers for ([a-z]+)\s*-\s*([a-z]+)\s+is\s*:\s*(\d+)", re.I)
+# glacier is : 42"): the patterns allow both. Keys are word pairs or UUIDs, values numbers or UUIDs (RULER's types).
+_UUID = r"[0-9a-f]{8}(?:\s*-\s*[0-9a-f]{4}){3}\s*-\s*[0-9a-f]{12}"
+NEEDLE_PATTERN = re.compile(
+    rf"one of the special magic (?:numbers|uuids) for ([a-z]+\s*-\s*[a-z]+|{_UUID})\s+is\s*:\s*({_UUID}|\d+)", re.I
+)
 QUESTION_PATTERN = re.compile(
-    r"what (?:are all the special magic numbers|is the special magic number) for (.+?) mentioned in the provided "
-    r"text\s*\?",
+    r"what (?:are all the special magic (?:numbers|uuids)|is the special magic (?:number|uuid)) for (.+?) mentioned "
+    r"in the provided text\s*\?",
     re.I | re.S,
 )
 
 T = TypeVar("T")
-
-
-class NiahTask(StrEnum):
-    """How a prompt's asked needles are asked (see the module's docstring)."""
-
-    MULTIKEY = "multikey"
-    MULTIQUERY = "multiquery"
 
 
 _ADJECTIVES = (
@@ -72,6 +68,12 @@ _NOUNS = (
     "lantern", "meadow", "nectar", "orchard", "pepper", "quarry", "river", "saddle", "thistle", "umbrella",
     "violin", "walnut", "yonder", "zephyr", "beacon", "cobalt", "dune"
 )  # fmt: skip
+
+
+@lru_cache(maxsize=1)
+def key_words() -> tuple[str, ...]:
+    """Every word-pair key (RULER's `words` keys are adjective-noun pairs too)."""
+    return tuple(f"{a}-{n}" for a in _ADJECTIVES for n in _NOUNS)
 
 
 @dataclass(frozen=True)
@@ -92,19 +94,13 @@ class NiahSample:
     def expected(self) -> tuple[str, ...]:
         return tuple(needle.value for needle in self.asked)
 
-    def questions(self, task: NiahTask) -> tuple[tuple[Needle, ...], ...]:
-        """The needles each request asks for: one request per asked needle, or one asking them all."""
-        if task == NiahTask.MULTIKEY:
-            return tuple((needle,) for needle in self.asked)
-        return (self.asked,)
-
 
 def draw_sample(seed: int, index: int, num_needles: int = 8, num_asked: int = 8) -> NiahSample:
     """The `index`-th sample of a seeded sequence: distinct word-pair keys, 7-digit values, spread depths."""
     if not 1 <= num_asked <= num_needles:
         raise ValueError(f"num_asked must be between 1 and num_needles ({num_needles}), got {num_asked}")
     rng = random.Random(f"{seed}:{index}")
-    keys = rng.sample([f"{a}-{n}" for a in _ADJECTIVES for n in _NOUNS], num_needles)
+    keys = rng.sample(list(key_words()), num_needles)
     needles = tuple(Needle(key, str(rng.randrange(1_000_000, 10_000_000))) for key in keys)
     # Stratified depths: one needle per equal slice of the haystack, jittered inside its slice.
     depths = tuple((i + rng.random()) / num_needles for i in range(num_needles))
@@ -180,12 +176,21 @@ def matches_per_needle(output: str, expected: tuple[str, ...]) -> tuple[bool, ..
     return tuple(value.lower() in lowered for value in expected)
 
 
-def parse_prompt(prompt: str) -> tuple[dict[str, str], tuple[str, ...]]:
-    """Needles present in a prompt (key -> value) and the keys its question asks for (empty if it asks none)."""
-    needles = {f"{first}-{second}".lower(): value for first, second, value in NEEDLE_PATTERN.findall(prompt)}
+def _normal(text: str) -> str:
+    return re.sub(r"\s+", "", text).lower()
+
+
+def parse_prompt(prompt: str) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+    """Needles present in a prompt (key -> its values, in prompt order) and the keys its question asks for (empty if
+    it asks none). Any task of this module's family: the mix's prompts and RULER's."""
+    needles: dict[str, tuple[str, ...]] = {}
+    for key, value in NEEDLE_PATTERN.findall(prompt):
+        values = needles.get(_normal(key), ())
+        if _normal(value) not in values:
+            needles[_normal(key)] = (*values, _normal(value))
     question = QUESTION_PATTERN.search(prompt)
-    keys = question.group(1).split(",") if question else []
-    asked = tuple(re.sub(r"\s*-\s*", "-", key.strip()).lower() for key in keys)
+    keys = re.split(r",\s*(?:and\s+)?|\s+and\s+", question.group(1)) if question else []
+    asked = tuple(_normal(key) for key in keys if key.strip())
     return needles, asked
 
 
@@ -201,6 +206,80 @@ def question_text(asked: Sequence[Needle]) -> str:
     if len(asked) == 1:
         return SINGLE_QUESTION.format(key=asked[0].key)
     return QUESTION.format(keys=", ".join(needle.key for needle in asked))
+
+
+@dataclass(frozen=True)
+class Question:
+    """One request's question (with its answer prefix), as it follows the haystack, and the answers it expects:
+    string_match_all scores each of them found or not."""
+
+    text: str
+    expected: tuple[str, ...]
+
+
+Message = dict[str, str]
+THINKING = re.compile(r"^\s*(?:<think>)?.*?</think>", re.S)
+
+
+def strip_thinking(response: str) -> str:
+    """A chat answer without a leading reasoning block ending in </think> (with or without its <think>)."""
+    return THINKING.sub("", response, count=1).lstrip() if "</think>" in response else response
+
+
+def chat_question(question: Question) -> str:
+    """A question as a chat asks it: through its question mark, without the answer prefix a completion ends with
+    (the chat template starts the assistant's turn instead)."""
+    text = question.text
+    return text[: text.rindex("?") + 1] if "?" in text else text
+
+
+def chat_text(header: str, units: Sequence[str], sample: TaskSample, question: Question, words: int) -> str:
+    """One chat message's text: the header, `words` words of the haystack (its units repeated in order, the last one
+    cut at a word) with each needle whole at the unit end nearest its depth, and the question."""
+    pieces = [re.findall(r"\s*\S+", unit) for unit in units]
+    if not all(pieces):
+        raise ValueError("every haystack unit needs a word")
+    haystack: list[str] = []
+    ends = [0]
+    index = 0
+    while len(haystack) < words:
+        unit = pieces[index % len(pieces)]
+        haystack += unit[: words - len(haystack)]
+        ends.append(len(haystack))
+        index += 1
+    needles = [(depth * words, [needle]) for needle, depth in zip(sample.needles, sample.depths, strict=True)]
+    return header + "".join(_insert_nearest(haystack, ends, needles)) + chat_question(question)
+
+
+@dataclass(frozen=True)
+class TaskSample:
+    """One sample of any task: its needles' texts as they stand in the haystack (with their separator), their depths
+    (0..1), the questions asked over the same haystack (one request each), and the order in which the task's
+    haystack units fill it (None: in order)."""
+
+    needles: tuple[str, ...]
+    depths: tuple[float, ...]
+    questions: tuple[Question, ...]
+    unit_order: tuple[int, ...] | None = None
+    # A task that is a conversation (mrcr): its chat with this many words of haystack.
+    conversation: Callable[[int], list[Message]] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.needles) != len(self.depths):
+            raise ValueError(f"{len(self.depths)} depths for {len(self.needles)} needles")
+        if not self.questions:
+            raise ValueError("a sample asks at least one question")
+
+
+def mix_sample(seed: int, index: int, num_needles: int, num_asked: int, one_question: bool) -> TaskSample:
+    """The mix's sample (`draw_sample`): each asked needle in a request of its own (multikey), or all in one."""
+    sample = draw_sample(seed, index, num_needles, num_asked)
+    asked = ((needle,) for needle in sample.asked) if not one_question else (sample.asked,)
+    return TaskSample(
+        needles=tuple(needle_text(needle) for needle in sample.needles),
+        depths=sample.depths,
+        questions=tuple(Question(question_text(group), tuple(n.value for n in group)) for group in asked),
+    )
 
 
 def filler_sentences() -> tuple[str, ...]:

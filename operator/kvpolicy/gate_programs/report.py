@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from kvpolicy.api.reasons import GateReason
-from kvpolicy.api.v1alpha1 import AnalysisPhase, GateVerdict, LengthProfileResult
+from kvpolicy.api.v1alpha1 import AccuracyTask, AnalysisPhase, GateVerdict, LengthProfileResult, PromptFormat
 
 TERMINATION_LOG_ENV = "KVPOLICY_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
@@ -40,6 +40,8 @@ class GateReport(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
 
     gate: str | None = None
+    task: AccuracyTask | None = None  # the accuracy gate's
+    prompt_format: PromptFormat | None = None  # the accuracy gate's, Auto resolved once it knows the servers
     verdict: GateVerdict
     reason: str = Field(default="", pattern=r"^([A-Za-z][A-Za-z0-9_]*)?$")
     message: str = ""

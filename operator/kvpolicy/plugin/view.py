@@ -198,6 +198,9 @@ def _job_gate_line(name: str, result: GateResult | None, planned: bool, max_samp
         parts.append(f"{result.samples}{cap} samples per side")
     if result.length_tokens is not None:
         parts.append(f"at {result.length_tokens} tokens")
+    if result.task is not None:
+        form = f" ({result.prompt_format.value})" if result.prompt_format is not None else ""
+        parts.append(f"task {result.task.value}{form}")
     if result.verdict != GateVerdict.RUNNING and result.reason:
         parts.append(f"({result.reason})")
     if result.job:

@@ -46,6 +46,12 @@ def command(spec: KVPolicySpec, canary_url: str, baseline_url: str) -> list[str]
         accuracy.baseline_floor,
         "--length-buckets",
         str(accuracy.length_profile.buckets),
+        "--task",
+        accuracy.task.value,
+        "--prompt-format",
+        accuracy.prompt_format.value,
+        "--mrcr-needles",
+        str(accuracy.mrcr_needles),
         *_baseline_pace_args(spec),
         *b.api_key_args(spec),
     ]
@@ -83,6 +89,8 @@ def _accuracy_record(spec: KVPolicySpec, view: JobView, report: GateReport) -> G
         recovery_low=report.recovery_low,
         recovery_high=report.recovery_high,
         profile=report.profile,
+        task=report.task,
+        prompt_format=report.prompt_format,
     )
 
 
