@@ -93,6 +93,11 @@ def make_policy(generation: int = 1, status: Mapping[str, Any] | None = None, **
     )
 
 
+# A target its controller has rolled out: every one of its 2 replicas (pods, or LWS groups) current and ready. The
+# gates wait for that before they compare a canary with it.
+ROLLED_OUT = {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}
+
+
 def target_deployment(args: list[str] | None = None, image: str = TARGET_IMAGE) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
@@ -117,6 +122,7 @@ def target_deployment(args: list[str] | None = None, image: str = TARGET_IMAGE) 
                 },
             },
         },
+        "status": dict(ROLLED_OUT),
     }
 
 
@@ -156,6 +162,7 @@ def target_leaderworkerset(
                 "workerTemplate": template("worker", worker),
             },
         },
+        "status": dict(ROLLED_OUT),
     }
 
 
@@ -175,7 +182,11 @@ def target_llminferenceservice(env: list[dict[str, Any]] | None = None, image: s
             "template": {"nodeSelector": {"pool": "h200"}, "containers": [container]},
             "router": {"route": {"group": "llama", "weight": 100}, "gateway": {}, "scheduler": {}},
         },
-        "status": {"router": {"group": {"name": "llama", "members": [{"name": "llama", "weight": 100}]}}},
+        "status": {
+            "observedGeneration": 1,
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "router": {"group": {"name": "llama", "members": [{"name": "llama", "weight": 100}]}},
+        },
     }
 
 

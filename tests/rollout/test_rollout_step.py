@@ -210,6 +210,28 @@ def test_canary_never_ready_rolls_back_at_the_progress_deadline(unschedulable: s
     assert driver.phase == "RolledBack" and not driver.world.deployments
 
 
+@pytest.mark.parametrize("settles", [True, False])
+def test_the_gates_wait_for_a_target_still_rolling_out(settles: bool) -> None:
+    """After a promotion the target's pods restart: a new rollout's gates would find no baseline pod ready, or a mix
+    of two configurations. They start once the target is rolled out, or the rollout ends at the progress deadline."""
+    driver = Driver(make_policy(**{"rollout.progressDeadlineSeconds": 120}))
+    assert driver.world.target is not None
+    driver.world.target["status"] = {"observedGeneration": 1, "replicas": 3, "updatedReplicas": 1, "readyReplicas": 1}
+    run_to_canary(driver)
+    driver.tick(60)
+    assert driver.phase == "CanaryStarting"
+    assert "waiting for llama to finish rolling out" in driver.policy.status.message
+    if settles:
+        driver.world.target["status"] = {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}
+        driver.tick(30)
+        assert driver.phase == "AccuracyGate"
+        return
+    driver.tick(61)
+    assert driver.phase == "RollingBack"
+    assert driver.policy.status.decision.reason == "ProgressDeadlineExceeded"
+    assert "rolling out" in driver.policy.status.decision.message
+
+
 def test_abort_mid_gate_deletes_the_running_job_and_clearing_it_restarts() -> None:
     driver = Driver(make_policy())
     to_accuracy_gate(driver)

@@ -150,7 +150,7 @@ def _canary_starting(t: Tick) -> None:
         return
     if t.observed_canary is not None and t.ready_canary_pods(joined=False) >= replicas:
         _ensure_canary_objects(t)
-        if not _verified(t):
+        if not _verified(t) or not _target_settled(t):
             return
         scheduled = "the canary's pods are scheduled"
         t.condition(ConditionType.CAPACITY_AVAILABLE, ConditionStatus.TRUE, Reason.SCHEDULED, scheduled)
@@ -165,6 +165,20 @@ def _canary_starting(t: Tick) -> None:
     _ensure_canary_objects(t)
     waiting = f"waiting for {replicas} canary pod(s) to be ready"
     t.condition(ConditionType.CANARY_READY, ConditionStatus.FALSE, Reason.CANARY_STARTING, waiting)
+
+
+def _target_settled(t: Tick) -> bool:
+    """The gates compare the canary with the target's pods: a target still rolling out (the restart after the last
+    promotion, a user's edit) has none ready or a mix of two configurations, so the gates wait for it, within the
+    progress deadline."""
+    target = t.obs.target
+    if target is None or t.target_kind.rolled_out(target):
+        return True
+    name = t.spec.target_ref.name
+    if not deadline_rollback(t, None, f"target {name} (rolling out, so no baseline to gate against)"):
+        t.status.message = f"canary ready; waiting for {name} to finish rolling out: the gates compare with its pods"
+        t.requeue = min(t.requeue, t.config.poll_seconds)
+    return False
 
 
 def _same_parallelism(t: Tick, canary: Obj) -> bool:
