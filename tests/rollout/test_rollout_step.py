@@ -17,6 +17,7 @@ from kvpolicy.rollout.step import step
 from kvpolicy.rollout.step_types import Create, Delete, Kind, Patch, PodView
 from operator_helpers import (
     CONFIG,
+    ROLLED_OUT,
     PATCHED_IMAGE,
     T0,
     TARGET_ARGS,
@@ -222,7 +223,7 @@ def test_the_gates_wait_for_a_target_still_rolling_out(settles: bool) -> None:
     assert driver.phase == "CanaryStarting"
     assert "waiting for llama to finish rolling out" in driver.policy.status.message
     if settles:
-        driver.world.target["status"] = {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}
+        driver.world.target["status"] = dict(ROLLED_OUT)
         driver.tick(30)
         assert driver.phase == "AccuracyGate"
         return
