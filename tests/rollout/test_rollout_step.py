@@ -17,8 +17,8 @@ from kvpolicy.rollout.step import step
 from kvpolicy.rollout.step_types import Create, Delete, Kind, Patch, PodView
 from operator_helpers import (
     CONFIG,
-    ROLLED_OUT,
     PATCHED_IMAGE,
+    ROLLED_OUT,
     T0,
     TARGET_ARGS,
     TARGET_IMAGE,
