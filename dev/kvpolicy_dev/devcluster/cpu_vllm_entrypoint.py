@@ -22,9 +22,9 @@ import os
 import runpy
 import shlex
 import sys
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from kvpolicy_dev.devcluster.cpu_vllm import DISTRIBUTED_FLAGS, GPU_KERNEL_FLAGS, ServedModel
@@ -142,12 +142,28 @@ def main(argv: Sequence[str]) -> int:
         say(f"{' '.join(distributed)}: accepted by vLLM's parser; left out on CPU, where one process serves the group")
     if request.headless:
         say("a headless node serves no API: waiting (the group's leader serves it)")
-        threading.Event().wait()
+        _answer_liveness(options.host, options.port)
     arguments = cpu_arguments(serve_args, request, options.model_dir, options.host, options.port)
     say(f"vLLM on CPU runs: {shlex.join(arguments)}")
     sys.argv = ["vllm serve", *arguments]
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
     return 0
+
+
+class _HealthOnly(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        """The kubelet polls often: no line per poll in the pod's log."""
+
+
+def _answer_liveness(host: str, port: int) -> None:
+    """Wait forever, answering GET /health. A real kubelet marks a worker pod without a readinessProbe (vLLM's LWS
+    examples give workers none) ready once it runs; the dev cluster's kubelet marks a pod ready when it answers
+    /health, so the headless worker answers that and nothing else, and its group counts as ready like a real one."""
+    ThreadingHTTPServer((host, port), _HealthOnly).serve_forever()
 
 
 if __name__ == "__main__":
