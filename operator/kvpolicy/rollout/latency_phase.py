@@ -4,7 +4,7 @@ latency probe Job, and promote after the bake (InferencePool: after the last ste
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from kvpolicy.analysis.model import Action as AnalysisAction
 from kvpolicy.analysis.model import AnalysisState, Outcome, Verdict
@@ -26,7 +26,7 @@ from kvpolicy.api.v1alpha1 import (
 from kvpolicy.rollout import traffic_router, traffic_share
 from kvpolicy.rollout.gates.job import Then
 from kvpolicy.rollout.gates.latency_probe import LATENCY_PROBE
-from kvpolicy.rollout.rules import latency_gate_config
+from kvpolicy.rollout.rules import latency_gate_config, next_check_at
 from kvpolicy.rollout.step_types import Obj, Patch
 from kvpolicy.rollout.tick import Tick, advance, deadline_rollback, rollback, run_job, watch_capacity
 
@@ -196,10 +196,8 @@ def _fold(t: Tick, verdict: Verdict) -> Outcome:
 def _next_check_in(t: Tick) -> float:
     """Seconds until the next check is due (the first an interval after the join, as rules.latency_check_due); a
     check that was due but not made (no analyser) must not spin: look again after the usual poll."""
-    latency = t.status.latency
-    since = None if latency is None else (latency.last.at if latency.last else None) or latency.started_at
-    interval = t.spec.gates.latency.interval_seconds
-    due = (since + timedelta(seconds=interval) - t.now).total_seconds() if since else 0.0
+    due_at = next_check_at(t.status.latency, t.spec.gates.latency.interval_seconds)
+    due = (due_at - t.now).total_seconds() if due_at else 0.0
     return due if due > 0 else t.config.poll_seconds
 
 

@@ -15,6 +15,7 @@ from kvpolicy.api.v1alpha1 import (
     KVPolicy,
     KVPolicySpec,
     KVPolicyStatus,
+    LatencyAnalysis,
     Phase,
     Plan,
     Traffic,
@@ -92,12 +93,17 @@ def latency_check_due(policy: KVPolicy, now: datetime) -> bool:
         return False
     if policy.spec.rollout.paused:  # the step holds the analysis: a check would be thrown away
         return False
-    latency = status.latency
+    due = next_check_at(status.latency, policy.spec.gates.latency.interval_seconds)
+    return due is not None and now >= due
+
+
+def next_check_at(latency: LatencyAnalysis | None, interval_seconds: int) -> datetime | None:
+    """When the analysis' next check is due: an interval after the last one, the first an interval after the canary
+    joined (at the join there is nothing of the users' to read); None before the analysis started."""
     if latency is None or latency.started_at is None:
-        return False
-    # The first check comes an interval after the canary joined: at the join there is nothing of the users' to read.
+        return None
     since = (latency.last.at if latency.last else None) or latency.started_at
-    return now >= since + timedelta(seconds=policy.spec.gates.latency.interval_seconds)
+    return since + timedelta(seconds=interval_seconds)
 
 
 def analysis_window_seconds(policy: KVPolicy, now: datetime) -> int:
