@@ -34,6 +34,7 @@ import triton
 from bench_kernels import environment
 from kvkernels import _decode_mma
 from kvkernels._decode_mma import sequence_splits
+from kvkernels.cuda_graphs import capture
 from kvkernels.decode import (
     MmaDecodeConfig,
     PagedKVCache,
@@ -150,26 +151,13 @@ def make_case(shape: Shape, seed: int) -> tuple[torch.Tensor, PagedKVCache]:
     return q, PagedKVCache(caches[0], caches[1], table, lens)
 
 
-def capture(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of one call of `fn` (warmed up first, on a side stream as torch asks)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def bench_us(fn: Callable[[], Any]) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")) * 1e3
 
 
 def timed(fn: Callable[[], Any]) -> dict[str, float]:
     """µs of a call replayed from a CUDA graph, and called eagerly."""
-    graph = capture(fn)
+    graph, _ = capture(fn)
     result = {"graph": bench_us(graph.replay), "eager": bench_us(fn)}
     del graph
     return result
@@ -203,7 +191,7 @@ def measure_fa3(q: torch.Tensor, cache: PagedKVCache, max_len: int, ref: torch.T
             try:
                 entry: dict[str, Any] = errors(fn().float(), ref)
                 if entry["meanRelError"] <= FA3_ERROR_LIMIT:
-                    entry.update(timed(fn) if plain else {"graph": bench_us(capture(fn).replay)})
+                    entry.update(timed(fn) if plain else {"graph": bench_us(capture(fn)[0].replay)})
             except Exception as error:  # recorded: a split count this FA3 build refuses
                 entry = {"error": f"{type(error).__name__}: {str(error)[:120]}"}
             results[name] = entry
@@ -249,7 +237,7 @@ def measure_shape(shape: Shape, with_fa3: bool, seed: int) -> dict[str, Any]:
         _extra_defines.update(extra)
         try:
             variant: dict[str, Any] = errors(ours_fn(q, cache, max_len, out_dtype=torch.float32, config=config)(), ref)
-            variant["graph"] = bench_us(capture(ours_fn(q, cache, max_len, config=config)).replay)
+            variant["graph"] = bench_us(capture(ours_fn(q, cache, max_len, config=config))[0].replay)
             variant_plan = mma_launch(q, cache, max_len, config)[0]
             variant_splits = sequence_splits(shape.lengths, variant_plan)
             variant["plan"] = {"grid": variant_plan.grid, "busy_blocks": sum(variant_splits),
@@ -424,8 +412,8 @@ def breakdown(out: Path, data: dict[str, Any], markdown: list[str]) -> None:
                 entry[label] = {
                     "parts": parts.max_parts,
                     "full": timed(full),
-                    "partials": bench_us(capture(partials).replay),
-                    "reduce": bench_us(capture(reduce).replay),
+                    "partials": bench_us(capture(partials)[0].replay),
+                    "reduce": bench_us(capture(reduce)[0].replay),
                 }
             except Exception as error:  # recorded; e.g. a reduce too wide to compile
                 entry[label] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}

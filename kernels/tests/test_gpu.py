@@ -1,12 +1,12 @@
 """GPU-only checks at sizes the interpreter cannot reach: the cliff itself, and accuracy at realistic shapes."""
 
 import os
-from collections.abc import Callable
 from functools import partial
 
 import pytest
 import torch
 from kvkernels import probe
+from kvkernels.cuda_graphs import capture
 from kvkernels.decode import (
     DecodeConfig,
     MmaDecodeConfig,
@@ -192,7 +192,7 @@ def test_device_plan_follows_seq_lens_changed_under_a_cuda_graph() -> None:
     config = MmaDecodeConfig(plan_on_device=True)
     step = partial(paged_decode, q8, cache, max_seq_len=max(lengths), q_scale=qs, k_scale=ks, v_scale=vs,
                    out_dtype=torch.float32, config=config)  # fmt: skip
-    graph, replayed = _captured(step)
+    graph, replayed = capture(step)
     for new in ([70000, 1, 3000, 16, 40000], [1000, 1, 2999, 16, 40000], [5, 1, 1, 1, 1]):
         cache.seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
         graph.replay()
@@ -203,19 +203,6 @@ def test_device_plan_follows_seq_lens_changed_under_a_cuda_graph() -> None:
             v_scale=vs,
         )  # fmt: skip
         assert row_errors(replayed, ref)[0] < 1e-4
-
-
-def _captured(step: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """A CUDA graph of one call of `step` (warmed up first on a side stream, as torch asks) and its output."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        replayed = step()
-    return graph, replayed
 
 
 @pytest.mark.parametrize("head_dim", [128, 256])
@@ -254,7 +241,7 @@ def test_fused_merge_matches_the_reduce_kernel_and_float64(
                       out_dtype=out_dtype)  # fmt: skip
     step = partial(unfused, config=fused)
     tolerance = {torch.float32: 2e-6, torch.bfloat16: 2**-8, torch.float16: 2**-10}[out_dtype]
-    graph, replayed = _captured(step)
+    graph, replayed = capture(step)
     for round_ in range(3):
         if round_:
             q8.copy_(quantize_fp8(torch.randn_like(q8, dtype=torch.float32), qs)[0])
