@@ -408,9 +408,8 @@ class AnalysisState:
         return cls(started_at=now)
 
     def next_check_at(self, config: LatencyGateConfig) -> datetime:
-        if self.last_check_at is None:
-            return self.started_at
-        return self.last_check_at + timedelta(seconds=config.interval_seconds)
+        """An interval after the last check; the first an interval after the start (rules.next_check_at's rule)."""
+        return (self.last_check_at or self.started_at) + timedelta(seconds=config.interval_seconds)
 
 
 @dataclass(frozen=True)
