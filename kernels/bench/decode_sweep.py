@@ -56,11 +56,22 @@ FA3_POWERS = (1, 2, 4, 8, 16, 32, 64, 128)
 # with the reduce kernel's merge as the variant "unfused"), 8 or 16 loads in flight a merging lane.
 # Variants that differ from the default only where their plan merges in the kernel (FUSED_ONLY) are timed at those
 # shapes only; elsewhere they run the default's kernel and take its figures.
+# The fifth pass: the launch planner's knobs that bear on one-wave plans (splits of fewer steps, so more than one
+# wave of blocks and the work spread by the hardware's block scheduler; blocks of 4 KV heads, two resident an SM),
+# timed at the head_dim-128 shapes only (in_variant_scope); elsewhere a variant takes the default's figures.
 VARIANTS: dict[str, tuple[MmaDecodeConfig, dict[str, int]]] = {
-    "fused merge": (MmaDecodeConfig(fused_merge=True), {}),
-    "fused merge, 16 loads a lane": (MmaDecodeConfig(fused_merge=True), {"MERGE_LOADS": 16}),
+    "splits >= 8 steps": (MmaDecodeConfig(min_split_steps=8), {}),
+    "splits >= 32 steps": (MmaDecodeConfig(min_split_steps=32), {}),
+    "4 KV heads a block": (MmaDecodeConfig(heads_per_block=4), {}),
+    "4 KV heads a block, >= 8 steps": (MmaDecodeConfig(heads_per_block=4, min_split_steps=8), {}),
 }
-FUSED_ONLY = set(VARIANTS)
+FUSED_ONLY: set[str] = set()
+
+
+def in_variant_scope(shape: Shape) -> bool:
+    return shape.head_dim == 128
+
+
 _build_defines = _decode_mma.defines
 _extra_defines: dict[str, int] = {}
 
@@ -231,7 +242,7 @@ def measure_shape(shape: Shape, with_fa3: bool, seed: int) -> dict[str, Any]:
     entry["ours"] = ours
     variants: dict[str, Any] = {}
     for name, (config, extra) in VARIANTS.items():
-        if name in FUSED_ONLY and not mma_launch(q, cache, max_len, config)[0].fused:
+        if not in_variant_scope(shape) or (name in FUSED_ONLY and not mma_launch(q, cache, max_len, config)[0].fused):
             variants[name] = {**ours, "same_as_default": True}
             continue
         _extra_defines.update(extra)
@@ -381,59 +392,99 @@ def host_profile(out: Path) -> None:
     print(f"host profile: {per_call:.1f} us a call (under cProfile)", flush=True)
 
 
+# The sweep's shapes under 1.3x FA3 in the fourth pass (small page-32 caches at head_dim 128), two neighbours that
+# clear it, and one long sequence.
 BREAKDOWN_SHAPES = [
+    Shape((32768,) * 2, page=32),
+    Shape((32768,) * 4, page=32),
+    Shape((65536,), 64, 8, page=32),
+    Shape((32768,) * 2, 64, 8, page=32),
+    Shape((32768,) * 4, 64, 8, page=32),
+    Shape((32768,), page=32),
+    Shape((32768,), page=16),
     Shape((262144,)),
-    Shape((32768,)),
-    Shape((131072,) * 2, 64, 8, 256),
-    Shape((131072,) * 16),
 ]
-SPLIT_CHOICES = (66, 132, 264)
+SPLIT_FACTORS = (0.5, 0.75, 1.5, 2.0)  # split counts tried beside the default's, as a multiple of it
+REDUCE_COLUMNS = (8, 16, 32, 64)  # the reduce's columns a program, tried beside reduce_shape's choice
+
+
+def graph_floor_us() -> float:
+    """Graph-replay µs of one trivial kernel (a 1-element add): what any replayed step costs here at the least."""
+    x = torch.zeros(1, device="cuda")
+    return bench_us(capture(partial(x.add_, 1.0))[0].replay)
 
 
 def breakdown(out: Path, data: dict[str, Any], markdown: list[str]) -> None:
-    """Graph-replay µs of the partial kernel alone and the reduce alone, for the default plan and fixed splits."""
-    section: dict[str, Any] = {}
+    """Graph-replay µs of the whole step, the partial kernel alone and the reduce alone, for the default plan and
+    split counts around it, and the reduce alone at other column widths (each output checked against float64)."""
+    from kvkernels import decode as decode_module
+
+    section: dict[str, Any] = {"graph_floor_us": graph_floor_us()}
     data["breakdown"] = section
     rows = []
     for index, shape in enumerate(BREAKDOWN_SHAPES):
         q, cache = make_case(shape, seed=100 + index)
         max_len, config = max(shape.lengths), MmaDecodeConfig()
+        ref = paged_decode_reference(
+            q, cache.key_cache, cache.value_cache, cache.block_table, cache.seq_lens,
+            q_scale=SCALES[0], k_scale=SCALES[1], v_scale=SCALES[2],
+        )  # fmt: skip
         plan, kernel = mma_launch(q, cache, max_len, config)
         entry: dict[str, Any] = {"resident_blocks_per_sm": kernel.resident_blocks(plan.threads)}
         qk = qk_log2_scale(shape.head_dim, None, 1.0, 1.0)
         tiles = -(-max_len // (config.tile * config.warps_per_head))
-        for splits in (None, *(n for n in SPLIT_CHOICES if n <= tiles)):
+        default_splits = plan.grid[0]
+        choices = sorted({round(default_splits * f) for f in SPLIT_FACTORS} - {default_splits})
+        for splits in (None, *(n for n in choices if 1 <= n <= tiles)):
             label = "default" if splits is None else str(splits)
             partials = partial(_mma_partials, q, cache, max_len, AccumulationMode.TWO_LEVEL, qk, splits, config)
             try:
                 parts = partials()
                 reduce = partial(parts.merge, 1.0, torch.bfloat16)
                 full = ours_fn(q, cache, max_len, num_splits=splits, config=config)
-                entry[label] = {
+                e: dict[str, Any] = {
                     "parts": parts.max_parts,
+                    "worstRowError": errors(parts.merge(1.0, torch.float32), ref)["worstRowError"],
                     "full": timed(full),
                     "partials": bench_us(capture(partials)[0].replay),
                     "reduce": bench_us(capture(reduce)[0].replay),
                 }
+                if splits is None:
+                    original = decode_module.reduce_shape
+                    for columns in REDUCE_COLUMNS:
+                        decode_module.reduce_shape = partial(original, most_columns=columns)
+                        try:
+                            e[f"reduce_columns_{columns}"] = {
+                                "shape": decode_module.reduce_shape(parts.max_parts, shape.head_dim),
+                                "us": bench_us(capture(reduce)[0].replay),
+                                "worstRowError": errors(parts.merge(1.0, torch.float32), ref)["worstRowError"],
+                            }
+                        finally:
+                            decode_module.reduce_shape = original
+                entry[label] = e
             except Exception as error:  # recorded; e.g. a reduce too wide to compile
                 entry[label] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
                 print(shape.name, label, entry[label], flush=True)
                 continue
-            e = entry[label]
+            widths = ", ".join(
+                f"{k.rsplit('_', 1)[1]}: {v['us']:.1f}" for k, v in e.items() if k.startswith("reduce_columns_")
+            )
             rows.append(
                 [shape.name, label, str(e["parts"]), f"{e['full']['graph']:,.1f}", f"{e['full']['eager']:,.1f}",
-                 f"{e['partials']:,.1f}", f"{e['reduce']:,.1f}", str(entry["resident_blocks_per_sm"])]
+                 f"{e['partials']:,.1f}", f"{e['reduce']:,.1f}", widths or "-", f"{e['worstRowError']:.1e}"]
             )  # fmt: skip
             print(" | ".join(rows[-1]), flush=True)
             del parts
         section[shape.name] = entry
-        del q, cache
+        del q, cache, ref
         torch.cuda.empty_cache()
         write(out, data, markdown)
     header = ["shape", "splits", "parts", "full µs graph", "full µs eager", "partial kernel µs", "reduce µs",
-              "resident blocks/SM"]  # fmt: skip
-    lines = ["### Where our decode time goes (graph replays)", "", "| " + " | ".join(header) + " |",
-             "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]  # fmt: skip
+              "reduce µs by columns a program", "worst row vs float64"]  # fmt: skip
+    lines = ["### Where our decode time goes (graph replays)", "",
+             f"A graph replay of one 1-element add: {section['graph_floor_us']:.1f} µs.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+             "| " + " | ".join(r) + " |" for r in rows]  # fmt: skip
     markdown += [*lines, ""]
     write(out, data, markdown)
 
