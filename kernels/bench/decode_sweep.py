@@ -23,6 +23,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -56,20 +57,46 @@ FA3_POWERS = (1, 2, 4, 8, 16, 32, 64, 128)
 # with the reduce kernel's merge as the variant "unfused"), 8 or 16 loads in flight a merging lane.
 # Variants that differ from the default only where their plan merges in the kernel (FUSED_ONLY) are timed at those
 # shapes only; elsewhere they run the default's kernel and take its figures.
-# The fifth pass: the launch planner's knobs that bear on one-wave plans (splits of fewer steps, so more than one
-# wave of blocks and the work spread by the hardware's block scheduler; blocks of 4 KV heads, two resident an SM),
-# timed at the head_dim-128 shapes only (in_variant_scope); elsewhere a variant takes the default's figures.
+# The fifth pass, runs 4 and 6 (BENCHMARKS.md): the launch planner's knobs that bear on one-wave plans (splits of >= 8
+# or >= 32 steps, so more waves of shorter blocks; blocks of 4 KV heads, two resident an SM), none faster. Now: the
+# reduce kernel launched with 1, 2 or 8 warps instead of Triton's default 4 (REDUCE_WARPS, applied by the bench to
+# decode.py's launch, not a -D of the CUDA build); run 9's breakdown timed the reduce alone so (0.1-0.6 us less with
+# 1-2 warps at 2-4 x 32k), but no sweep has run these yet. Timed at the head_dim-128 shapes only (in_variant_scope);
+# elsewhere a variant takes the default's figures.
 VARIANTS: dict[str, tuple[MmaDecodeConfig, dict[str, int]]] = {
-    "splits >= 8 steps": (MmaDecodeConfig(min_split_steps=8), {}),
-    "splits >= 32 steps": (MmaDecodeConfig(min_split_steps=32), {}),
-    "4 KV heads a block": (MmaDecodeConfig(heads_per_block=4), {}),
-    "4 KV heads a block, >= 8 steps": (MmaDecodeConfig(heads_per_block=4, min_split_steps=8), {}),
+    "reduce 1 warp": (MmaDecodeConfig(), {"REDUCE_WARPS": 1}),
+    "reduce 2 warps": (MmaDecodeConfig(), {"REDUCE_WARPS": 2}),
+    "reduce 8 warps": (MmaDecodeConfig(), {"REDUCE_WARPS": 8}),
 }
 FUSED_ONLY: set[str] = set()
 
 
 def in_variant_scope(shape: Shape) -> bool:
     return shape.head_dim == 128
+
+
+class _ReduceWithWarps:
+    """decode.py's reduce kernel, launched with `warps` warps (a variant's REDUCE_WARPS)."""
+
+    def __init__(self, kernel: Any, warps: int) -> None:
+        self.kernel, self.warps = kernel, warps
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., Any]:
+        launch = self.kernel[grid]
+        return partial(launch, num_warps=self.warps)
+
+
+@contextmanager
+def reduce_warps(warps: int | None) -> Iterator[None]:
+    from kvkernels import decode as decode_module
+
+    original = decode_module.paged_decode_reduce_kernel
+    if warps is not None:
+        decode_module.paged_decode_reduce_kernel = _ReduceWithWarps(original, warps)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        decode_module.paged_decode_reduce_kernel = original
 
 
 _build_defines = _decode_mma.defines
@@ -245,14 +272,18 @@ def measure_shape(shape: Shape, with_fa3: bool, seed: int) -> dict[str, Any]:
         if not in_variant_scope(shape) or (name in FUSED_ONLY and not mma_launch(q, cache, max_len, config)[0].fused):
             variants[name] = {**ours, "same_as_default": True}
             continue
+        extra = dict(extra)
+        warps = extra.pop("REDUCE_WARPS", None)
         _extra_defines.update(extra)
         try:
-            variant: dict[str, Any] = errors(ours_fn(q, cache, max_len, out_dtype=torch.float32, config=config)(), ref)
-            variant["graph"] = bench_us(capture(ours_fn(q, cache, max_len, config=config))[0].replay)
-            variant_plan = mma_launch(q, cache, max_len, config)[0]
-            variant_splits = sequence_splits(shape.lengths, variant_plan)
-            variant["plan"] = {"grid": variant_plan.grid, "busy_blocks": sum(variant_splits),
-                               "splits": sorted({min(variant_splits), max(variant_splits)})}  # fmt: skip
+            with reduce_warps(warps):
+                check = ours_fn(q, cache, max_len, out_dtype=torch.float32, config=config)
+                variant: dict[str, Any] = errors(check(), ref)
+                variant["graph"] = bench_us(capture(ours_fn(q, cache, max_len, config=config))[0].replay)
+                variant_plan = mma_launch(q, cache, max_len, config)[0]
+                variant_splits = sequence_splits(shape.lengths, variant_plan)
+                variant["plan"] = {"grid": variant_plan.grid, "busy_blocks": sum(variant_splits),
+                                   "splits": sorted({min(variant_splits), max(variant_splits)})}  # fmt: skip
         except Exception as error:  # recorded: e.g. 4 stages of head_dim 256 exceed shared memory
             variant = {"error": f"{type(error).__name__}: {str(error)[:160]}"}
         finally:
@@ -406,6 +437,7 @@ BREAKDOWN_SHAPES = [
 ]
 SPLIT_FACTORS = (0.5, 0.75, 1.5, 2.0)  # split counts tried beside the default's, as a multiple of it
 REDUCE_COLUMNS = (8, 16, 32, 64)  # the reduce's columns a program, tried beside reduce_shape's choice
+REDUCE_WARPS = (1, 2, 8)  # the reduce's warps a program, tried beside Triton's default 4
 
 
 def graph_floor_us() -> float:
@@ -461,6 +493,9 @@ def breakdown(out: Path, data: dict[str, Any], markdown: list[str]) -> None:
                             }
                         finally:
                             decode_module.reduce_shape = original
+                    for warps in REDUCE_WARPS:
+                        with reduce_warps(warps):
+                            e[f"reduce_warps_{warps}"] = bench_us(capture(reduce)[0].replay)
                 entry[label] = e
             except Exception as error:  # recorded; e.g. a reduce too wide to compile
                 entry[label] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
@@ -468,7 +503,7 @@ def breakdown(out: Path, data: dict[str, Any], markdown: list[str]) -> None:
                 continue
             widths = ", ".join(
                 f"{k.rsplit('_', 1)[1]}: {v['us']:.1f}" for k, v in e.items() if k.startswith("reduce_columns_")
-            )
+            ) + "".join(f"; {w} warps: {e[f'reduce_warps_{w}']:.1f}" for w in REDUCE_WARPS if f"reduce_warps_{w}" in e)
             rows.append(
                 [shape.name, label, str(e["parts"]), f"{e['full']['graph']:,.1f}", f"{e['full']['eager']:,.1f}",
                  f"{e['partials']:,.1f}", f"{e['reduce']:,.1f}", widths or "-", f"{e['worstRowError']:.1e}"]
