@@ -46,6 +46,8 @@ from kvpolicy_dev.devcluster import CPU_POOL, POOL_LABEL, NodePool, NoProcessRun
 NAMESPACE = "bench"
 KVP = ("kvpolicy.dev/v1alpha1", "KVPolicy")
 OPERATOR = "kvpolicy-operator"  # the operator's bearer token: the write log's user
+LEASE = "kvpolicy-operator-leader"
+KVP_PLURAL = "kvpolicies"
 
 
 def target(index: int) -> dict[str, Any]:
@@ -166,9 +168,13 @@ def percentile(values: list[float], q: float) -> float:
 
 @contextmanager
 def operator_process(
-    cluster: ThreadedDevCluster, poll_seconds: float, log: IO[bytes], profile: Path | None = None
+    cluster: ThreadedDevCluster,
+    poll_seconds: float,
+    log: IO[bytes],
+    profile: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[int]:
-    env = {**os.environ, **cluster.environ(), "KVPOLICY_POLL_SECONDS": str(poll_seconds)}
+    env = {**os.environ, **cluster.environ(), "KVPOLICY_POLL_SECONDS": str(poll_seconds), **(extra_env or {})}
     config = yaml.safe_load(Path(env["KUBECONFIG"]).read_text())
     config["users"][0]["user"]["token"] = OPERATOR  # the API server's write log tells the operator's writes apart
     with tempfile.NamedTemporaryFile("w", suffix=".kubeconfig", delete=False) as own:
@@ -296,6 +302,76 @@ def run_once(
     return result
 
 
+def lease_holder(cluster: ThreadedDevCluster) -> str | None:
+    lease = cluster.find("coordination.k8s.io/v1", "Lease", LEASE, NAMESPACE)
+    holder = (lease or {}).get("spec", {}).get("holderIdentity")
+    return str(holder) if holder else None
+
+
+def takeover_once(count: int, waiting_fraction: float, poll_seconds: float, give_up: float) -> dict[str, Any]:
+    """Issue 28 item 5 at N policies: two replicas with leader election; once the leader has decided every policy,
+    it is killed (SIGKILL) and one decided policy is edited at that moment. Measured from the kill: when the standby
+    holds the Lease, and when it writes the edited policy's status for its new generation (the next action)."""
+    waiting = {index for index in range(count) if index < round(count * waiting_fraction)}
+    decided = [index for index in range(count) if index not in waiting]
+    pools = [NodePool("h200", "NVIDIA-H200"), NodePool("b200", "NVIDIA-B200"), NodePool(CPU_POOL, None)]
+    result: dict[str, Any] = {"policies": count, "waiting": len(waiting)}
+    election = {"KVPOLICY_LEADER_ELECTION_LEASE": LEASE, "KVPOLICY_LEADER_ELECTION_NAMESPACE": NAMESPACE}
+    with (
+        ThreadedDevCluster(pools=pools, runner=NoProcessRunner(), namespaces=(NAMESPACE,)) as cluster,
+        tempfile.TemporaryFile() as log,
+    ):
+        cluster.apply(crd.crd_object())
+        cluster.call(lambda: [cluster.cluster.create(target(index)) for index in decided])
+        for index in range(count):
+            cluster.create(policy(index, index in waiting))
+        since = len(cluster.writes())
+        with (
+            operator_process(cluster, poll_seconds, log, extra_env={**election, "KVPOLICY_POD_NAME": "a"}) as a,
+            operator_process(cluster, poll_seconds, log, extra_env={**election, "KVPOLICY_POD_NAME": "b"}) as b,
+        ):
+            wait_until("a leader", lambda: lease_holder(cluster) in ("a", "b"), give_up)
+            leader, standby = (a, b) if lease_holder(cluster) == "a" else (b, a)
+            new_leader = "b" if lease_holder(cluster) == "a" else "a"
+            result["cold_start_seconds"] = round(
+                wait_until("cold start", lambda: len(first_status_writes(cluster, since)) >= count, give_up), 1
+            )
+            time.sleep(5)  # the standby has read the Lease's latest renewals
+            result["leader_rss_mib"], result["standby_rss_mib"] = mib(leader), mib(standby)
+            edited = f"model-{decided[len(decided) // 2]}"  # one in the middle of the list
+            killed = time.time()
+            os.kill(leader, signal.SIGKILL)
+            edit = {"spec": {"workload": {"typicalContextTokens": 4096}}}
+            generation = int(cluster.patch(*KVP, edited, edit, NAMESPACE)["metadata"]["generation"])
+
+            def edit_handled() -> bool:
+                status = (cluster.find(*KVP, edited, NAMESPACE) or {}).get("status") or {}
+                return bool(status.get("observedGeneration") == generation)
+
+            wait_until("the new leader", lambda: lease_holder(cluster) == new_leader, give_up, every=0.1)
+            result["lease_acquired_seconds"] = round(time.time() - killed, 1)
+            wait_until("the edit handled", edit_handled, give_up, every=0.1)
+            result["next_action_seconds"] = round(time.time() - killed, 1)
+            policy_writes = [
+                w.time for w in cluster.writes() if w.time > killed and w.path and w.path.plural == KVP_PLURAL
+            ]
+            result["first_policy_write_seconds"] = round(min(policy_writes) - killed, 1) if policy_writes else None
+            result["new_leader_rss_mib"] = mib(standby)
+    return result
+
+
+TAKEOVER_COLUMNS = (
+    ("policies", "policies"),
+    ("waiting", "waiting"),
+    ("cold_start_seconds", "cold start (s)"),
+    ("leader_rss_mib", "leader RSS (MiB)"),
+    ("standby_rss_mib", "standby RSS (MiB)"),
+    ("lease_acquired_seconds", "kill to Lease held (s)"),
+    ("first_policy_write_seconds", "kill to the new leader's first policy write (s)"),
+    ("next_action_seconds", "kill to next action (s)"),
+    ("new_leader_rss_mib", "new leader RSS (MiB)"),
+)
+
 COLUMNS = (
     ("policies", "policies"),
     ("waiting", "waiting"),
@@ -321,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--give-up-after", type=float, default=1200.0)
     parser.add_argument("--steady-only", action="store_true", help="stop after the steady RSS (stages 1 and 2)")
     parser.add_argument(
+        "--takeover", action="store_true", help="instead: two replicas, the leader killed (issue 28 item 5)"
+    )
+    parser.add_argument(
         "--profile", type=Path, help="the operator under cProfile and tracemalloc (bench/operator_profile.py), into DIR"
     )
     args = parser.parse_args(argv)
@@ -329,9 +408,15 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     print(f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {machine}, load average {load:.1f} at start")
-    print("| " + " | ".join(title for _, title in COLUMNS) + " |")
-    print("|" + "---:|" * len(COLUMNS))
+    columns = TAKEOVER_COLUMNS if args.takeover else COLUMNS
+    print("| " + " | ".join(title for _, title in columns) + " |")
+    print("|" + "---:|" * len(columns))
     for count in args.policies:
+        if args.takeover:
+            result = takeover_once(count, args.waiting, args.poll_seconds, args.give_up_after)
+            print(json.dumps(result), file=sys.stderr, flush=True)
+            print("| " + " | ".join(str(result.get(key, "-")) for key, _ in columns) + " |", flush=True)
+            continue
         profile = args.profile / str(count) if args.profile else None
         result = run_once(
             count, args.waiting, args.poll_seconds, args.settle, args.give_up_after, profile, args.steady_only

@@ -23,7 +23,7 @@ def raw_policy(name: str) -> dict[str, Any]:
 
 def per_policy_state(reconciler: Reconciler) -> dict[str, int]:
     """How many entries the reconciler keeps per policy, table by table."""
-    tables = ("_loops", "_wake", "_generations", "_known", "_backing_off", "_waiting")
+    tables = ("_loops", "_wake", "_generations", "_known", "_backing_off", "_waiting", "_changed")
     return {table: len(getattr(reconciler, table)) for table in tables}
 
 

@@ -7,7 +7,6 @@ importing this module never changes what another kopf operator in the same proce
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import logging
@@ -19,19 +18,17 @@ from typing import Any, cast
 import kopf
 
 from kvpolicy import __version__
-from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import GROUP, PLURAL, VERSION
-from kvpolicy.kube.api import ApiError, KubeApi, KubernetesApi
+from kvpolicy.kube.api import KubeApi, KubernetesApi
 from kvpolicy.kube.cached import CachedKubeApi, operator_selections
-from kvpolicy.kube.executor import post_events
 from kvpolicy.kube.leader import LeaderFencedApi
 from kvpolicy.kube.login import ClusterLogin
 from kvpolicy.kube.observe import LatencyAnalyser
 from kvpolicy.kube.references import ReferenceReader
 from kvpolicy.notify.notifier import DeliverySettings, Notifier, NotifierConfig
 from kvpolicy.rollout.builders import POLICY_LABEL
-from kvpolicy.rollout.step_types import Event, StepConfig, default_gate_resources
-from kvpolicy.runtime.reconciler import Reconciler
+from kvpolicy.rollout.step_types import StepConfig, default_gate_resources
+from kvpolicy.runtime.reconciler import FINALIZER, Reconciler
 
 DEFAULT_GATE_IMAGE = f"ghcr.io/kvpolicy/kvpolicy-operator:{__version__}"
 # The FP8 serving image kernels/Dockerfile builds (vLLM v0.12.0 + kvkernels); it also runs the preflight probe.
@@ -162,16 +159,22 @@ def _cluster_login(memo: Any) -> ClusterLogin:
     return login
 
 
-class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
-    """kopf's last-handled configuration as a digest: a full copy of the spec, labels and annotations in an annotation
-    of the object itself doubles what the object carries, so a large but admitted policy (a 200 KiB annotation, a
-    long spec) would pass the API server's 256 KiB annotation limit and every kopf patch, the finalizer's removal
-    included, would be refused. kopf only needs to tell that the essence changed (no handler here reads its diff)."""
+class NoDiffBaseStorage(kopf.DiffBaseStorage):
+    """No last-handled configuration at all. kopf stores one so that its creation, update and resume handlers see
+    what changed; this operator has none of those (the loops read the policy themselves, and on.delete needs no
+    diff), so the copy only cost work: a PATCH of every new policy, and on every watch event a deep copy of the
+    body and a JSON diff of it against the stored copy, most of kopf's CPU time with thousands of policies (issue 28).
+    A full copy in an annotation also passed the API server's 256 KiB limit for a large but admitted policy. With
+    the same empty essence stored and built, kopf sees no change to handle, only deletions."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
-        essence = super().build(body=body, extra_fields=extra_fields)
-        digest = hashlib.sha256(json.dumps(essence, sort_keys=True, default=str).encode()).hexdigest()
-        return cast(kopf.BodyEssence, {"sha256": digest})
+        return cast(kopf.BodyEssence, {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return cast(kopf.BodyEssence, {})
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Nothing to keep (kopf calls this only when `fetch` and `build` differ, which they never do)."""
 
 
 registry = kopf.OperatorRegistry()
@@ -186,8 +189,10 @@ async def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
 @kopf.on.startup(registry=registry)
 async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = DigestDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.diffbase_storage = NoDiffBaseStorage()
+    # The loops hold and finalize deletions themselves (reconciler.FINALIZER): kopf has no deletion handler, and must
+    # never take the loops' finalizer for its own, which it would remove as one no handler needs.
+    settings.persistence.finalizer = f"{GROUP}/kopf-finalizer"
     # The operator posts its own events with specific reasons; kopf's per-handler chatter would only add API load.
     settings.posting.level = logging.ERROR
     ride_out_api_outages(settings)
@@ -224,36 +229,21 @@ async def shutdown(memo: Any, **_: Any) -> None:
 @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
 async def watched(body: kopf.Body, event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     """Run one loop per KVPolicy for its whole life (all its progress is in its status), started by its first event
-    (the initial list's included); wake it at once when its spec changes, instead of at its next requeue; once a
-    policy is gone, wake those that waited for its target. The loop ends by itself once it sees the policy being
-    deleted or gone. Async, so that it runs on kopf's loop, where the loops live (kopf runs a sync handler in a
-    thread)."""
+    (the initial list's included); wake it at once when its spec changes or its deletion starts, instead of at its
+    next requeue. A policy being deleted that still has the loops' finalizer gets a loop too (one that was being
+    deleted while no operator ran): the loop removes its children and releases it. Once a policy is gone, wake those
+    that waited for its target. Async, so that it runs on kopf's loop, where the loops live (kopf runs a sync handler
+    in a thread)."""
     if "reconciler" in memo:
         meta = body.get("metadata", {})
         reconciler = _reconciler(memo)
         namespace, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
         deleting = bool(meta.get("deletionTimestamp"))
-        if not deleting and event.get("type") != "DELETED" and not reconciler.running(uid):
+        held = FINALIZER in (meta.get("finalizers") or [])
+        if event.get("type") != "DELETED" and (held or not deleting) and not reconciler.running(uid):
             reconciler.start(
                 namespace, name, uid, {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), **body}
             )
         reconciler.notice(uid, meta.get("generation"), deleting)
         if event.get("type") == "DELETED":
             reconciler.released(namespace, name)
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
-async def deleted(body: kopf.Body, memo: Any, **_: Any) -> None:
-    """Remove the canary, Services and Jobs now (ownerReferences would, later) and say what the target runs."""
-    reconciler = _reconciler(memo)
-    raw = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), **dict(body)}
-    await reconciler.stop(str(body.get("metadata", {}).get("uid")))  # its loop's last pass ends before the cleanup
-    try:
-        stated = await reconciler.cleanup(raw)
-    except ApiError as error:
-        if error.retryable:
-            raise kopf.TemporaryError(str(error), delay=reconciler.config.poll_seconds) from error
-        raise kopf.PermanentError(str(error)) from error
-    await post_events(
-        reconciler.api, raw, [Event("Normal", Reason.DELETED, f"children removed; {stated}")], reconciler.clock()
-    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -23,7 +24,9 @@ from pydantic import ValidationError
 from kvpolicy.api.reasons import Reason
 from kvpolicy.api.v1alpha1 import (
     API_VERSION,
+    GROUP,
     KIND,
+    TERMINAL_PHASES,
     Condition,
     ConditionStatus,
     ConditionType,
@@ -48,12 +51,20 @@ from kvpolicy.rollout.step import step
 from kvpolicy.rollout.step_types import Event, Observations, StepConfig, StepResult
 from kvpolicy.rollout.targets import target_kind
 from kvpolicy.rollout.traffic_routes import restore_actions
+from kvpolicy.runtime.pass_slots import PassSlots
 
 logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
 MAX_MESSAGE = 1024
 # How long a stopped loop may finish its pass before it is cancelled (kopf's daemons had the same).
 STOP_SECONDS = 10.0
+# A policy at rest when its loop starts (a restart, a new leader) has its first look spread over this long, or over
+# the idle period if shorter, as client-go spreads its resyncs: thousands of drift checks at once would hold up the
+# rollouts in flight and the new or edited policies, whose passes go first (issue 28 item 5).
+AT_REST_SPREAD_SECONDS = 30.0
+# Holds a policy's deletion until its loop has removed its children and said what the target runs (the name kopf
+# used when it ran the deletion, so that policies made by earlier versions are finalized the same way).
+FINALIZER = f"{GROUP}/finalizer"
 
 
 def invalid_spec_message(error: ValidationError) -> str:
@@ -133,6 +144,8 @@ class Reconciler:
     _waiting: dict[tuple[str, str], set[str]] = field(default_factory=dict, init=False)
     # Loops sleeping out a retryable API failure: `wake_backing_off` wakes them when the API server answers again.
     _backing_off: set[str] = field(default_factory=set, init=False)
+    # Loops woken by a spec change or a deletion since their last pass: their next pass is urgent (pass_slots.py).
+    _changed: set[str] = field(default_factory=set, init=False)
     # The policies' loops `start` runs, by uid: a task each, rather than a kopf daemon each, whose machinery (a stop
     # flag with a thread event, a logger, the handler's kwargs, the latest body kept for it) cost more memory than
     # the loop itself (issue 28).
@@ -140,7 +153,8 @@ class Reconciler:
     # Passes in flight at once. The client has this many connections: thousands of passes started together (a
     # restart, a batch of new policies) would otherwise all hold their policy, observations and step result while
     # queued for one, and all finish late rather than in turn (issue 28).
-    _passes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(REQUEST_CONNECTIONS), init=False)
+    # Urgent passes (new, edited, in flight) before those of policies at rest (pass_slots.py).
+    _passes: PassSlots = field(default_factory=lambda: PassSlots(REQUEST_CONNECTIONS), init=False)
 
     @property
     def observer(self) -> Observer:
@@ -154,6 +168,8 @@ class Reconciler:
         if deleting or (generation is not None and seen is not None and generation != seen):
             # What the loop last wrote is no longer the whole truth: read the policy again.
             self._known.pop(uid, None)
+            if uid in self._loops:
+                self._changed.add(uid)
             self._wake_up(uid)
 
     def released(self, namespace: str, name: str) -> None:
@@ -230,9 +246,12 @@ class Reconciler:
         failures = 0
         self._wake.setdefault(uid, asyncio.Event())  # a wake-up during the first pass ends the first sleep
         try:
+            if not self._urgent(uid):
+                await self._first_look_later(uid)
             while not stopped:
                 try:
-                    async with self._passes:
+                    async with self._passes.slot(urgent=self._urgent(uid)):
+                        self._changed.discard(uid)
                         delay = await self.reconcile_once(namespace, name, uid)
                     failures = 0
                     self._backing_off.discard(uid)
@@ -265,11 +284,32 @@ class Reconciler:
             self._generations.pop(uid, None)
             self._known.pop(uid, None)
             self._backing_off.discard(uid)
+            self._changed.discard(uid)
             # A policy that waited for another's target and is gone before it: nothing is left to wake.
             for governor, waiting in list(self._waiting.items()):
                 waiting.discard(uid)
                 if not waiting:
                     del self._waiting[governor]
+
+    async def _first_look_later(self, uid: str) -> None:
+        """Wait out a policy at rest's share of the spread (the same for a uid each time), unless a spec change or
+        a deletion wakes it first. What its event brought is not kept meanwhile: its pass reads it again."""
+        seen = self._known.pop(uid, None)
+        if seen is not None:  # counted in its phase at once, not only after its first pass
+            self._set_phase(uid, (seen.get("status") or {}).get("phase") or Phase.PLANNING)
+            metrics.set_policies_by_phase(self._phase_counts)
+        share = int(hashlib.sha256(uid.encode()).hexdigest()[:8], 16) / 0x1_0000_0000
+        await self._sleep(uid, share * min(AT_REST_SPREAD_SECONDS, self.config.idle_seconds))
+
+    def _urgent(self, uid: str) -> bool:
+        """Whether the policy's next pass may have something to do at once: all but a policy at rest (decided, its
+        spec handled), known from the body its loop holds (the watch event's, at the first pass) or its last pass."""
+        known = self._known.get(uid)
+        if known is not None:
+            meta, status = known["metadata"], known.get("status") or {}
+            handled = status.get("observedGeneration") == meta.get("generation")
+            return bool(meta.get("deletionTimestamp")) or not handled or status.get("phase") not in TERMINAL_PHASES
+        return uid in self._changed or self._phases.get(uid) not in TERMINAL_PHASES
 
     @staticmethod
     def _identity() -> Obj:
@@ -279,12 +319,19 @@ class Reconciler:
         return min(self.max_backoff_seconds, self.config.poll_seconds * 2.0 ** min(failures, 10) / 4)
 
     async def reconcile_once(self, namespace: str, name: str, uid: str | None = None) -> float | None:
-        """One pass; the seconds until the next one, or None when the policy is gone or being deleted."""
+        """One pass; the seconds until the next one, or None when the policy is gone or its deletion is done."""
         raw = self._known.pop(uid, None) if uid else None
-        if raw is None:
-            raw = await self.api.get(KVPOLICIES, namespace, name)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
+            raw = await self.api.get(KVPOLICIES, namespace, name)  # a deletion acts on what is stored now
+        if raw is None:
             return None
+        if raw["metadata"].get("deletionTimestamp"):
+            await self.finalize(raw)
+            return None
+        if FINALIZER not in (raw["metadata"].get("finalizers") or []):
+            raw = await self._hold_deletion(raw)
+            if raw is None:
+                return None
         uid = raw["metadata"]["uid"]
         self._generations[uid] = int(raw["metadata"].get("generation") or 1)
         try:
@@ -426,6 +473,37 @@ class Reconciler:
             metrics.clear_analysis(namespace, name)
 
     # -------------------------------------------------------------------------------------------------- deletion
+
+    async def _hold_deletion(self, raw: Obj) -> Obj | None:
+        """Add the finalizer before the pass can make any child. The resourceVersion makes the merge patch fail
+        (409, retried) rather than drop a finalizer another controller added meanwhile; None: the policy is gone."""
+        meta = raw["metadata"]
+        finalizers = [*(meta.get("finalizers") or []), FINALIZER]
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta.get("resourceVersion")}}
+        return await self.api.patch(KVPOLICIES, meta["namespace"], meta["name"], patch)
+
+    async def finalize(self, raw: Obj) -> None:
+        """A policy being deleted: remove its children, say what the target is left running (a `Deleted` event),
+        then release the deletion. A refusal that will not pass (403, 422, ...) is said in a Warning event and does
+        not hold the deletion for ever (ownerReferences still remove the children); a failure that may pass is
+        raised, and the loop tries again after its backoff."""
+        meta = raw["metadata"]
+        finalizers = meta.get("finalizers") or []
+        if FINALIZER not in finalizers:
+            return
+        events: list[Event]
+        try:
+            stated = await self.cleanup(raw)
+            events = [Event("Normal", Reason.DELETED, f"children removed; {stated}")]
+        except ApiError as error:
+            if error.retryable:
+                raise
+            message = f"the API server refused a request of the deletion's cleanup: {error}"[:MAX_MESSAGE]
+            events = [Event("Warning", Reason.API_REQUEST_REJECTED, message)]
+        await post_events(self.api, raw, events, self.clock())
+        kept = [finalizer for finalizer in finalizers if finalizer != FINALIZER]
+        patch = {"metadata": {"finalizers": kept, "resourceVersion": meta.get("resourceVersion")}}
+        await self.api.patch(KVPOLICIES, meta["namespace"], meta["name"], patch)
 
     async def cleanup(self, raw: Obj) -> str:
         """Remove the policy's children; finish restoring the target if a rollback was under way. Returns what the
