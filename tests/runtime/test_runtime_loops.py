@@ -70,7 +70,7 @@ async def test_a_stopped_loop_ends_at_once_and_is_not_started_twice_by_a_stop() 
     await until(lambda: "uid-a" in reconciler._backing_off, "the loop to back off (hundreds of seconds)")
     await asyncio.wait_for(reconciler.stop("uid-a"), 5)
     assert not reconciler.running("uid-a") and set(per_policy_state(reconciler).values()) == {0}
-    await reconciler.stop("uid-a")  # a second stop (kopf retrying the deletion handler) finds nothing to do
+    await reconciler.stop("uid-a")  # a second stop finds nothing to do
 
 
 async def test_a_spec_change_during_the_first_pass_ends_the_first_sleep() -> None:

@@ -225,7 +225,7 @@ class Reconciler:
 
     async def stop(self, uid: str, timeout_seconds: float = STOP_SECONDS) -> None:
         """End the policy's loop and wait for it (after its pass in flight, cancelled after `timeout_seconds`), so
-        that nothing it does overlaps what comes next: the deletion's cleanup, or the operator's exit."""
+        that nothing it does overlaps what comes next: the operator's exit, or the next leader's passes."""
         running = self._loops.get(uid)
         if running is None:
             return
