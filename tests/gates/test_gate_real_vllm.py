@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.error import URLError
 from urllib.request import urlopen
 
 import aiohttp
@@ -29,6 +25,8 @@ from kvpolicy.analysis.scrape import ScrapeProvider
 from kvpolicy.credentials import CredentialsSource, SecretValue
 from kvpolicy.gate_programs import niah
 from kvpolicy.gate_programs.accuracy import AccuracyOptions
+from kvpolicy_dev.devcluster.cpu_vllm import start_server
+from kvpolicy_dev.devcluster.pytest_plugin import REAL_VLLM_STARTUP_SECONDS
 from kvpolicy_dev.sim import free_port
 from kvpolicy_dev.sim.tokenizer_zoo import Family
 from prometheus_client.parser import text_string_to_metric_families
@@ -40,7 +38,6 @@ SERVED = "tiny"
 FAMILY = Family.BYTE_LEVEL_BPE
 API_KEY = "sk-real-vllm-4f3e2d1c-do-not-print"
 MAX_MODEL_LEN = 8192
-STARTUP_TIMEOUT_S = 600
 
 
 @dataclass
@@ -50,48 +47,20 @@ class RealVllm:
     log: Path
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urlopen(f"{url}/health", timeout=2) as response:
-            return bool(response.status == 200)
-    except (URLError, OSError):
-        return False
-
-
 @pytest.fixture(scope="session")
 def real_vllm(model_dirs: dict[Family, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVllm]:
     """vLLM's OpenAI server on a loopback port, its API key from VLLM_API_KEY (never in its argv), started once."""
     directory = tmp_path_factory.mktemp("real-vllm")
     key_file = directory / "api-key"
     key_file.write_text(API_KEY + "\n")
-    port = free_port()
-    command = [
-        *(sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dirs[FAMILY])),
-        *("--served-model-name", SERVED, "--max-model-len", str(MAX_MODEL_LEN), "--host", "127.0.0.1"),
-        *("--port", str(port), "--load-format", "dummy", "--enforce-eager"),
-        *("--distributed-executor-backend", "uni", "--kv-cache-memory-bytes", str(64 << 20)),
-    ]
-    env = {**os.environ, "VLLM_API_KEY": API_KEY, "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     log = directory / "vllm.log"
-    url = f"http://127.0.0.1:{port}"
-    with log.open("wb") as output:
-        # Its own session: the engine core is a child process, and the whole group is stopped at the end.
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    serve_args = (SERVED, "--max-model-len", str(MAX_MODEL_LEN))
+    server = start_server(serve_args, model_dirs[FAMILY], free_port(), log, {"VLLM_API_KEY": API_KEY})
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not _healthy(url):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"real vLLM did not start (exit {process.poll()}):\n{log.read_text()[-3000:]}")
-            time.sleep(1)
-        yield RealVllm(url, key_file, log)
+        REAL_VLLM_STARTUP_SECONDS["gates server with an API key"] = server.wait_ready()
+        yield RealVllm(server.url, key_file, log)
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        server.stop()
 
 
 def gate(*argv: str, env: dict[str, str] | None = None) -> tuple[int, dict, str]:

@@ -28,6 +28,8 @@ SHORT_LENGTH = 1500
 BF16_ARGS = (SERVED_MODEL, "--max-model-len", str(MAX_MODEL_LEN))
 WINDOWED_ARGS = (*BF16_ARGS, *sliding_window_args(SMOLLM2_135M_INSTRUCT, WINDOW))
 FP8_ARGS = (*BF16_ARGS, "--kv-cache-dtype", "fp8")
+# The package's servers (conftest.py), by name.
+SERVER_ARGS = {"baseline": BF16_ARGS, "windowed": WINDOWED_ARGS, "fp8": FP8_ARGS}
 
 
 @dataclass(frozen=True)

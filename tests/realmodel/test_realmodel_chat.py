@@ -15,8 +15,9 @@ import urllib.request
 from typing import Any
 
 import pytest
+from kvpolicy_dev.devcluster.cpu_vllm import RealVllmServer
 from kvpolicy_dev.sim import start_simulator_subprocess
-from realmodel_helpers import SERVED_MODEL, RealModelServers, run_accuracy_gate
+from realmodel_helpers import SERVED_MODEL, run_accuracy_gate
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.realmodel]
 
@@ -36,8 +37,8 @@ def _call(url: str, path: str, body: dict[str, Any] | None = None) -> dict[str, 
         return answer
 
 
-def test_chat_prompts_are_sized_by_tokenize_with_messages(real_model_servers: RealModelServers) -> None:
-    url = real_model_servers.baseline.url
+def test_chat_prompts_are_sized_by_tokenize_with_messages(real_model_baseline: RealVllmServer) -> None:
+    url = real_model_baseline.url
     [card] = _call(url, "/v1/models")["data"]
     assert not any("template" in key for key in card), card
     counted = _call(url, "/tokenize", {"model": SERVED_MODEL, "messages": MESSAGES, "add_generation_prompt": True})
@@ -59,12 +60,12 @@ def test_chat_prompts_are_sized_by_tokenize_with_messages(real_model_servers: Re
     assert isinstance(chat["choices"][0]["message"]["content"], str)
 
 
-def test_the_gate_in_chat_mode_on_the_real_model(real_model_servers: RealModelServers) -> None:
+def test_the_gate_in_chat_mode_on_the_real_model(real_model_baseline: RealVllmServer) -> None:
     """`--prompt-format Auto` finds SmolLM2's chat template and asks niah_single_1 as a chat: the baseline finds the
     needle. mrcr as a chat ends by the gate's rules; this 135M model never starts its answer with MRCR's random
     prefix (measured 2026-12-02 at 300 to 2,000 tokens, BENCHMARKS.md), so MRCR's grade gives it 0 and the gate says
     BaselineTooWeak rather than judging a canary on it."""
-    baseline = real_model_servers.baseline.url
+    baseline = real_model_baseline.url
     fixed = ("--min-samples", "3", "--max-samples", "3")
     niah = run_accuracy_gate("niah_single_1 chat A/A", baseline, baseline, 2000, "--task", "niah_single_1",
                              "--prompt-format", "Auto", *fixed).report  # fmt: skip
@@ -85,12 +86,12 @@ def _fields(body: dict[str, Any]) -> dict[str, Any]:
     return {"body": set(body), "choice": set(choice), "message": set(choice["message"]), "usage": set(body["usage"])}
 
 
-def test_the_simulator_answers_a_chat_with_real_vllms_fields(real_model_servers: RealModelServers) -> None:
+def test_the_simulator_answers_a_chat_with_real_vllms_fields(real_model_baseline: RealVllmServer) -> None:
     """The simulator's /tokenize with messages and /v1/chat/completions carry the fields real vLLM 0.32's do."""
     request = {"model": SERVED_MODEL, "messages": MESSAGES, "max_tokens": 8, "temperature": 0.0}
     counting = {"model": SERVED_MODEL, "messages": MESSAGES, "add_generation_prompt": True}
     with start_simulator_subprocess([SERVED_MODEL, "--time-scale", "0", "--max-model-len", "8192"]) as sim:
-        real_url = real_model_servers.baseline.url
+        real_url = real_model_baseline.url
         real, simulated = (_call(url, "/v1/chat/completions", request) for url in (real_url, sim))
         assert _fields(simulated) == _fields(real), (real, simulated)
         assert simulated["object"] == real["object"] == "chat.completion"

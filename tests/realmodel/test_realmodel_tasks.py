@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 from kvpolicy.api.v1alpha1 import AccuracyTask
-from realmodel_helpers import WORKLOAD_LENGTH, RealModelServers, run_accuracy_gate
+from kvpolicy_dev.devcluster.cpu_vllm import RealVllmServer
+from realmodel_helpers import WORKLOAD_LENGTH, run_accuracy_gate
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.realmodel]
 
@@ -21,9 +22,9 @@ pytestmark = [pytest.mark.realvllm, pytest.mark.realmodel]
     [(AccuracyTask.NIAH_SINGLE_1, WORKLOAD_LENGTH, 4), (AccuracyTask.NIAH_MULTIKEY_2, 200, 12)],
 )
 def test_rulers_task_scores_above_zero_on_the_real_model(
-    real_model_servers: RealModelServers, task: AccuracyTask, length: int, prompts: int
+    real_model_baseline: RealVllmServer, task: AccuracyTask, length: int, prompts: int
 ) -> None:
-    baseline = real_model_servers.baseline.url
+    baseline = real_model_baseline.url
     fixed = ("--min-samples", str(prompts), "--max-samples", str(prompts))
     run = run_accuracy_gate(f"{task.value} A/A", baseline, baseline, length, "--task", task.value, *fixed)
     report = run.report

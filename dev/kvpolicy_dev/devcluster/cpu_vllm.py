@@ -31,6 +31,7 @@ from urllib.error import URLError
 from urllib.request import urlopen
 
 from kvpolicy_dev.devcluster.runners import EntrypointQuirk, container_port, vllm_serve_args
+from kvpolicy_dev.sim import free_port
 
 ENTRYPOINT_MODULE = "kvpolicy_dev.devcluster.cpu_vllm_entrypoint"
 
@@ -262,8 +263,15 @@ class RealVllmServer:
         _live_servers.discard(self.process.pid)
 
 
-def start_server(serve_args: Sequence[str], model_dir: Path, port: int, log_path: Path) -> RealVllmServer:
-    """Start `vllm serve SERVE_ARGS` on 127.0.0.1:PORT through the CPU entrypoint; `wait_ready()` it."""
+def start_server(
+    serve_args: Sequence[str],
+    model_dir: Path,
+    port: int,
+    log_path: Path,
+    environment: Mapping[str, str] | None = None,
+) -> RealVllmServer:
+    """Start `vllm serve SERVE_ARGS` on 127.0.0.1:PORT through the CPU entrypoint, with `environment` added to this
+    process's (e.g. VLLM_API_KEY, which keeps a key out of the argv); `wait_ready()` it."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         process = subprocess.Popen(
@@ -272,6 +280,39 @@ def start_server(serve_args: Sequence[str], model_dir: Path, port: int, log_path
             stdout=log,
             stderr=log,
             start_new_session=True,
+            env={**os.environ, **environment} if environment else None,
         )
     _live_servers.add(process.pid)
     return RealVllmServer(tuple(serve_args), port, log_path, process, time.monotonic())
+
+
+class RealVllmServerPool:
+    """Real vLLM servers of one model directory by configuration name, each started at most once and only when a test
+    asks for it (a package's shared servers); their start-up seconds go to `startup_seconds` under
+    "LABEL_PREFIX NAME server"."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        logs: Path,
+        configurations: Mapping[str, Sequence[str]],
+        startup_seconds: dict[str, float],
+        label_prefix: str,
+    ) -> None:
+        self.model_dir, self.logs, self.configurations = model_dir, logs, configurations
+        self.startup_seconds, self.label_prefix = startup_seconds, label_prefix
+        self.servers: dict[str, RealVllmServer] = {}
+
+    def started(self, *names: str) -> tuple[RealVllmServer, ...]:
+        """The servers NAMES, ready: those not running yet are started together, then waited for."""
+        missing = [name for name in names if name not in self.servers]
+        for name in missing:
+            log = self.logs / f"{name}.log"
+            self.servers[name] = start_server(self.configurations[name], self.model_dir, free_port(), log)
+        for name in missing:
+            self.startup_seconds[f"{self.label_prefix} {name} server"] = self.servers[name].wait_ready()
+        return tuple(self.servers[name] for name in names)
+
+    def stop(self) -> None:
+        for server in self.servers.values():
+            server.stop()
