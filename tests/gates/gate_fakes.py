@@ -20,6 +20,8 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 MAX_MODEL_LEN = 135168
 # Simulator flags for the gate tests: no real waiting, and the fake model's context.
 FAST = ["--time-scale", "0.001", "--max-model-len", str(MAX_MODEL_LEN)]
+# Gate flags for a test that waits out the client's retries: two quick ones (the default waits 7.5 s in all).
+QUICK_RETRIES = ("--retry-delays-seconds", "0.01", "0.01")
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

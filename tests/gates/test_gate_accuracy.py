@@ -10,6 +10,7 @@ from aiohttp import web
 from gate_fakes import (
     COMPLETION_TASKS,
     MODEL,
+    QUICK_RETRIES,
     answer_correctly,
     assert_prompt_asks,
     fake_vllm,
@@ -88,9 +89,10 @@ def test_length_above_max_model_len_is_inconclusive(simulators: dict[str, str], 
 
 def test_unreachable_endpoint_is_inconclusive_never_a_pass(simulators: dict[str, str], tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    code, result = gate_cli(dead, simulators["bf16"], 4096, tmp_path)
+    # Quick retries: what is shown is the verdict after the last of them.
+    code, result = gate_cli(dead, simulators["bf16"], 4096, tmp_path, *QUICK_RETRIES)
     assert (code, result["verdict"], result["reason"]) == (2, "Inconclusive", "EndpointUnavailable")
-    assert dead in result["message"]
+    assert dead in result["message"] and "failed 3 times" in result["message"]
 
 
 @pytest.mark.parametrize(
@@ -109,6 +111,7 @@ def test_unreachable_endpoint_is_inconclusive_never_a_pass(simulators: dict[str,
         (["--length", "many"], "argument --length: invalid int value: 'many'"),
         (["--length", "4096", "--api-key-file", "/nonexistent/key"], "cannot read the bearer token from file"),
         (["--length", "4096", "--api-key-env", "KVPOLICY_TEST_UNSET"], "environment variable KVPOLICY_TEST_UNSET"),
+        (["--length", "4096", "--retry-delays-seconds", "1", "-1"], "--retry-delays-seconds must be zero or more"),
     ],
 )
 def test_bad_arguments_exit_64_with_a_message(argv: list[str], fragment: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from gate_fakes import MODEL, run_gate
+from gate_fakes import MODEL, QUICK_RETRIES, run_gate
 from kvpolicy.api.v1alpha1 import LatencyGate
 from kvpolicy.gate_programs.client import StreamTiming, VllmClient
 from kvpolicy.gate_programs.latency import (
@@ -89,8 +89,10 @@ def test_a_slower_canary_breaches(timed_simulators: dict[str, str], tmp_path: Pa
 
 def test_unreachable_endpoint_is_inconclusive(timed_simulators: dict[str, str], tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    code, result = probe_cli(dead, timed_simulators["bf16"], tmp_path, "--lengths", "1024", "2048", "4096")
+    lengths = ("--lengths", "1024", "2048", "4096")
+    code, result = probe_cli(dead, timed_simulators["bf16"], tmp_path, *lengths, *QUICK_RETRIES)
     assert (code, result["verdict"], result["reason"]) == (2, "Inconclusive", "EndpointUnavailable")
+    assert "failed 3 times" in result["message"], result["message"]
 
 
 async def test_lengths_past_max_model_len_are_inconclusive(timed_simulators: dict[str, str]) -> None:

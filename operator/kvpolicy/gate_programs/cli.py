@@ -27,7 +27,7 @@ from kvpolicy.credentials import CredentialsSource, SecretValue, TlsSource
 from kvpolicy.gate_programs import report
 from kvpolicy.gate_programs.accuracy import AccuracyOptions, AccuracyProgress, run_accuracy_gate
 from kvpolicy.gate_programs.accuracy import validate as validate_accuracy
-from kvpolicy.gate_programs.client import base_url
+from kvpolicy.gate_programs.client import RETRY_DELAYS_S, base_url
 from kvpolicy.gate_programs.latency import LatencyOptions, LatencyProgress, run_latency_probe
 from kvpolicy.gate_programs.latency import validate as validate_latency
 
@@ -158,6 +158,15 @@ def _endpoints(parser: argparse.ArgumentParser) -> None:
 def _common(parser: argparse.ArgumentParser, option: Callable[[str, type, str], None]) -> None:
     parser.set_defaults(gate_parser=parser)
     option("--request-timeout-seconds", float, "timeout of each request")
+    parser.add_argument(
+        "--retry-delays-seconds",
+        type=float,
+        nargs="*",
+        default=list(RETRY_DELAYS_S),
+        metavar="S",
+        help="seconds to wait before each retry of a request that failed in a way that may pass (connection, "
+        "timeout, 5xx); none: no retries (default: %(default)s)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     auth = parser.add_argument_group("credentials (values are read from files or the environment, never flags)")
     key = auth.add_mutually_exclusive_group()
@@ -170,6 +179,13 @@ def _common(parser: argparse.ArgumentParser, option: Callable[[str, type, str], 
         help="a mounted Secret: `token` (the API key), `ca.crt`, `tls.crt` and `tls.key` (https)",
     )
     auth.add_argument("--insecure-skip-verify", action="store_true", help="do not verify the servers' TLS certificates")
+
+
+def retry_delays(args: argparse.Namespace) -> tuple[float, ...]:
+    delays = tuple(args.retry_delays_seconds)
+    if any(not delay >= 0 for delay in delays):
+        raise ValueError(f"--retry-delays-seconds must be zero or more seconds each, got {list(delays)}")
+    return delays
 
 
 def credentials_from_args(args: argparse.Namespace) -> CredentialsSource | None:
@@ -242,6 +258,7 @@ def main(argv: list[str]) -> int:
                 seed=args.seed,
                 length_buckets=args.length_buckets,
                 request_timeout_seconds=args.request_timeout_seconds,
+                retry_delays_s=retry_delays(args),
                 baseline_requests_per_minute=args.baseline_requests_per_minute,
             )
             validate_accuracy(accuracy)
@@ -259,6 +276,7 @@ def main(argv: list[str]) -> int:
             itl_max_ratio=args.itl_max_ratio,
             time_scale=args.time_scale,
             request_timeout_seconds=args.request_timeout_seconds,
+            retry_delays_s=retry_delays(args),
             match_load=args.match_load,
             canary_pods=args.canary_pods,
         )
